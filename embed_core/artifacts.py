@@ -1,0 +1,173 @@
+"""Artifact store: ``<run_dir>/<stage>/`` holds Parquet files and a ``manifest.json``.
+
+Atomicity: a stage writes into a hidden staging directory next to its final one; only when every
+file and the manifest are written is the staging directory swapped in (rename). A stage killed
+half-way leaves its previous artifact untouched and the staging directory is ignored (and cleaned
+up by the next run). Readers go through the manifest and refuse outputs whose hash does not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embed_core import __version__
+from embed_core.errors import EmbedpipeError
+from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, check_table
+
+MANIFEST = "manifest.json"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_replace(tmp: Path, final: Path) -> None:
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        _fsync_replace(Path(tmp), path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def atomic_write_parquet(path: Path, table: pa.Table) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        _fsync_replace(Path(tmp), path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class StageWriter:
+    """Collects one stage's outputs in a staging directory and swaps it in on ``commit``.
+
+    Use as a context manager; leaving the block with an exception discards the staging
+    directory and leaves the previous artifact as it was.
+    """
+
+    def __init__(self, run_dir: Path, stage: str):
+        self.run_dir = Path(run_dir)
+        self.stage = stage
+        self.final = self.run_dir / stage
+        self.staging = self.run_dir / f".{stage}.staging-{uuid.uuid4().hex[:8]}"
+        self.outputs: dict[str, dict[str, Any]] = {}
+        self._committed = False
+
+    def __enter__(self) -> "StageWriter":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.run_dir.glob(f".{self.stage}.staging-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        self.staging.mkdir()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._committed:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def write_table(self, name: str, table: pa.Table, kind: str) -> Path:
+        path = self.staging / name
+        atomic_write_parquet(path, table)
+        self.outputs[name] = {"kind": kind, "rows": table.num_rows, "sha256": sha256_file(path)}
+        return self.final / name
+
+    def write_file(self, name: str, data: bytes, kind: str) -> Path:
+        path = self.staging / name
+        atomic_write_bytes(path, data)
+        self.outputs[name] = {"kind": kind, "sha256": sha256_file(path)}
+        return self.final / name
+
+    def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        manifest = {
+            "stage": self.stage,
+            "schema_version": SCHEMA_VERSION,
+            "package_version": __version__,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **manifest,
+            "outputs": self.outputs,
+        }
+        atomic_write_json(self.staging / MANIFEST, manifest)
+        old = None
+        if self.final.exists():
+            old = self.run_dir / f".{self.stage}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(self.final, old)
+        os.replace(self.staging, self.final)
+        self._committed = True
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return manifest
+
+
+def read_manifest(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    path = Path(run_dir) / stage / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def stage_is_intact(run_dir: Path, stage: str, input_fingerprint: str | None = None) -> bool:
+    """True when the stage's manifest exists, every output matches its hash, and (if given) the
+    manifest was produced from ``input_fingerprint``."""
+    manifest = read_manifest(run_dir, stage)
+    if manifest is None:
+        return False
+    if input_fingerprint is not None and manifest.get("input_fingerprint") != input_fingerprint:
+        return False
+    for name, info in manifest.get("outputs", {}).items():
+        path = Path(run_dir) / stage / name
+        if not path.exists() or sha256_file(path) != info.get("sha256"):
+            return False
+    return True
+
+
+def read_records(run_dir: Path, stage: str, *, validate: bool = True) -> dict[str, pa.Table]:
+    """Record tables of a finished stage, by file name, checked against the manifest and the schema."""
+    manifest = read_manifest(run_dir, stage)
+    if manifest is None:
+        raise EmbedpipeError(f"{Path(run_dir) / stage}: no {MANIFEST} (stage not run, or interrupted)")
+    tables = {}
+    for name, info in manifest["outputs"].items():
+        if info.get("kind") != "records":
+            continue
+        path = Path(run_dir) / stage / name
+        if not path.exists() or sha256_file(path) != info["sha256"]:
+            raise EmbedpipeError(f"{path}: missing or changed since its manifest was written")
+        table = pq.read_table(path, schema=None)
+        if validate:
+            check_table(table, file=str(path))
+        tables[name] = table.cast(RECORD_SCHEMA) if table.schema != RECORD_SCHEMA else table
+    return tables

@@ -1,0 +1,129 @@
+"""Run configuration: plain pydantic models loaded from YAML (nothing hidden in globals).
+
+Relative paths in sources are resolved against ``data_root``, which is itself relative to the
+current working directory (the repository root when run through ``make`` or the CLI).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from embed_core.errors import ConfigError
+from embed_core.schema import TASKS
+
+SourceKind = Literal[
+    "title_body", "claim_evidence", "qa", "sts", "entailment", "classification",
+    "pair_classification", "beir", "flagembedding",
+]
+SOURCE_KINDS: tuple[str, ...] = SourceKind.__args__  # type: ignore[attr-defined]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceSpec(_Strict):
+    """One raw source and how to turn it into records."""
+
+    name: str = Field(description="Dataset name: the grouping key for batching and the output file name.")
+    kind: SourceKind = Field(description="Converter to use.")
+    path: str = Field(description="File (or BEIR directory), relative to data_root. '.gz' is read transparently.")
+    format: Literal["csv", "tsv", "delimited", "jsonl", "parquet"] | None = Field(
+        None, description="File format; inferred from the extension when omitted.")
+    delimiter: str | None = Field(None, description="Field delimiter for format 'delimited' (e.g. ';').")
+    header: bool = Field(True, description="Whether the first line names the columns.")
+    quoting: Literal["auto", "none", "minimal"] = "auto"
+    columns: dict[str, str | int] = Field(
+        default_factory=dict,
+        description="Logical field -> column name (or 0-based index when header is false).")
+    task: str | None = Field(None, description="Override the task the kind implies.")
+    instruction: str = Field("", description="Task instruction stored with every record.")
+    label_map: dict[str, Any] | None = Field(None, description="Raw label -> value; replaces the kind's default.")
+    split: str = Field("train", description="BEIR qrels split (qrels/<split>.tsv).")
+    corpus: str | None = Field(None, description="claim_evidence: JSONL corpus (_id,title,text) to look evidence ids up in.")
+    num_negatives: int = Field(4, ge=0, description="classification: negatives of other labels per record.")
+    both_directions: bool = Field(True, description="sts/entailment/pair_classification: also emit (text2, text1).")
+    max_rows: int | None = Field(None, ge=1, description="Read at most this many data rows (for samples).")
+    match: Literal["text", "pair"] = Field(
+        "text", description="Contamination sources only: 'text' excludes training records containing any "
+        "test text; 'pair' (sts/entailment/pair_classification) only those containing a test pair.")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, v: str | None) -> str | None:
+        if v is not None and v not in TASKS:
+            raise ValueError(f"unknown task {v!r}; expected one of {', '.join(TASKS)}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not v or any(c in v for c in "/\\:") or v.startswith((".", "_")):
+            raise ValueError("dataset name must be non-empty, without '/', '\\' or ':', not starting with '.' or '_'")
+        return v
+
+
+class CleaningConfig(_Strict):
+    max_chars: int = Field(8000, ge=1, description="Texts longer than this are truncated or quarantined.")
+    over_long: Literal["truncate", "quarantine"] = "truncate"
+    dedupe: Literal["none", "exact", "normalized"] = Field(
+        "normalized", description="'normalized' removes exact duplicates, then duplicates after text normalisation.")
+
+
+class PrepareConfig(_Strict):
+    sources: list[SourceSpec] = Field(min_length=1)
+    cleaning: CleaningConfig = Field(default_factory=CleaningConfig)
+    contamination: list[SourceSpec] = Field(
+        default_factory=list,
+        description="Evaluation sets whose texts must not appear in training records (QZhou §6.1).")
+
+
+class RunConfig(_Strict):
+    run_name: str = "run"
+    run_root: str = Field("runs", description="Runs are written to <run_root>/<run_name>/<stage>/.")
+    data_root: str = Field(".", description="Base directory for relative source paths.")
+    seed: int = 42
+    prepare: PrepareConfig
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else Path(self.data_root).expanduser() / p
+
+    def default_run_dir(self) -> Path:
+        return Path(self.run_root) / self.run_name
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Load and validate a YAML run config; errors name the file and the offending key."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return parse_config(raw, origin=str(path))
+
+
+def parse_config(raw: dict, *, origin: str = "<config>") -> RunConfig:
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+        raise ConfigError(f"{origin}: {loc}: {first['msg']}{more}") from None
+
+
+def config_hash(model: BaseModel) -> str:
+    """Content hash of a config section (canonical JSON)."""
+    blob = json.dumps(model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,56 @@
+"""``embedpipe inspect PATH``: schema, counts per dataset/task/origin and sample rows of record files."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from embed_core.artifacts import MANIFEST
+from embed_core.errors import EmbedpipeError
+from embed_core.schema import SCHEMA_VERSION_KEY
+
+
+def _record_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        if (path / MANIFEST).exists():
+            manifest = json.loads((path / MANIFEST).read_text())
+            return [path / n for n, info in manifest["outputs"].items() if info.get("kind") == "records"]
+        files = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+        if files:
+            return files
+    raise EmbedpipeError(f"{path}: no Parquet record files found")
+
+
+def _short(text: str, n: int = 70) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def inspect_path(path: str | Path, samples: int = 3) -> str:
+    path = Path(path)
+    out: list[str] = []
+    for file in _record_files(path):
+        pf = pq.ParquetFile(file)
+        meta = pf.schema_arrow.metadata or {}
+        table = pf.read()
+        out.append(f"== {file}  ({table.num_rows} rows, schema version "
+                   f"{meta.get(SCHEMA_VERSION_KEY, b'?').decode()})")
+        out.append("schema: " + ", ".join(f"{f.name}: {f.type}" for f in table.schema))
+        if {"dataset", "task", "origin"} <= set(table.column_names):
+            combos = Counter(zip(table.column("dataset").to_pylist(), table.column("task").to_pylist(),
+                                 table.column("origin").to_pylist()))
+            out.append("counts (dataset / task / origin):")
+            out += [f"  {d} / {t} / {o}: {n}" for (d, t, o), n in sorted(combos.items())]
+        for row in table.slice(0, samples).to_pylist():
+            if "query" in row:
+                out.append(f"  [{row['id']}] q: {_short(row['query'])}")
+                out.append(f"      +{len(row['positives'])} {_short(row['positives'][0]) if row['positives'] else ''}"
+                           f" scores={row['positive_scores'][:3]} -{len(row['negatives'])} label={row['label']}")
+            else:
+                out.append("  " + _short(json.dumps(row, default=str), 150))
+    return "\n".join(out)

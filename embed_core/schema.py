@@ -1,0 +1,212 @@
+"""The unified record: one Arrow schema every stage reads and writes.
+
+One record = one training example, in a format wide enough for every method the pipeline
+follows:
+
+* QZhou-Embedding §3.2: retrieval (query, positive, hard negatives), NLI/STS as
+  (query, document, score) with scores 0..5 or entailment 2/1/0, classification
+  example-based with a class label used by the CLS mask (Eq. 3).
+* CoDiEmb A.1.1: ``(t, q, {d+}, {d-}, {y+}, {y-})`` — task id, query, several positives and
+  negatives, each with a score.
+* Pair-relevance BCE B.1.5: graded relevance r in ``positive_scores``.
+* HMCL: three levels — ``positives`` / ``weak_positives`` / ``negatives``.
+
+Fields
+------
+id               unique within a dataset, stable across reruns (``<dataset>/<row>[~rev]``)
+dataset          grouping key for batching (every batch comes from one dataset)
+task             one of ``TASKS``; routes a record to its loss
+instruction      task instruction ("" when none); symmetric tasks apply it on both sides
+query            anchor text
+positives        list of positive texts (>= 1)
+positive_scores  one float per positive (STS score, entailment 2/1/0, graded relevance) or empty
+negatives        list of negative texts
+negative_scores  one float per negative (mining scores later) or empty
+negative_labels  class label of each negative (classification only, for the CLS mask) or empty
+weak_positives   HMCL level-2 texts
+label            class label of the query (classification), else null
+origin           one of ``ORIGINS``
+source_ref       ``<file>:<row>`` the record came from
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+
+from embed_core.errors import SchemaError
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION_KEY = b"embedpipe.schema_version"
+
+TASKS = ("retrieval", "sts", "nli", "classification", "pair_classification", "clustering")
+# Tasks whose two sides are interchangeable: instructions go on both sides (BCE paper B.1.1).
+SYMMETRIC_TASKS = frozenset({"sts", "nli", "classification", "pair_classification", "clustering"})
+# Tasks whose positive_scores are the training signal and therefore required.
+SCORED_TASKS = frozenset({"sts", "nli", "pair_classification"})
+ORIGINS = ("original", "paraphrase", "augmentation", "llm_negative", "mined", "edited")
+
+_str_list = pa.list_(pa.string())
+_float_list = pa.list_(pa.float64())
+
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),
+        pa.field("instruction", pa.string(), nullable=False),
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("positives", _str_list, nullable=False),
+        pa.field("positive_scores", _float_list, nullable=False),
+        pa.field("negatives", _str_list, nullable=False),
+        pa.field("negative_scores", _float_list, nullable=False),
+        pa.field("negative_labels", _str_list, nullable=False),
+        pa.field("weak_positives", _str_list, nullable=False),
+        pa.field("label", pa.string(), nullable=True),
+        pa.field("origin", pa.string(), nullable=False),
+        pa.field("source_ref", pa.string(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+FIELD_NAMES = tuple(RECORD_SCHEMA.names)
+
+_TEXT_LIST_FIELDS = ("positives", "negatives", "weak_positives")
+_SCORE_LIST_FIELDS = (("positive_scores", "positives"), ("negative_scores", "negatives"))
+
+
+@dataclass
+class Record:
+    """In-memory form of one row of ``RECORD_SCHEMA`` (same field names and order)."""
+
+    id: str
+    dataset: str
+    task: str
+    query: str
+    positives: list[str]
+    instruction: str = ""
+    positive_scores: list[float] = field(default_factory=list)
+    negatives: list[str] = field(default_factory=list)
+    negative_scores: list[float] = field(default_factory=list)
+    negative_labels: list[str] = field(default_factory=list)
+    weak_positives: list[str] = field(default_factory=list)
+    label: str | None = None
+    origin: str = "original"
+    source_ref: str = ""
+
+    def to_row(self) -> dict:
+        return asdict(self)
+
+    def texts(self) -> Iterator[str]:
+        """Every text of the record (query first)."""
+        yield self.query
+        yield from self.positives
+        yield from self.negatives
+        yield from self.weak_positives
+
+
+def validate_row(row: dict, *, file: str, row_number: int | None) -> None:
+    """Check one row (a dict with the schema's fields) and raise ``SchemaError`` on the first problem.
+
+    The error names ``file``, ``row_number`` and the field. Checks: every field present with the
+    right type, known task and origin, non-empty texts, finite scores, one score per text where
+    scores are given, scores required for scored tasks, a label for classification.
+    """
+
+    def fail(fld: str, reason: str, msg: str) -> None:
+        raise SchemaError(file, row_number, fld, reason, msg)
+
+    for name in FIELD_NAMES:
+        if name not in row:
+            fail(name, "missing_field", "missing field")
+    for name in ("id", "dataset", "task", "instruction", "query", "origin", "source_ref"):
+        if not isinstance(row[name], str):
+            fail(name, "wrong_type", f"expected a string, got {type(row[name]).__name__}")
+    for name in ("id", "dataset", "query"):
+        if not row[name].strip():
+            fail(name, "empty_text", "empty text")
+    if row["task"] not in TASKS:
+        fail("task", "unknown_task", f"unknown task {row['task']!r} (expected one of {', '.join(TASKS)})")
+    if row["origin"] not in ORIGINS:
+        fail("origin", "unknown_origin", f"unknown origin {row['origin']!r} (expected one of {', '.join(ORIGINS)})")
+    for name in (*_TEXT_LIST_FIELDS, "negative_labels"):
+        value = row[name]
+        if not isinstance(value, (list, tuple)):
+            fail(name, "wrong_type", f"expected a list of strings, got {type(value).__name__}")
+        for i, text in enumerate(value):
+            if not isinstance(text, str):
+                fail(f"{name}[{i}]", "wrong_type", f"expected a string, got {type(text).__name__}")
+            if name != "negative_labels" and not text.strip():
+                fail(f"{name}[{i}]", "empty_text", "empty text")
+    if not row["positives"]:
+        fail("positives", "no_positive", "a record needs at least one positive")
+    for score_name, text_name in _SCORE_LIST_FIELDS:
+        scores = row[score_name]
+        if not isinstance(scores, (list, tuple)):
+            fail(score_name, "wrong_type", f"expected a list of floats, got {type(scores).__name__}")
+        for i, s in enumerate(scores):
+            if isinstance(s, bool) or not isinstance(s, (int, float)):
+                fail(f"{score_name}[{i}]", "wrong_type", f"expected a number, got {s!r}")
+            if not math.isfinite(s):
+                fail(f"{score_name}[{i}]", "nan_score", f"score is {s}")
+        if scores and len(scores) != len(row[text_name]):
+            fail(score_name, "length_mismatch",
+                 f"{len(scores)} scores for {len(row[text_name])} {text_name}")
+    if row["task"] in SCORED_TASKS and not row["positive_scores"]:
+        fail("positive_scores", "missing_score", f"task {row['task']!r} needs a score per positive")
+    if row["negative_labels"] and len(row["negative_labels"]) != len(row["negatives"]):
+        fail("negative_labels", "length_mismatch",
+             f"{len(row['negative_labels'])} labels for {len(row['negatives'])} negatives")
+    label = row["label"]
+    if label is not None and not isinstance(label, str):
+        fail("label", "wrong_type", f"expected a string or null, got {type(label).__name__}")
+    if row["task"] == "classification" and not (label and label.strip()):
+        fail("label", "missing_label", "classification records need a label")
+
+
+def validate_records(records: Iterable[Record], *, file: str) -> None:
+    """Validate records and check ``id`` uniqueness; raises on the first problem."""
+    seen: dict[str, int] = {}
+    for i, rec in enumerate(records):
+        validate_row(rec.to_row(), file=file, row_number=i)
+        if rec.id in seen:
+            raise SchemaError(file, i, "id", "duplicate_id", f"duplicate id {rec.id!r} (first at row {seen[rec.id]})")
+        seen[rec.id] = i
+
+
+def records_to_table(records: list[Record]) -> pa.Table:
+    """Build an Arrow table with ``RECORD_SCHEMA`` (schema version in its metadata)."""
+    columns = {name: [getattr(r, name) for r in records] for name in FIELD_NAMES}
+    return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)
+
+
+def table_to_records(table: pa.Table) -> list[Record]:
+    return [Record(**row) for row in table.to_pylist()]
+
+
+def check_table(table: pa.Table, *, file: str) -> None:
+    """Validate a table read from ``file`` against the unified schema, row by row.
+
+    A schema-level mismatch (missing column, wrong Arrow type, other version) raises with
+    row ``None``; a bad value raises naming its row and field.
+    """
+    meta = table.schema.metadata or {}
+    version = meta.get(SCHEMA_VERSION_KEY, b"").decode() or None
+    if version is not None and version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise SchemaError(file, None, None, "schema_version",
+                          f"schema version {version} is not compatible with {SCHEMA_VERSION}")
+    for expected in RECORD_SCHEMA:
+        if expected.name not in table.column_names:
+            raise SchemaError(file, None, expected.name, "missing_field", "missing column")
+        actual = table.schema.field(expected.name).type
+        if actual != expected.type and not (pa.types.is_null(actual) and expected.nullable):
+            raise SchemaError(file, None, expected.name, "wrong_type",
+                              f"column type {actual}, expected {expected.type}")
+    seen: dict[str, int] = {}
+    for i, row in enumerate(table.to_pylist()):
+        validate_row(row, file=file, row_number=i)
+        if row["id"] in seen:
+            raise SchemaError(file, i, "id", "duplicate_id", f"duplicate id {row['id']!r} (first at row {seen[row['id']]})")
+        seen[row["id"]] = i

@@ -1,0 +1,71 @@
+"""``embedpipe`` command line: run the pipeline, one stage, or inspect artifacts.
+
+Errors in the config or input end the command with exit code 2 and a one-line reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from embed_core.errors import EmbedpipeError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="embedpipe", description="Text datasets → embedding models, orchestrated by Prefect.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the whole pipeline")
+    run.add_argument("--config", required=True, help="YAML run config")
+    run.add_argument("--run-dir", help="run directory (default: <run_root>/<run_name>)")
+    prep = sub.add_parser("prepare", help="run the prepare stage only")
+    prep.add_argument("--config", required=True)
+    prep.add_argument("--run-dir")
+    ins = sub.add_parser("inspect", help="show schema, counts and sample rows of a Parquet file or stage dir")
+    ins.add_argument("path")
+    ins.add_argument("--samples", type=int, default=3)
+    return p
+
+
+def _print_result(result: dict) -> None:
+    from embed_core.prepare import format_counts
+
+    manifest = result["manifest"]
+    state = "cache hit" if result["cached"] else "computed"
+    print(f"\nprepare ({state}): {Path(result['run_dir']) / 'prepare'}")
+    print(format_counts(manifest))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "inspect":
+            from embed_core.inspect import inspect_path
+
+            print(inspect_path(args.path, samples=args.samples))
+            return 0
+        from embed_core.config import load_config
+
+        config = load_config(args.config)  # fail fast, before any Prefect machinery starts
+        import flows  # noqa: F401  (environment defaults)
+
+        if args.command == "prepare":
+            from flows.prepare import prepare_flow
+
+            _print_result(prepare_flow(config_path=args.config, run_dir=args.run_dir, config=config))
+        elif args.command == "run":
+            from flows.pipeline import pipeline_flow
+
+            results = pipeline_flow(config_path=args.config, run_dir=args.run_dir, config=config)
+            for res in results.values():
+                _print_result(res)
+        return 0
+    except EmbedpipeError as exc:
+        print(f"embedpipe: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The end-to-end pipeline flow: runs the stages that exist, in order.
+
+Stages so far: prepare. Later issues add synthesize, mine, train and evaluate here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from prefect import flow
+
+from embed_core.config import RunConfig
+from flows.params import resolve_run
+from flows.prepare import run_prepare_stage
+
+Stage = Literal["prepare"]
+STAGES: tuple[Stage, ...] = ("prepare",)
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: str | None = None,
+                  config: RunConfig | None = None, stages: list[Stage] | None = None) -> dict[str, Any]:
+    """Run the pipeline end to end.
+
+    Args:
+        config_path: YAML run config (ignored when ``config`` is given).
+        run_dir: output run directory; defaults to ``<run_root>/<run_name>``.
+        config: inline run config.
+        stages: subset of stages to run (default: all that exist).
+    """
+    cfg, rdir = resolve_run(config_path, config, run_dir)
+    wanted = stages or list(STAGES)
+    results: dict[str, Any] = {}
+    if "prepare" in wanted:
+        results["prepare"] = run_prepare_stage(cfg, rdir)
+    return results

@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers over embed_core that add caching, retries, logging and artifacts."""

@@ -1,0 +1,58 @@
+"""Prefect task for the prepare stage.
+
+Cache key: the content hash of every input file + the prepare config + code version
+(``embed_core.prepare.input_fingerprint``) + the run directory. A hit is only allowed while the
+artifact it stands for is still on disk and intact; otherwise the key gets a one-off suffix and
+the stage recomputes (a deleted or tampered run dir never yields a stale "cached" result).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+
+from embed_core.artifacts import stage_is_intact
+from embed_core.config import RunConfig
+from embed_core.prepare import STAGE, counts_table, format_counts, input_fingerprint, run_prepare
+
+
+def prepare_cache_key(context, parameters: dict[str, Any]) -> str:
+    config: RunConfig = parameters["config"]
+    run_dir = Path(parameters["run_dir"]).resolve()
+    key = input_fingerprint(config)["key"]
+    base = hashlib.sha256(f"{STAGE}|{key}|{run_dir}".encode()).hexdigest()
+    if not stage_is_intact(run_dir, STAGE, key):
+        return f"{STAGE}-{base}-miss-{uuid.uuid4().hex}"
+    return f"{STAGE}-{base}"
+
+
+@task(name="prepare", cache_key_fn=prepare_cache_key, persist_result=True,
+      cache_expiration=timedelta(days=30), task_run_name="prepare-{config.run_name}")
+def prepare_task(config: RunConfig, run_dir: str) -> dict[str, Any]:
+    logger = get_run_logger()
+    manifest = run_prepare(config, run_dir)
+    logger.info("prepare counts:\n%s", format_counts(manifest))
+    publish_prepare_artifacts(manifest, run_dir)
+    return manifest
+
+
+def publish_prepare_artifacts(manifest: dict[str, Any], run_dir: str) -> None:
+    key = "prepare-counts-" + "".join(c if c.isalnum() else "-" for c in manifest["run_name"].lower())
+    create_table_artifact(key=key[:100], table=counts_table(manifest),
+                          description=f"prepare stage counts for run '{manifest['run_name']}'")
+    files = "\n".join(f"- `{Path(run_dir) / 'prepare' / n}` ({i.get('rows', '?')} rows)"
+                      for n, i in manifest["outputs"].items())
+    t = manifest["counts"]["totals"]
+    create_markdown_artifact(
+        markdown=(f"# prepare: {manifest['run_name']}\n\n"
+                  f"{t['records_written']} records written, {t['quarantined']} quarantined "
+                  f"{t['quarantined_by_reason']}, {t['deduped']} deduped, "
+                  f"{t['excluded_contamination']} excluded by contamination.\n\n## Files\n{files}\n"),
+        description="prepare stage outputs")
