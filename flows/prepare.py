@@ -10,13 +10,13 @@ from prefect.logging import get_run_logger
 from embed_core.config import RunConfig
 from embed_core.prepare import format_counts
 from flows.params import resolve_run
-from tasks.prepare import prepare_task
+from tasks.prepare import run_prepare_task
 
 
 def run_prepare_stage(config: RunConfig, run_dir: str) -> dict[str, Any]:
     """Submit the prepare task and report whether it was a cache hit."""
     logger = get_run_logger()
-    state = prepare_task(config=config, run_dir=run_dir, return_state=True)
+    state = run_prepare_task(config, run_dir)
     manifest = state.result()
     cached = state.name == "Cached"
     if cached:

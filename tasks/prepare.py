@@ -2,14 +2,13 @@
 
 Cache key: the content hash of every input file + the prepare config + code version
 (``embed_core.prepare.input_fingerprint``) + the run directory. A hit is only allowed while the
-artifact it stands for is still on disk and intact; otherwise the key gets a one-off suffix and
-the stage recomputes (a deleted or tampered run dir never yields a stale "cached" result).
+artifact it stands for is still on disk and intact: ``run_prepare_task`` checks that and refreshes
+the cache otherwise, so a deleted or tampered run dir never yields a stale "cached" result.
 """
 
 from __future__ import annotations
 
 import hashlib
-import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,7 @@ def prepare_cache_key(context, parameters: dict[str, Any]) -> str:
     config: RunConfig = parameters["config"]
     run_dir = Path(parameters["run_dir"]).resolve()
     key = input_fingerprint(config)["key"]
-    base = hashlib.sha256(f"{STAGE}|{key}|{run_dir}".encode()).hexdigest()
-    if not stage_is_intact(run_dir, STAGE, key):
-        return f"{STAGE}-{base}-miss-{uuid.uuid4().hex}"
-    return f"{STAGE}-{base}"
+    return f"{STAGE}-" + hashlib.sha256(f"{STAGE}|{key}|{run_dir}".encode()).hexdigest()
 
 
 @task(name="prepare", cache_key_fn=prepare_cache_key, persist_result=True,
@@ -41,6 +37,14 @@ def prepare_task(config: RunConfig, run_dir: str) -> dict[str, Any]:
     logger.info("prepare counts:\n%s", format_counts(manifest))
     publish_prepare_artifacts(manifest, run_dir)
     return manifest
+
+
+def run_prepare_task(config: RunConfig, run_dir: str):
+    """Call ``prepare_task`` and return its final state; recompute if the artifact on disk is not
+    the one the cache entry stands for."""
+    intact = stage_is_intact(Path(run_dir), STAGE, input_fingerprint(config)["key"])
+    task_fn = prepare_task if intact else prepare_task.with_options(refresh_cache=True)
+    return task_fn(config=config, run_dir=run_dir, return_state=True)
 
 
 def publish_prepare_artifacts(manifest: dict[str, Any], run_dir: str) -> None:

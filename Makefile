@@ -1,0 +1,33 @@
+# make demo — end-to-end pipeline on the bundled data (local ephemeral Prefect, no server to start)
+# make test — the test suite
+# Both create .venv and install what they need on first use.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+export DO_NOT_TRACK = 1
+export PREFECT_SERVER_ANALYTICS_ENABLED = false
+export HF_HUB_OFFLINE = 1
+export TRANSFORMERS_OFFLINE = 1
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU torch first: an unpinned torch can pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/embedpipe run --config deployments/configs/demo.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,96 @@
+"""The Prefect spine against a real (temporary) Prefect server: caching by content hash, artifacts, CLI."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.prefect
+
+
+@pytest.fixture
+def demo_copy(tmp_path):
+    """The demo config on a private copy of data/ (so a test can edit a source)."""
+    shutil.copytree(REPO / "data", tmp_path / "data")
+    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
+    cfg["data_root"] = str(tmp_path / "data")
+    cfg["run_root"] = str(tmp_path / "runs")
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _output_hashes(manifest):
+    return {name: info["sha256"] for name, info in manifest["outputs"].items()}
+
+
+def test_prepare_flow_caches_on_content_and_recomputes_on_change(prefect_harness, demo_copy):
+    from prefect.artifacts import Artifact
+
+    from flows.pipeline import pipeline_flow
+    from flows.prepare import prepare_flow
+
+    first = pipeline_flow(config_path=str(demo_copy))["prepare"]
+    assert not first["cached"]
+    run_dir = Path(first["run_dir"])
+    assert (run_dir / "prepare/manifest.json").exists() and (run_dir / "prepare/stsb.parquet").exists()
+    totals = first["manifest"]["counts"]["totals"]
+    assert totals["records_written"] > 2000 and totals["excluded_contamination"] > 0
+
+    second = pipeline_flow(config_path=str(demo_copy))["prepare"]
+    assert second["cached"]
+    assert _output_hashes(second["manifest"]) == _output_hashes(first["manifest"])
+
+    # touching a file without changing its bytes is still a hit (content hash, not mtime)
+    (demo_copy.parent / "data/stsb/train.csv").touch()
+    assert prepare_flow(config_path=str(demo_copy))["cached"]
+
+    # editing one source row recomputes
+    sts = demo_copy.parent / "data/stsb/train.csv"
+    lines = sts.read_text().splitlines(keepends=True)
+    lines[0] = "A kitten naps in the sun.,A small cat sleeps in sunlight.,4.4\n"
+    sts.write_text("".join(lines))
+    third = prepare_flow(config_path=str(demo_copy))
+    assert not third["cached"]
+    assert _output_hashes(third["manifest"])["stsb.parquet"] != _output_hashes(first["manifest"])["stsb.parquet"]
+    assert _output_hashes(third["manifest"])["banking77.parquet"] == _output_hashes(first["manifest"])["banking77.parquet"]
+
+    # a deleted artifact is never served from cache
+    shutil.rmtree(run_dir / "prepare")
+    fourth = prepare_flow(config_path=str(demo_copy))
+    assert not fourth["cached"] and (run_dir / "prepare/manifest.json").exists()
+
+    assert Artifact.get(key="prepare-counts-demo") is not None
+
+
+def test_cli_bad_config_exits_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("prepare:\n  sources:\n    - {name: x, kind: nope, path: a.csv}\n")
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "prepare", "--config", str(bad)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "prepare.sources.0.kind" in proc.stderr
+
+
+def test_cli_inspect(tmp_path):
+    from embed_core.config import load_config
+    from embed_core.prepare import run_prepare
+
+    cfg = load_config(REPO / "deployments/configs/demo.yaml")
+    cfg = cfg.model_copy(update={"data_root": str(REPO / "data")})
+    run_prepare(cfg, tmp_path / "run")
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "inspect", str(tmp_path / "run/prepare")],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "banking77 / classification / original" in proc.stdout and "schema version 1.0" in proc.stdout
+
+
+def test_embed_core_never_imports_prefect():
+    proc = subprocess.run(["grep", "-rE", r"import prefect|from prefect", str(REPO / "embed_core")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout
