@@ -31,3 +31,6 @@ test: $(STAMP)
 
 clean:
 	rm -rf runs .pytest_cache
+
+bench: $(STAMP)
+	$(PY) tests/benchmarks/bench_mine.py

@@ -1,4 +1,4 @@
-"""``embedpipe`` command line: run the pipeline, one stage, or inspect artifacts.
+"""``embedpipe`` command line: run the pipeline, one stage (prepare, mine), or inspect artifacts.
 
 Errors in the config or input end the command with exit code 2 and a one-line reason.
 """
@@ -22,6 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     prep = sub.add_parser("prepare", help="run the prepare stage only")
     prep.add_argument("--config", required=True)
     prep.add_argument("--run-dir")
+    mine = sub.add_parser("mine", help="run the mine stage only (needs the prepare stage's output)")
+    mine.add_argument("--config", required=True)
+    mine.add_argument("--run-dir")
     ins = sub.add_parser("inspect", help="show schema, counts and sample rows of a Parquet file or stage dir")
     ins.add_argument("path")
     ins.add_argument("--samples", type=int, default=3)
@@ -29,12 +32,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_result(result: dict) -> None:
-    from embed_core.prepare import format_counts
-
-    manifest = result["manifest"]
     state = "cache hit" if result["cached"] else "computed"
-    print(f"\nprepare ({state}): {Path(result['run_dir']) / 'prepare'}")
-    print(format_counts(manifest))
+    print(f"\n{result['stage']} ({state}): {Path(result['run_dir']) / result['stage']}")
+    print(result["summary"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             from flows.prepare import prepare_flow
 
             _print_result(prepare_flow(config_path=args.config, run_dir=args.run_dir, config=config))
+        elif args.command == "mine":
+            from flows.mine import mine_flow
+
+            _print_result(mine_flow(config_path=args.config, run_dir=args.run_dir, config=config))
         elif args.command == "run":
             from flows.pipeline import pipeline_flow
 

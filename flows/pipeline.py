@@ -1,6 +1,7 @@
 """The end-to-end pipeline flow: runs the stages that exist, in order.
 
-Stages so far: prepare. Later issues add synthesize, mine, train and evaluate here.
+Stages so far: prepare, mine (when the config has a ``mine`` section). Later issues add
+synthesize, train and evaluate here.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from prefect import flow
 
 from embed_core.config import RunConfig
 from flows.params import resolve_run
+from flows.mine import run_mine_stage
 from flows.prepare import run_prepare_stage
 
-Stage = Literal["prepare"]
-STAGES: tuple[Stage, ...] = ("prepare",)
+Stage = Literal["prepare", "mine"]
+STAGES: tuple[Stage, ...] = ("prepare", "mine")
 
 
 @flow(name="pipeline", log_prints=True)
@@ -33,4 +35,6 @@ def pipeline_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: s
     results: dict[str, Any] = {}
     if "prepare" in wanted:
         results["prepare"] = run_prepare_stage(cfg, rdir)
+    if "mine" in wanted and cfg.mine is not None:
+        results["mine"] = run_mine_stage(cfg, rdir)
     return results

@@ -23,7 +23,8 @@ def run_prepare_stage(config: RunConfig, run_dir: str) -> dict[str, Any]:
         logger.info("prepare: cache hit (inputs %s unchanged) — reusing %s/prepare",
                     manifest["input_fingerprint"][:12], run_dir)
         logger.info("prepare counts (cached):\n%s", format_counts(manifest))
-    return {"stage": "prepare", "cached": cached, "run_dir": run_dir, "manifest": manifest}
+    return {"stage": "prepare", "cached": cached, "run_dir": run_dir, "manifest": manifest,
+            "summary": format_counts(manifest)}
 
 
 @flow(name="prepare", log_prints=True)

@@ -8,7 +8,6 @@ the cache otherwise, so a deleted or tampered run dir never yields a stale "cach
 
 from __future__ import annotations
 
-import hashlib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,16 +16,13 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
-from embed_core.artifacts import stage_is_intact
 from embed_core.config import RunConfig
+from tasks.common import call_stage_task, stage_cache_key
 from embed_core.prepare import STAGE, counts_table, format_counts, input_fingerprint, run_prepare
 
 
 def prepare_cache_key(context, parameters: dict[str, Any]) -> str:
-    config: RunConfig = parameters["config"]
-    run_dir = Path(parameters["run_dir"]).resolve()
-    key = input_fingerprint(config)["key"]
-    return f"{STAGE}-" + hashlib.sha256(f"{STAGE}|{key}|{run_dir}".encode()).hexdigest()
+    return stage_cache_key(STAGE, input_fingerprint(parameters["config"])["key"], parameters["run_dir"])
 
 
 @task(name="prepare", cache_key_fn=prepare_cache_key, persist_result=True,
@@ -42,9 +38,7 @@ def prepare_task(config: RunConfig, run_dir: str) -> dict[str, Any]:
 def run_prepare_task(config: RunConfig, run_dir: str):
     """Call ``prepare_task`` and return its final state; recompute if the artifact on disk is not
     the one the cache entry stands for."""
-    intact = stage_is_intact(Path(run_dir), STAGE, input_fingerprint(config)["key"])
-    task_fn = prepare_task if intact else prepare_task.with_options(refresh_cache=True)
-    return task_fn(config=config, run_dir=run_dir, return_state=True)
+    return call_stage_task(prepare_task, STAGE, input_fingerprint(config)["key"], config=config, run_dir=run_dir)
 
 
 def publish_prepare_artifacts(manifest: dict[str, Any], run_dir: str) -> None:

@@ -94,3 +94,29 @@ def test_embed_core_never_imports_prefect():
     proc = subprocess.run(["grep", "-rE", r"import prefect|from prefect", str(REPO / "embed_core")],
                           capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout
+
+
+def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_path):
+    from flows.pipeline import pipeline_flow
+    from tests.tiny_model import build_tiny_bert
+
+    cfg = yaml.safe_load(demo_copy.read_text())
+    cfg["mine"] = {"model": str(build_tiny_bert(tmp_path / "tiny")), "max_length": 64, "relative_margin": None}
+    demo_copy.write_text(yaml.safe_dump(cfg))
+
+    first = pipeline_flow(config_path=str(demo_copy))
+    assert not first["mine"]["cached"]
+    mined = {d["dataset"]: d for d in first["mine"]["manifest"]["counts"]["datasets"]}
+    assert mined["scifact"]["mined"] and mined["scifact"]["negatives_added"] > 0
+    assert not mined["stsb"]["mined"]  # STS pairs are not mined
+    run_dir = Path(first["mine"]["run_dir"])
+    assert (run_dir / "mine/score_hist.png").exists() and (run_dir / "mine/scifact.parquet").exists()
+
+    second = pipeline_flow(config_path=str(demo_copy))
+    assert second["prepare"]["cached"] and second["mine"]["cached"]
+
+    sts = demo_copy.parent / "data/stsb/train.csv"
+    sts.write_text("A kitten naps in the sun.,A small cat sleeps in sunlight.,4.4\n" + sts.read_text())
+    third = pipeline_flow(config_path=str(demo_copy))
+    assert not third["prepare"]["cached"] and not third["mine"]["cached"]
+    assert third["mine"]["manifest"]["counts"]["texts_encoded"] == 0  # embeddings came from the cache

@@ -1,13 +1,15 @@
 """Positive-aware hard-negative mining with FAISS.
 
-For each eligible record: rank the candidate pool by cosine similarity to the query, drop the
-query itself, its positives and any exact or normalised duplicate of them (and, for
-classification, every candidate that carries the record's own label — consistent with the CLS
-loss mask of QZhou Eq. 3), take the rank window ``[range_min, range_max)`` of what remains
-(QZhou §6.1: ranks 10–30), then keep only candidates that score clearly below the positives
-(NV-Retriever's TopK-PercPos: ``score < relative_margin × lowest positive score``, default 0.95;
-optionally ``score < lowest positive score − absolute_margin``). The first ``num_negatives``
-survivors (or a seeded random sample) are appended with their scores in ``negative_scores``.
+For each eligible record: retrieve the top ``range_max`` candidates (plus room for the
+positives) by cosine similarity; drop the query itself, its positives and any exact or normalised
+duplicate (and, for classification, every candidate carrying the record's own label — consistent
+with the CLS loss mask of QZhou Eq. 3); drop candidates that score too close to the positives
+(NV-Retriever's TopK-PercPos: keep only ``score < relative_margin × lowest positive score``,
+default 0.95; optionally ``score < lowest positive score − absolute_margin``); then take the rank
+window ``[range_min, range_max)`` of the survivors (QZhou §6.1: ranks 10–30). Filtering before the
+window is NV-Retriever's order and the one sentence-transformers' ``mine_hard_negatives`` uses, so
+both select the same negatives. The first ``num_negatives`` of the window (or a seeded random
+sample) are appended with their scores in ``negative_scores``.
 Records that end with fewer are reported, never silently padded unless ``pad_random`` is set.
 """
 
@@ -155,7 +157,11 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
     out = list(records)
     max_pos = max(len(records[i].positives) for i in todo)
     widen = 4 if any(records[i].task == "classification" for i in todo) else 1
-    k = min(len(pool), (s.range_max + max_pos + 8) * widen)
+    # Candidates considered per query: the top range_max retrieved, plus room for the positives
+    # (as NV-Retriever and sentence-transformers do); classification looks 4x deeper because
+    # same-label neighbours are removed.
+    budget = (s.range_max + max_pos) * widen
+    k = min(len(pool), budget + 32)  # slack for the query itself and duplicates, which use no budget
     for start in range(0, len(todo), s.query_chunk_size):
         chunk = todo[start:start + s.query_chunk_size]
         scores, ids = index.search(query_vecs[start:start + len(chunk)], k)
@@ -165,31 +171,34 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
             pos_scores = [float(qv @ pos_vecs[p]) for p in rec.positives]
             stats.positive_scores.extend(pos_scores)
             floor = min(pos_scores)
-            excluded = {normalize_text(rec.query), *(normalize_text(p) for p in rec.positives),
-                        *(normalize_text(n) for n in rec.negatives)}
-            ranked: list[tuple[int, float]] = []
+            positives_norm = {normalize_text(p) for p in rec.positives}
+            seen = {normalize_text(rec.query), *(normalize_text(n) for n in rec.negatives)}
+            considered = 0
+            survivors: list[tuple[int, float]] = []
             for score, j in zip(scores[row], ids[row]):
-                if j < 0 or pool_norm[j] in excluded:
+                if j < 0 or pool_norm[j] in seen:
+                    continue  # the query itself, a current negative, or a duplicate already considered
+                if considered >= budget:
+                    break
+                considered += 1
+                if pool_norm[j] in positives_norm:
                     continue
+                seen.add(pool_norm[j])
                 if rec.task == "classification" and (rec.label in labels.get(pool[j], ()) or not labels.get(pool[j])):
                     continue
-                excluded.add(pool_norm[j])  # later duplicates of this text are skipped
-                ranked.append((int(j), float(score)))
-                if len(ranked) >= s.range_max:
-                    break
-            kept = []
-            for j, score in ranked[s.range_min:s.range_max]:
+                score = float(score)
                 if (s.relative_margin is not None and score >= s.relative_margin * floor) or \
                         (s.absolute_margin is not None and score >= floor - s.absolute_margin):
                     stats.filtered_scores.append(score)
                     continue
-                kept.append((j, score))
+                survivors.append((int(j), score))
+            kept = survivors[s.range_min:s.range_max]
             chosen = kept[: s.num_negatives] if s.sampling == "top" else rng.sample(kept, min(len(kept), s.num_negatives))
             need = s.num_negatives - len(chosen)
             if need > 0 and s.pad_random:
                 taken = {j for j, _ in chosen}
                 fill = [j for j in rng.sample(range(len(pool)), min(len(pool), need * 4 + 8))
-                        if j not in taken and pool_norm[j] not in excluded][:need]
+                        if j not in taken and pool_norm[j] not in seen][:need]
                 chosen += [(j, float(qv @ pool_vecs[j])) for j in fill]
                 stats.padded += len(fill)
             if len(chosen) < s.num_negatives:

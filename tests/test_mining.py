@@ -1,0 +1,137 @@
+import json
+
+import numpy as np
+import pytest
+
+from embed_core.config import MineConfig, parse_config
+from embed_core.mine import run_mine
+from embed_core.mining import EmbeddingCache, MineSettings, mine_records
+from embed_core.prepare import run_prepare
+from embed_core.schema import Record
+from tests.tiny_model import build_tiny_bert
+
+
+def unit(*xs):
+    v = np.array(xs, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+def table_embed(vectors: dict[str, np.ndarray]):
+    return lambda texts: np.stack([vectors[t] for t in texts])
+
+
+def rec(i, q, pos, **kw):
+    return Record(id=f"d:{i}", dataset="d", task=kw.pop("task", "retrieval"), query=q, positives=pos,
+                  source_ref=f"f:{i}", **kw)
+
+
+def test_window_excludes_query_positives_and_duplicates():
+    # Query along x; candidates ranked by their x component.
+    vecs = {"q": unit(1, 0, 0), "pos": unit(0.9, 0.1, 0), "Pos!": unit(0.95, 0.05, 0),  # normalised dup of pos
+            "q ": unit(1, 0, 0),  # the query itself, as a document
+            **{f"c{i}": unit(0.8 - 0.1 * i, 0.6, 0) for i in range(5)}}
+    corpus = ["q ", "Pos!", *[f"c{i}" for i in range(5)]]
+    s = MineSettings(range_min=1, range_max=3, num_negatives=4, relative_margin=None)
+    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus=corpus)
+    assert out[0].negatives == ["c1", "c2"]  # ranks 1 and 2 after removing q, pos and its duplicate
+    assert out[0].negative_scores == pytest.approx([float(vecs["q"] @ vecs["c1"]), float(vecs["q"] @ vecs["c2"])], abs=1e-5)
+    assert stats.too_few == 1 and "d:0 (2 of 4)" in stats.too_few_examples[0]
+
+
+def test_relative_margin_removes_planted_near_duplicate_of_positive():
+    q, pos = unit(1, 0.3, 0), unit(1, 0, 0)
+    near_dup = unit(1, 0.01, 0.02)  # a paraphrase of the positive: scores ~ the positive
+    vecs = {"q": q, "pos": pos, "near-dup": near_dup, **{f"n{i}": unit(0.5, 0.3, 0.5 + 0.2 * i) for i in range(4)}}
+    corpus = ["pos", "near-dup", *[f"n{i}" for i in range(4)]]
+    assert q @ near_dup >= 0.95 * (q @ pos)
+    kept, _ = mine_records([rec(0, "q", ["pos"])], table_embed(vecs),
+                           MineSettings(range_min=0, range_max=5, num_negatives=5, relative_margin=None), corpus)
+    assert "near-dup" in kept[0].negatives
+    filtered, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs),
+                                   MineSettings(range_min=0, range_max=5, num_negatives=5, relative_margin=0.95), corpus)
+    assert "near-dup" not in filtered[0].negatives and filtered[0].negatives == [f"n{i}" for i in range(4)]
+    assert len(stats.filtered_scores) == 1
+    absolute, _ = mine_records([rec(0, "q", ["pos"])], table_embed(vecs),
+                               MineSettings(range_min=0, range_max=5, num_negatives=5, relative_margin=None,
+                                            absolute_margin=0.05), corpus)
+    assert "near-dup" not in absolute[0].negatives
+
+
+def test_classification_negatives_come_from_other_labels_only():
+    rng = np.random.default_rng(0)
+    texts = [f"t{i}" for i in range(40)]
+    labels = ["a" if i % 2 else "b" for i in range(40)]
+    vecs = {t: unit(*rng.normal(size=8)) for t in texts}
+    records = [rec(i, t, [texts[(i + 2) % 40]], task="classification", label=labels[i]) for i, t in enumerate(texts)]
+    out, stats = mine_records(records, table_embed(vecs), MineSettings(range_min=0, range_max=10, relative_margin=None))
+    assert stats.negatives_added == 4 * 40
+    for r in out:
+        assert r.negatives and all(labels[texts.index(n)] != r.label for n in r.negatives)
+        assert r.negative_labels == [labels[texts.index(n)] for n in r.negatives]
+
+
+def test_embedding_cache_persists_and_encodes_each_text_once(tmp_path):
+    calls = []
+
+    def encode(texts):
+        calls.extend(texts)
+        return np.stack([unit(len(t), 1.0, 2.0) for t in texts])
+
+    cache = EmbeddingCache(tmp_path, "fp", 3)
+    a = cache.get_or_encode(["x", "yy", "x"], encode)
+    assert calls == ["x", "yy"] and np.allclose(a[0], a[2])
+    again = EmbeddingCache(tmp_path, "fp", 3)  # a new process would see the same shards
+    b = again.get_or_encode(["yy", "zzz"], encode)
+    assert calls == ["x", "yy", "zzz"] and np.allclose(b[0], a[1], atol=1e-3)
+    assert np.allclose(np.linalg.norm(b, axis=1), 1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return str(build_tiny_bert(tmp_path_factory.mktemp("tiny-bert")))
+
+
+@pytest.mark.shared_data
+def test_scifact_mined_negatives_never_contain_a_qrel_positive(shared_data, tiny_model, tmp_path):
+    cfg = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
+        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "split": "train"}]}})
+    cfg = cfg.model_copy(update={"mine": MineConfig(model=tiny_model, max_length=64, relative_margin=None,
+                                                    corpora={"scifact": "beir/scifact"}, batch_size=128)})
+    run_prepare(cfg, tmp_path)
+    manifest = run_mine(cfg, tmp_path)
+    import pyarrow.parquet as pq
+
+    corpus = {}
+    for line in open(shared_data / "beir/scifact/corpus.jsonl"):
+        d = json.loads(line)
+        corpus[d["_id"]] = f"{d['title'].strip()} {d['text'].strip()}".strip()
+    queries = {json.loads(x)["_id"]: json.loads(x)["text"] for x in open(shared_data / "beir/scifact/queries.jsonl")}
+    qrel_pos = {}
+    for line in list(open(shared_data / "beir/scifact/qrels/train.tsv"))[1:]:
+        qid, did, score = line.split()
+        if float(score) > 0:
+            qrel_pos.setdefault(queries[qid], set()).add(corpus[did])
+    rows = pq.read_table(tmp_path / "mine/scifact.parquet").to_pylist()
+    assert len(rows) == 808 and sum(len(r["negatives"]) for r in rows) >= 3 * 808  # 809 queries, 1 duplicate
+    for r in rows:
+        assert not set(r["negatives"]) & qrel_pos[r["query"]], r["id"]
+        assert len(r["negative_scores"]) == len(r["negatives"])
+    (ds,) = [d for d in manifest["counts"]["datasets"] if d["dataset"] == "scifact"]
+    assert ds["index"]["type"] == "flat" and ds["index"]["size"] == len(set(corpus.values()))
+
+    second = run_mine(cfg, tmp_path)  # unchanged inputs: every embedding comes from the cache
+    assert second["counts"]["texts_encoded"] == 0
+    assert pq.read_table(tmp_path / "mine/scifact.parquet").to_pylist() == rows
+
+
+def test_too_few_are_reported_and_padded_only_when_asked():
+    vecs = {"q": unit(1, 0, 0), "pos": unit(0.9, 0.1, 0), **{f"c{i}": unit(0.5, 0.5, 0.1 * i) for i in range(3)},
+            **{f"far{i}": unit(-1, 0.1 * i, 1) for i in range(6)}}
+    corpus = ["pos", "c0", "c1", "c2", *[f"far{i}" for i in range(6)]]
+    s = MineSettings(range_min=0, range_max=2, num_negatives=4, relative_margin=None)
+    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus)
+    assert len(out[0].negatives) == 2 and stats.too_few == 1 and stats.padded == 0
+    s.pad_random = True
+    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus)
+    assert len(out[0].negatives) == 4 and stats.padded == 2 and "pos" not in out[0].negatives
+    assert len(out[0].negative_scores) == 4

@@ -1,0 +1,26 @@
+"""A tiny randomly initialised BERT built in code (tests never load real weights from a hub).
+
+It reuses the packaged all-MiniLM-L6-v2 tokenizer files (offline) with a 2-layer, 32-wide model."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+
+def build_tiny_bert(dest: Path) -> Path:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from embed_core.model import default_model_path
+
+    dest.mkdir(parents=True, exist_ok=True)
+    src = Path(default_model_path())
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).exists():
+            shutil.copy(src / name, dest / name)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(dest)
+    return dest
