@@ -198,7 +198,7 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
             if need > 0 and s.pad_random:
                 taken = {j for j, _ in chosen}
                 fill = [j for j in rng.sample(range(len(pool)), min(len(pool), need * 4 + 8))
-                        if j not in taken and pool_norm[j] not in seen][:need]
+                        if j not in taken and pool_norm[j] not in seen and pool_norm[j] not in positives_norm][:need]
                 chosen += [(j, float(qv @ pool_vecs[j])) for j in fill]
                 stats.padded += len(fill)
             if len(chosen) < s.num_negatives:
