@@ -20,6 +20,7 @@ def demo_copy(tmp_path):
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     cfg["data_root"] = str(tmp_path / "data")
     cfg["run_root"] = str(tmp_path / "runs")
+    cfg.pop("mine", None)  # tests that mine set a tiny model built in code
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -119,6 +119,7 @@ def run_peer(pairs, pool) -> dict:
     for row in res:
         negs.setdefault(row["anchor"], [])
         negs[row["anchor"]] += [row[k] for k in row if k.startswith("negative")]
+    negs = {q: list(dict.fromkeys(v)) for q, v in negs.items()}  # one output row per (anchor, positive)
     return {"wall_s": wall, "negatives": negs, "added": sum(len(v) for v in negs.values())}
 
 
