@@ -33,4 +33,5 @@ clean:
 	rm -rf runs .pytest_cache
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) tests/benchmarks/bench_mine.py

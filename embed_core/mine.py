@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from embed_core import __version__
-from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.artifacts import StageWriter, read_manifest, read_records, sha256_file
 from embed_core.config import MineConfig, RunConfig, config_hash
 from embed_core.convert.retrieval import load_corpus
 from embed_core.errors import ConfigError, EmbedpipeError
@@ -50,8 +50,6 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model_fp = model_fingerprint(resolve_model_path(cfg.model), cfg.pooling, cfg.max_length, uses_bf16(cfg.precision, device))
     corpora = {}
-    from embed_core.artifacts import sha256_file
-
     for ds, path in cfg.corpora.items():
         d = config.resolve(path)
         cfile = d / "corpus.jsonl" if (d / "corpus.jsonl").exists() else d / "corpus.jsonl.gz"

@@ -5,24 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
-from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.mine import format_counts
-from flows.params import resolve_run
+from flows.params import resolve_run, run_stage
 from tasks.mine import run_mine_task
 
 
 def run_mine_stage(config: RunConfig, run_dir: str) -> dict[str, Any]:
-    logger = get_run_logger()
-    state = run_mine_task(config, run_dir)
-    manifest = state.result()
-    cached = state.name == "Cached"
-    if cached:
-        logger.info("mine: cache hit (inputs %s unchanged) — reusing %s/mine, nothing encoded",
-                    manifest["input_fingerprint"][:12], run_dir)
-    return {"stage": "mine", "cached": cached, "run_dir": run_dir, "manifest": manifest,
-            "summary": format_counts(manifest)}
+    return run_stage("mine", run_mine_task, format_counts, config, run_dir)
 
 
 @flow(name="mine", log_prints=True)

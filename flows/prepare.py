@@ -5,26 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
-from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.prepare import format_counts
-from flows.params import resolve_run
+from flows.params import resolve_run, run_stage
 from tasks.prepare import run_prepare_task
 
 
 def run_prepare_stage(config: RunConfig, run_dir: str) -> dict[str, Any]:
-    """Submit the prepare task and report whether it was a cache hit."""
-    logger = get_run_logger()
-    state = run_prepare_task(config, run_dir)
-    manifest = state.result()
-    cached = state.name == "Cached"
-    if cached:
-        logger.info("prepare: cache hit (inputs %s unchanged) — reusing %s/prepare",
-                    manifest["input_fingerprint"][:12], run_dir)
-        logger.info("prepare counts (cached):\n%s", format_counts(manifest))
-    return {"stage": "prepare", "cached": cached, "run_dir": run_dir, "manifest": manifest,
-            "summary": format_counts(manifest)}
+    return run_stage("prepare", run_prepare_task, format_counts, config, run_dir)
 
 
 @flow(name="prepare", log_prints=True)
