@@ -127,6 +127,51 @@ class MineConfig(_Strict):
         return v
 
 
+EvalTaskType = Literal["sts", "retrieval", "classification", "pair_classification"]
+
+
+class EvalTaskSpec(_Strict):
+    """One evaluation task on local files. When ``name`` is an MTEB task name (STSBenchmark, SICK-R,
+    SciFact, Banking77Classification, EmotionClassification, AmazonCounterfactualClassification, …)
+    MTEB's own task definition is used (metric, splits, classifier protocol, prompt) and only the
+    data comes from here; any other name defines a local task of ``type``."""
+
+    name: str = Field(description="Task name; an MTEB name reuses MTEB's task definition.")
+    type: EvalTaskType
+    path: str | list[str] = Field(description="sts / pair_classification / classification: the evaluated file "
+                                  "(a list is read in order as one split, e.g. SICK-R's three files); "
+                                  "retrieval: a BEIR directory (corpus.jsonl[.gz], queries.jsonl, qrels/<split>.tsv).")
+    train_path: str | None = Field(None, description="classification: file the classifier is fitted on.")
+    format: Literal["csv", "tsv", "delimited", "jsonl", "parquet"] | None = None
+    delimiter: str | None = None
+    header: bool = True
+    quoting: Literal["auto", "none", "minimal"] = "auto"
+    columns: dict[str, str | int] = Field(
+        default_factory=dict,
+        description="sts: text1, text2, score; pair_classification: text1, text2, label; classification: text, label.")
+    label_map: dict[str, int] | None = Field(None, description="pair_classification: raw label -> 0/1.")
+    split: str = Field("test", description="Split name reported (and the BEIR qrels split).")
+    subset: str = Field("default", description="MTEB subset (e.g. 'en' for AmazonCounterfactualClassification).")
+    main_metric: str | None = Field(None, description="Default: MTEB's main score for the task or type.")
+    score_range: tuple[float, float] = Field((0.0, 5.0), description="sts: gold score range.")
+    instruction: str | None = Field(None, description="Instruction for instruction-following models "
+                                                      "(default: MTEB's task prompt, else none).")
+    max_rows: int | None = Field(None, ge=1, description="Evaluate only the first N rows/queries (smoke runs).")
+
+
+class EvaluateConfig(_Strict):
+    """Evaluate stage: MTEB on local task data (metrics computed by mteb)."""
+
+    models: list[str] = Field(default_factory=lambda: ["base"],
+                              description="'base' (the run's base model), 'trained' (every train-stage checkpoint "
+                                          "in the run), or local model directories.")
+    base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
+    tasks: list[EvalTaskSpec] = Field(min_length=1)
+    batch_size: int = Field(64, ge=1)
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "fp32", description="fp32 by default so published scores reproduce on any hardware.")
+
+
 class RunConfig(_Strict):
     run_name: str = "run"
     run_root: str = Field("runs", description="Runs are written to <run_root>/<run_name>/<stage>/.")
@@ -134,6 +179,7 @@ class RunConfig(_Strict):
     seed: int = 42
     prepare: PrepareConfig
     mine: MineConfig | None = Field(None, description="Hard-negative mining; omitted = stage skipped.")
+    evaluate: EvaluateConfig | None = Field(None, description="MTEB evaluation; omitted = stage skipped.")
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()

@@ -1,4 +1,4 @@
-"""``embedpipe`` command line: run the pipeline, one stage (prepare, mine), or inspect artifacts.
+"""``embedpipe`` command line: run the pipeline, one stage (prepare, mine, evaluate), compare runs, or inspect artifacts.
 
 Errors in the config or input end the command with exit code 2 and a one-line reason.
 """
@@ -25,6 +25,15 @@ def _parser() -> argparse.ArgumentParser:
     mine = sub.add_parser("mine", help="run the mine stage only (needs the prepare stage's output)")
     mine.add_argument("--config", required=True)
     mine.add_argument("--run-dir")
+    ev = sub.add_parser("evaluate", help="run the evaluate stage only (MTEB on the configured local tasks)")
+    ev.add_argument("--config", required=True)
+    ev.add_argument("--run-dir")
+    ev.add_argument("--model", action="append", dest="models", metavar="PATH|base|trained",
+                    help="model to evaluate (repeatable; default: the config's evaluate.models)")
+    ev.add_argument("--tasks", help="comma-separated task names from the config (default: all)")
+    cmp_ = sub.add_parser("compare", help="main scores of several runs side by side")
+    cmp_.add_argument("sources", nargs="+", help="run directories or results.parquet files")
+    cmp_.add_argument("--out", default="runs/compare", help="output directory for compare.md / compare.png")
     ins = sub.add_parser("inspect", help="show schema, counts and sample rows of a Parquet file or stage dir")
     ins.add_argument("path")
     ins.add_argument("--samples", type=int, default=3)
@@ -46,6 +55,16 @@ def main(argv: list[str] | None = None) -> int:
 
             print(inspect_path(args.path, samples=args.samples))
             return 0
+        if args.command == "compare":
+            from embed_core.evaluation.report import compare_runs
+
+            try:
+                path = compare_runs(args.sources, args.out)
+            except FileNotFoundError as exc:
+                raise EmbedpipeError(str(exc)) from None
+            print(path.read_text(encoding="utf-8"))
+            print(f"written: {path}")
+            return 0
         from embed_core.config import load_config
 
         config = load_config(args.config)  # fail fast, before any Prefect machinery starts
@@ -59,12 +78,22 @@ def main(argv: list[str] | None = None) -> int:
             from flows.mine import mine_flow
 
             _print_result(mine_flow(config_path=args.config, run_dir=args.run_dir, config=config))
+        elif args.command == "evaluate":
+            from flows.evaluate import evaluate_flow
+
+            tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+            result = evaluate_flow(config_path=args.config, run_dir=args.run_dir, config=config,
+                                   models=args.models, tasks=tasks)
+            _print_result(result)
+            print(f"report: {Path(result['run_dir']) / 'evaluate' / 'report.md'}")
         elif args.command == "run":
             from flows.pipeline import pipeline_flow
 
             results = pipeline_flow(config_path=args.config, run_dir=args.run_dir, config=config)
             for res in results.values():
                 _print_result(res)
+            if "evaluate" in results:
+                print(f"\nreport: {Path(results['evaluate']['run_dir']) / 'evaluate' / 'report.md'}")
         return 0
     except EmbedpipeError as exc:
         print(f"embedpipe: error: {exc}", file=sys.stderr)

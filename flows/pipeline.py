@@ -1,7 +1,8 @@
 """The end-to-end pipeline flow: runs the stages that exist, in order.
 
-Stages so far: prepare, mine (when the config has a ``mine`` section). Later issues add
-synthesize, train and evaluate here.
+Stages so far: prepare, mine (when the config has a ``mine`` section) and evaluate (when it has an
+``evaluate`` section; the base model and every trained checkpoint in the run). Later issues add
+synthesize and train here.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from prefect import flow
 
 from embed_core.config import RunConfig
 from flows.params import resolve_run
+from flows.evaluate import run_evaluate_stage
 from flows.mine import run_mine_stage
 from flows.prepare import run_prepare_stage
 
-Stage = Literal["prepare", "mine"]
-STAGES: tuple[Stage, ...] = ("prepare", "mine")
+Stage = Literal["prepare", "mine", "evaluate"]
+STAGES: tuple[Stage, ...] = ("prepare", "mine", "evaluate")
 
 
 @flow(name="pipeline", log_prints=True)
@@ -37,4 +39,7 @@ def pipeline_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: s
         results["prepare"] = run_prepare_stage(cfg, rdir)
     if "mine" in wanted and cfg.mine is not None:
         results["mine"] = run_mine_stage(cfg, rdir)
+    if "evaluate" in wanted and cfg.evaluate is not None:
+        models = ["base", "trained"] if "trained" not in cfg.evaluate.models else None
+        results["evaluate"] = run_evaluate_stage(cfg, rdir, models)
     return results

@@ -20,7 +20,8 @@ def demo_copy(tmp_path):
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     cfg["data_root"] = str(tmp_path / "data")
     cfg["run_root"] = str(tmp_path / "runs")
-    cfg.pop("mine", None)  # tests that mine set a tiny model built in code
+    cfg.pop("mine", None)  # tests that mine or evaluate set a tiny model built in code
+    cfg.pop("evaluate", None)
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -102,10 +103,15 @@ def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_pa
     from tests.tiny_model import build_tiny_bert
 
     cfg = yaml.safe_load(demo_copy.read_text())
-    cfg["mine"] = {"model": str(build_tiny_bert(tmp_path / "tiny")), "max_length": 64, "relative_margin": None}
+    tiny = str(build_tiny_bert(tmp_path / "tiny"))
+    cfg["mine"] = {"model": tiny, "max_length": 64, "relative_margin": None}
+    cfg["evaluate"] = {"base_model": tiny, "tasks": [{"name": "STSBenchmark", "type": "sts", "path": "stsb/test.csv",
+                                                      "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}}]}
     demo_copy.write_text(yaml.safe_dump(cfg))
 
     first = pipeline_flow(config_path=str(demo_copy))
+    assert not first["evaluate"]["cached"]
+    assert "STSBenchmark" in first["evaluate"]["summary"]
     assert not first["mine"]["cached"]
     mined = {d["dataset"]: d for d in first["mine"]["manifest"]["counts"]["datasets"]}
     assert mined["scifact"]["mined"] and mined["scifact"]["negatives_added"] > 0
@@ -114,10 +120,11 @@ def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_pa
     assert (run_dir / "mine/score_hist.png").exists() and (run_dir / "mine/scifact.parquet").exists()
 
     second = pipeline_flow(config_path=str(demo_copy))
-    assert second["prepare"]["cached"] and second["mine"]["cached"]
+    assert second["prepare"]["cached"] and second["mine"]["cached"] and second["evaluate"]["cached"]
 
     sts = demo_copy.parent / "data/stsb/train.csv"
     sts.write_text("A kitten naps in the sun.,A small cat sleeps in sunlight.,4.4\n" + sts.read_text())
     third = pipeline_flow(config_path=str(demo_copy))
     assert not third["prepare"]["cached"] and not third["mine"]["cached"]
     assert third["mine"]["manifest"]["counts"]["texts_encoded"] == 0  # embeddings came from the cache
+    assert third["evaluate"]["cached"]  # the base model's scores do not depend on the training data

@@ -1,0 +1,246 @@
+"""The evaluate stage: MTEB on local task data for the base model and the run's trained models.
+
+Writes ``<run_dir>/evaluate/``:
+* ``results.parquet`` — one row per (model, task, split, subset, metric) with every scalar mteb
+  reports, ``main`` marking the task's main score; metrics are mteb's own;
+* ``mteb/<model label>/<task>.json`` — mteb's result JSON per task;
+* ``report.md`` and ``plots/*.png`` (see ``embed_core.evaluation.report``);
+* ``manifest.json`` — models (path, fingerprint, settings), tasks, texts encoded, timings.
+
+Results accumulate: evaluating another model keeps the other models' rows from the previous
+evaluate artifact, and re-evaluating a model replaces its rows. Embeddings are cached per model
+fingerprint in ``<run_dir>/cache/eval-embeddings/`` so a rerun encodes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embed_core import __version__
+from embed_core.artifacts import StageWriter, read_manifest, sha256_file, stage_is_intact
+from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
+from embed_core.errors import ConfigError
+from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
+from embed_core.model.settings import read_model_settings
+
+log = logging.getLogger("embedpipe.evaluate")
+STAGE = "evaluate"
+RESULTS = "results.parquet"
+RESULT_SCHEMA = pa.schema([
+    ("model", pa.string()), ("model_path", pa.string()), ("fingerprint", pa.string()),
+    ("task", pa.string()), ("task_type", pa.string()), ("split", pa.string()), ("subset", pa.string()),
+    ("metric", pa.string()), ("value", pa.float64()), ("main", pa.bool_()),
+])
+
+
+def _cfg(config: RunConfig) -> EvaluateConfig:
+    if config.evaluate is None:
+        raise ConfigError("the run config has no 'evaluate' section")
+    return config.evaluate
+
+
+def trained_models(run_dir: Path) -> dict[str, str]:
+    """label -> model directory for every finished train-stage checkpoint in the run, in stage order
+    (``<run_dir>/train/<stage>/model`` holding a saved model)."""
+    found: dict[str, str] = {}
+    for model_dir in sorted(Path(run_dir).glob("train/*/model")):
+        if (model_dir / "config.json").exists():
+            found[model_dir.parent.name] = str(model_dir)
+    return found
+
+
+def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None) -> dict[str, str]:
+    """label -> local model path for 'base', 'trained' and explicit paths."""
+    cfg = _cfg(config)
+    out: dict[str, str] = {}
+    for item in models or cfg.models:
+        if item == "base":
+            out["base"] = resolve_model_path(cfg.base_model)
+        elif item == "trained":
+            out.update(trained_models(run_dir))
+        else:
+            path = resolve_model_path(item)
+            out[Path(path).name or "model"] = path
+    if not out:
+        raise ConfigError("evaluate: no model to evaluate (no trained checkpoint in the run yet?)")
+    return out
+
+
+def select_tasks(cfg: EvaluateConfig, names: list[str] | None) -> list[EvalTaskSpec]:
+    if not names:
+        return list(cfg.tasks)
+    known = {t.name: t for t in cfg.tasks}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"evaluate: unknown task {unknown[0]!r}; configured: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def _data_files(config: RunConfig, spec: EvalTaskSpec) -> list[Path]:
+    paths = spec.path if isinstance(spec.path, list) else [spec.path]
+    files = [config.resolve(p) for p in paths]
+    if spec.train_path:
+        files.append(config.resolve(spec.train_path))
+    out: list[Path] = []
+    for f in files:
+        out.extend(sorted(p for p in f.rglob("*") if p.is_file()) if f.is_dir() else [f])
+    return out
+
+
+def _model_fp(path: str, precision: str) -> str:
+    import torch
+
+    settings = read_model_settings(path)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return model_fingerprint(path, settings.pooling, settings.max_length, uses_bf16(precision, device))
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
+                      tasks: list[str] | None = None) -> dict[str, Any]:
+    """Model fingerprints + task specs + data file hashes + mteb version."""
+    import mteb
+
+    cfg = _cfg(config)
+    resolved = resolve_models(config, Path(run_dir), models)
+    specs = select_tasks(cfg, tasks)
+    data = {s.name: {str(f): sha256_file(f) if f.exists() else "missing" for f in _data_files(config, s)}
+            for s in specs}
+    fps = {label: _model_fp(path, cfg.precision) for label, path in resolved.items()}
+    blob = json.dumps({"models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data,
+                       "config": config_hash(cfg), "seed": config.seed, "mteb": mteb.__version__,
+                       "version": __version__}, sort_keys=True)
+    return {"key": hashlib.sha256(blob.encode()).hexdigest(), "models": fps}
+
+
+def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str) -> list[dict[str, Any]]:
+    """Every scalar metric mteb reported, one row each; ``main`` marks the task's main score."""
+    rows = []
+    main_name = metadata.main_score
+    for split, subsets in task_result.scores.items():
+        for scores in subsets:
+            base = {"model": label, "model_path": path, "fingerprint": fingerprint, "task": task_result.task_name,
+                    "task_type": metadata.type, "split": split, "subset": scores.get("hf_subset", "default")}
+            metrics = {k: float(v) for k, v in scores.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "main_score"}
+            if main_name not in metrics and "main_score" in scores:
+                metrics[main_name] = float(scores["main_score"])
+            rows += [{**base, "metric": k, "value": v, "main": k == main_name} for k, v in metrics.items()]
+    return rows
+
+
+def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: RunConfig, run_dir: Path):
+    """Run mteb on ``specs`` for one model; returns (result rows, {task: json bytes}, stats)."""
+    import mteb
+
+    from embed_core.evaluation.model import EvalModel
+    from embed_core.evaluation.tasks import build_task
+
+    cfg = _cfg(config)
+    model = EvalModel(path, label=label, cache_root=run_dir / "cache" / "eval-embeddings",
+                      batch_size=cfg.batch_size, precision=cfg.precision)
+    rows: list[dict[str, Any]] = []
+    jsons: dict[str, bytes] = {}
+    seconds: dict[str, float] = {}
+    for spec in specs:
+        t0 = time.perf_counter()
+        task = build_task(spec, config.resolve, seed=config.seed)
+        result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
+        for task_result in result.task_results:
+            rows += _scalar_rows(task_result, task.metadata, label, path, model.fingerprint)
+            jsons[spec.name] = json.dumps(task_result.to_dict(), indent=2, default=str).encode()
+        seconds[spec.name] = round(time.perf_counter() - t0, 2)
+        main = [r["value"] for r in rows if r["task"] == spec.name and r["main"]]
+        log.info("evaluate %s on %s: %s = %.4f (%.1f s)", label, spec.name, task.metadata.main_score,
+                 main[0] if main else float("nan"), seconds[spec.name])
+    stats = {"label": label, "path": path, "fingerprint": model.fingerprint,
+             "settings": {"pooling": model.settings.pooling, "max_length": model.settings.max_length,
+                          "use_instructions": model.settings.use_instructions, "source": model.settings.source},
+             "texts_encoded": model.texts_encoded, "cache_size": len(model.cache), "seconds": seconds}
+    return rows, jsons, stats
+
+
+def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+    """Rows and mteb JSON files of the current evaluate artifact (if intact), to carry over."""
+    if not stage_is_intact(run_dir, STAGE):
+        return [], {}
+    stage_dir = run_dir / STAGE
+    rows = pq.read_table(stage_dir / RESULTS).to_pylist() if (stage_dir / RESULTS).exists() else []
+    files = {str(p.relative_to(stage_dir)): p.read_bytes() for p in (stage_dir / "mteb").rglob("*.json")}
+    return rows, files
+
+
+def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
+                 tasks: list[str] | None = None) -> dict[str, Any]:
+    from embed_core.evaluation.report import build_report
+
+    cfg = _cfg(config)
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    fingerprint = input_fingerprint(config, run_dir, models, tasks)
+    resolved = resolve_models(config, run_dir, models)
+    specs = select_tasks(cfg, tasks)
+
+    old_rows, old_files = _previous(run_dir)
+    evaluated = set(resolved)
+    task_names = {s.name for s in specs}
+    rows = [r for r in old_rows if not (r["model"] in evaluated and r["task"] in task_names)]
+    files = {k: v for k, v in old_files.items()
+             if not (Path(k).parts[1] in evaluated and Path(k).stem in task_names)}
+    model_stats = []
+    for label, path in resolved.items():
+        new_rows, jsons, stats = evaluate_model(label, path, specs, config, run_dir)
+        rows += new_rows
+        files.update({f"mteb/{label}/{name}.json": blob for name, blob in jsons.items()})
+        model_stats.append(stats)
+
+    table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+    report_md, plots = build_report(table, run_dir=run_dir, title=f"embedpipe evaluation: {config.run_name}")
+    with StageWriter(run_dir, STAGE) as writer:
+        writer.write_table(RESULTS, table, kind="results")
+        for name, blob in sorted(files.items()):
+            writer.write_file(name, blob, kind="mteb_json")
+        for name, png in plots.items():
+            writer.write_file(f"plots/{name}", png, kind="plot")
+        writer.write_file("report.md", report_md.encode(), kind="report")
+        manifest = writer.commit({
+            "run_name": config.run_name,
+            "input_fingerprint": fingerprint["key"],
+            "models": model_stats,
+            "tasks": [s.name for s in specs],
+            "counts": {"texts_encoded": sum(m["texts_encoded"] for m in model_stats), "result_rows": table.num_rows},
+            "timings_s": {"total": round(time.perf_counter() - t0, 3)},
+        })
+    return manifest
+
+
+def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / STAGE / RESULTS
+    if not path.exists():
+        return []
+    return [r for r in pq.read_table(path).to_pylist() if r["main"]]
+
+
+def format_counts(manifest: dict[str, Any], run_dir: str | Path | None = None) -> str:
+    lines = []
+    for m in manifest["models"]:
+        lines.append(f"{m['label']}: {m['path']} (fingerprint {m['fingerprint']}, pooling {m['settings']['pooling']}, "
+                     f"max_length {m['settings']['max_length']}), texts encoded {m['texts_encoded']}")
+    if run_dir is not None:
+        scores = main_scores(run_dir)
+        labels = list(dict.fromkeys(r["model"] for r in scores))
+        tasks = list(dict.fromkeys(r["task"] for r in scores))
+        lines.append(f"{'task':<38}" + "".join(f"{lab:>14}" for lab in labels))
+        for t in tasks:
+            vals = {r["model"]: r["value"] for r in scores if r["task"] == t}
+            lines.append(f"{t:<38}" + "".join(f"{100 * vals[lab]:>14.2f}" if lab in vals else f"{'-':>14}"
+                                              for lab in labels))
+    return "\n".join(lines)
+

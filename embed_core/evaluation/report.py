@@ -1,0 +1,164 @@
+"""Evaluation report: a markdown summary and PNG plots from the results table.
+
+* ``scores.png`` — main score per task, one bar per model (base first, then trained stages);
+* ``deltas.png`` — per-task change of each other model against the first (the base);
+* ``loss_curves.png`` — training loss per step when the run has train-stage metrics
+  (``<run_dir>/train/<stage>/metrics.parquet`` with ``step`` and ``loss`` columns).
+
+``compare_runs`` puts several runs' (or result files') main scores side by side.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def main_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[str], dict[tuple[str, str], float]]:
+    """(models in first-seen order, tasks in first-seen order, (model, task) -> main score)."""
+    main = [r for r in rows if r["main"]]
+    models = list(dict.fromkeys(r["model"] for r in main))
+    tasks = list(dict.fromkeys(r["task"] for r in main))
+    values = {(r["model"], r["task"]): r["value"] for r in main}
+    return models, tasks, values
+
+
+def _bars(models: list[str], tasks: list[str], values: dict[tuple[str, str], float], title: str) -> bytes:
+    import numpy as np
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tasks)), 3.8))
+    width = 0.8 / max(1, len(models))
+    x = np.arange(len(tasks))
+    for i, m in enumerate(models):
+        ys = [100 * values.get((m, t), float("nan")) for t in tasks]
+        bars = ax.bar(x + i * width - 0.4 + width / 2, ys, width, label=m)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks(x, tasks, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("main score × 100")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _deltas(models: list[str], tasks: list[str], values: dict[tuple[str, str], float]) -> bytes:
+    import numpy as np
+
+    plt = _plt()
+    base, others = models[0], models[1:]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tasks)), 3.5))
+    width = 0.8 / max(1, len(others))
+    x = np.arange(len(tasks))
+    for i, m in enumerate(others):
+        ys = [100 * (values.get((m, t), float("nan")) - values.get((base, t), float("nan"))) for t in tasks]
+        bars = ax.bar(x + i * width - 0.4 + width / 2, ys, width, label=f"{m} − {base}")
+        ax.bar_label(bars, fmt="%+.2f", fontsize=7)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(x, tasks, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("Δ main score × 100")
+    ax.set_title(f"change against {base}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def training_metrics(run_dir: Path) -> dict[str, pa.Table]:
+    out = {}
+    for path in sorted(Path(run_dir).glob("train/*/metrics.parquet")):
+        table = pq.read_table(path)
+        if {"step", "loss"} <= set(table.column_names):
+            out[path.parent.name] = table
+    return out
+
+
+def _loss_curves(curves: dict[str, pa.Table]) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    offset = 0
+    for stage, table in curves.items():
+        steps = [offset + s for s in table.column("step").to_pylist()]
+        ax.plot(steps, table.column("loss").to_pylist(), label=stage, linewidth=1)
+        offset = max(steps, default=offset)
+    ax.set_xlabel("step (stages concatenated)")
+    ax.set_ylabel("training loss")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def markdown_table(models: list[str], tasks: list[str], values: dict[tuple[str, str], float],
+                   metric_of: dict[str, str] | None = None) -> str:
+    head = "| task | metric | " + " | ".join(models) + (" | Δ last − first |" if len(models) > 1 else "")
+    sep = "|---|---|" + "---:|" * len(models) + ("---:|" if len(models) > 1 else "")
+    lines = [head, sep]
+    for t in tasks:
+        cells = [f"{100 * values[(m, t)]:.2f}" if (m, t) in values else "–" for m in models]
+        line = f"| {t} | {(metric_of or {}).get(t, '')} | " + " | ".join(cells) + " |"
+        if len(models) > 1:
+            first, last = values.get((models[0], t)), values.get((models[-1], t))
+            line += f" {100 * (last - first):+.2f} |" if first is not None and last is not None else " – |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def build_report(table: pa.Table, *, run_dir: Path, title: str) -> tuple[str, dict[str, bytes]]:
+    rows = table.to_pylist()
+    models, tasks, values = main_table(rows)
+    metric_of = {r["task"]: r["metric"] for r in rows if r["main"]}
+    plots: dict[str, bytes] = {}
+    if tasks:
+        plots["scores.png"] = _bars(models, tasks, values, "main score per task")
+    if len(models) > 1:
+        plots["deltas.png"] = _deltas(models, tasks, values)
+    curves = training_metrics(run_dir)
+    if curves:
+        plots["loss_curves.png"] = _loss_curves(curves)
+    paths = {r["model"]: r["model_path"] for r in rows}
+    fps = {r["model"]: r["fingerprint"] for r in rows}
+    md = [f"# {title}", "", "Scores are mteb's main score per task × 100 (metrics computed by mteb).", "",
+          markdown_table(models, tasks, values, metric_of), "", "## Models", ""]
+    md += [f"- **{m}**: `{paths[m]}` (fingerprint `{fps[m]}`)" for m in models]
+    md += ["", "## Plots", ""]
+    md += [f"![{name}](plots/{name})" for name in plots]
+    return "\n".join(md) + "\n", plots
+
+
+def compare_runs(sources: list[str | Path], out_dir: str | Path) -> Path:
+    """Side-by-side main scores of several runs (run dirs or results.parquet files), labelled
+    ``<run>/<model>``; writes ``compare.md`` and ``compare.png`` into ``out_dir``."""
+    rows: list[dict[str, Any]] = []
+    for src in sources:
+        path = Path(src)
+        results = path if path.suffix == ".parquet" else path / "evaluate" / "results.parquet"
+        if not results.exists():
+            raise FileNotFoundError(f"{results}: no evaluation results (run the evaluate stage first)")
+        run = results.parent.parent.name if results.parent.name == "evaluate" else results.stem
+        for r in pq.read_table(results).to_pylist():
+            rows.append({**r, "model": f"{run}/{r['model']}"})
+    models, tasks, values = main_table(rows)
+    metric_of = {r["task"]: r["metric"] for r in rows if r["main"]}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.png").write_bytes(_bars(models, tasks, values, "main score per task"))
+    md = "# embedpipe comparison\n\n" + markdown_table(models, tasks, values, metric_of) + "\n\n![compare](compare.png)\n"
+    (out / "compare.md").write_text(md, encoding="utf-8")
+    return out / "compare.md"

