@@ -108,6 +108,13 @@ class StageWriter:
         self.outputs[name] = {"kind": kind, "sha256": sha256_file(path)}
         return self.final / name
 
+    def register_tree(self, name: str, kind: str) -> Path:
+        """Record every file a caller wrote under ``staging/<name>/`` (e.g. a saved model) as outputs."""
+        root = self.staging / name
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            self.outputs[str(path.relative_to(self.staging))] = {"kind": kind, "sha256": sha256_file(path)}
+        return self.final / name
+
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
         manifest = {
             "stage": self.stage,

@@ -172,6 +172,65 @@ class EvaluateConfig(_Strict):
         "fp32", description="fp32 by default so published scores reproduce on any hardware.")
 
 
+class TrainStageConfig(_Strict):
+    """One training stage. Defaults are QZhou §6.3's where it states them (τ 0.02, 4 hard negatives,
+    weight decay 0.01, warm-up 300, lr 3e-5 / 2e-5, batch 256 for InfoNCE data and 768 for CoSENT
+    data, η 0.72 in stage 2); α = 0.5 is gte's (QZhou cites gte and does not give α)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="Stage name: output goes to <run_dir>/train-<name>/.")
+    tasks: list[str] | None = Field(None, description="Only datasets of these tasks (stage 1: [retrieval]); None = all.")
+    datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a trainable task).")
+    init_from: str | None = Field(None, description="Start from this earlier stage's model (default: the previous stage).")
+    steps: int = Field(32000, ge=1)
+    lr: float = Field(3e-5, gt=0)
+    warmup_steps: int = Field(300, ge=0)
+    scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = Field(0.01, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    batch_size: dict[str, int] = Field(
+        default_factory=lambda: {"retrieval": 256, "classification": 256, "sts": 768, "nli": 768,
+                                 "pair_classification": 768},
+        description="Batch size per task (per device).")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    grad_cache_chunk: int | None = Field(None, ge=1, description="GradCache: embed in chunks of this many texts "
+                                         "with cached gradients (memory independent of batch size); None = off.")
+    gradient_checkpointing: bool = False
+    tau: float = Field(0.02, gt=0, description="InfoNCE / CLS temperature (QZhou: 0.02).")
+    cosent_tau: float = Field(0.05, gt=0, description="CoSENT temperature (scale 20).")
+    alpha: float = Field(0.5, ge=0, description="Dataset sampling exponent (Eq. 4).")
+    eta: float | None = Field(None, ge=0, le=1, description="Global retrieval ratio η (stage 2: 0.72); None = Eq. 4 only.")
+    num_hard_negatives: int = Field(4, ge=0)
+    query_negatives: bool = Field(True, description="Eq. 1's query–query term.")
+    query_max_length: int = Field(256, ge=8)
+    passage_max_length: int = Field(512, ge=8, description="QZhou uses 1536 for a 7B decoder.")
+    checkpoint_every: int = Field(500, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    log_every: int = Field(10, ge=1)
+
+
+class TrainConfig(_Strict):
+    base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
+    gguf_file: str | None = Field(None, description="GGUF weights file inside base_model (decoder LMs).")
+    pooling: Literal["mean", "cls", "last_token"] = "mean"
+    bidirectional: bool = Field(False, description="Make a decoder's causal attention bidirectional (QZhou §3.1).")
+    max_length: int = Field(256, ge=8, description="Max tokens recorded in the saved model (inference).")
+    use_instructions: bool = Field(True, description="Prepend each dataset's instruction (query side for "
+                                   "retrieval, both sides for symmetric tasks).")
+    instruction_template: str = "Instruct: {instruction}\nQuery: {text}"
+    exclude_instruction_from_pooling: bool = False
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="bf16 autocast on CUDA; fp32 on CPU.")
+    deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage etc.); needs the deepspeed extra.")
+    stages: list[TrainStageConfig] = Field(min_length=1)
+
+    @field_validator("stages")
+    @classmethod
+    def _unique_names(cls, v: list[TrainStageConfig]) -> list[TrainStageConfig]:
+        names = [s.name for s in v]
+        if len(set(names)) != len(names):
+            raise ValueError("stage names must be unique")
+        return v
+
+
 class RunConfig(_Strict):
     run_name: str = "run"
     run_root: str = Field("runs", description="Runs are written to <run_root>/<run_name>/<stage>/.")
@@ -179,6 +238,7 @@ class RunConfig(_Strict):
     seed: int = 42
     prepare: PrepareConfig
     mine: MineConfig | None = Field(None, description="Hard-negative mining; omitted = stage skipped.")
+    train: TrainConfig | None = Field(None, description="Training stages; omitted = stage skipped.")
     evaluate: EvaluateConfig | None = Field(None, description="MTEB evaluation; omitted = stage skipped.")
 
     def resolve(self, path: str) -> Path:

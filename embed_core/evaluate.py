@@ -48,13 +48,14 @@ def _cfg(config: RunConfig) -> EvaluateConfig:
 
 
 def trained_models(run_dir: Path) -> dict[str, str]:
-    """label -> model directory for every finished train-stage checkpoint in the run, in stage order
-    (``<run_dir>/train/<stage>/model`` holding a saved model)."""
-    found: dict[str, str] = {}
-    for model_dir in sorted(Path(run_dir).glob("train/*/model")):
-        if (model_dir / "config.json").exists():
-            found[model_dir.parent.name] = str(model_dir)
-    return found
+    """label -> model directory for every finished train stage in the run, in stage order
+    (``<run_dir>/train-<stage>/model``, labelled by the stage name)."""
+    found: dict[str, tuple[float, str]] = {}
+    for model_dir in Path(run_dir).glob("train-*/model"):
+        if (model_dir / "config.json").exists() and (model_dir.parent / "manifest.json").exists():
+            found[model_dir.parent.name.removeprefix("train-")] = ((model_dir.parent / "manifest.json").stat().st_mtime,
+                                                                   str(model_dir))
+    return {label: path for label, (_, path) in sorted(found.items(), key=lambda kv: kv[1][0])}
 
 
 def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None) -> dict[str, str]:

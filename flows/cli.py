@@ -1,4 +1,4 @@
-"""``embedpipe`` command line: run the pipeline, one stage (prepare, mine, evaluate), compare runs, or inspect artifacts.
+"""``embedpipe`` command line: run the pipeline, one stage (prepare, mine, train, evaluate), compare runs, or inspect artifacts.
 
 Errors in the config or input end the command with exit code 2 and a one-line reason.
 """
@@ -25,6 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     mine = sub.add_parser("mine", help="run the mine stage only (needs the prepare stage's output)")
     mine.add_argument("--config", required=True)
     mine.add_argument("--run-dir")
+    tr = sub.add_parser("train", help="run the train stages (needs prepare/mine output)")
+    tr.add_argument("--config", required=True)
+    tr.add_argument("--run-dir")
+    tr.add_argument("--stage", help="one stage: its name or number (1, 2); default all in order")
+    tr.add_argument("--resume", action="store_true",
+                    help="continue from the newest checkpoint of an interrupted run with the same inputs")
     ev = sub.add_parser("evaluate", help="run the evaluate stage only (MTEB on the configured local tasks)")
     ev.add_argument("--config", required=True)
     ev.add_argument("--run-dir")
@@ -78,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             from flows.mine import mine_flow
 
             _print_result(mine_flow(config_path=args.config, run_dir=args.run_dir, config=config))
+        elif args.command == "train":
+            from flows.train import train_flow
+
+            for res in train_flow(config_path=args.config, run_dir=args.run_dir, config=config, stage=args.stage,
+                                  resume=args.resume):
+                _print_result(res)
         elif args.command == "evaluate":
             from flows.evaluate import evaluate_flow
 

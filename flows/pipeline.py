@@ -1,8 +1,8 @@
 """The end-to-end pipeline flow: runs the stages that exist, in order.
 
-Stages so far: prepare, mine (when the config has a ``mine`` section) and evaluate (when it has an
-``evaluate`` section; the base model and every trained checkpoint in the run). Later issues add
-synthesize and train here.
+Stages so far: prepare, mine (when the config has a ``mine`` section), train (its stages in order,
+when it has a ``train`` section) and evaluate (when it has an ``evaluate`` section; the base model
+and every trained stage's model). A later issue adds synthesize.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from embed_core.config import RunConfig
 from flows.params import resolve_run
 from flows.evaluate import run_evaluate_stage
 from flows.mine import run_mine_stage
+from flows.train import run_train_stages
 from flows.prepare import run_prepare_stage
 
-Stage = Literal["prepare", "mine", "evaluate"]
-STAGES: tuple[Stage, ...] = ("prepare", "mine", "evaluate")
+Stage = Literal["prepare", "mine", "train", "evaluate"]
+STAGES: tuple[Stage, ...] = ("prepare", "mine", "train", "evaluate")
 
 
 @flow(name="pipeline", log_prints=True)
@@ -39,6 +40,9 @@ def pipeline_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: s
         results["prepare"] = run_prepare_stage(cfg, rdir)
     if "mine" in wanted and cfg.mine is not None:
         results["mine"] = run_mine_stage(cfg, rdir)
+    if "train" in wanted and cfg.train is not None:
+        for res in run_train_stages(cfg, rdir):
+            results[res["stage"]] = res
     if "evaluate" in wanted and cfg.evaluate is not None:
         models = ["base", "trained"] if "trained" not in cfg.evaluate.models else None
         results["evaluate"] = run_evaluate_stage(cfg, rdir, models)

@@ -25,8 +25,10 @@ def _artifact_key(prefix: str, run_name: str) -> str:
     return (prefix + "".join(c if c.isalnum() else "-" for c in run_name.lower()))[:100]
 
 
+# log_prints off: `datasets` fingerprints functions with dill, which disassembles code with print()
+# while capturing sys.stdout; Prefect's print patch would turn that bytecode into log lines.
 @task(name="evaluate", cache_key_fn=evaluate_cache_key, persist_result=True, cache_expiration=timedelta(days=30),
-      task_run_name="evaluate-{config.run_name}")
+      task_run_name="evaluate-{config.run_name}", log_prints=False)
 def evaluate_task(config: RunConfig, run_dir: str, models: list[str] | None = None,
                   tasks: list[str] | None = None) -> dict[str, Any]:
     manifest = run_evaluate(config, run_dir, models=models, tasks=tasks)

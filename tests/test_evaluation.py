@@ -145,13 +145,16 @@ def test_instructions_follow_the_saved_model(tiny_model, tmp_path):
     tuned = tmp_path / "tuned"
     shutil.copytree(tiny_model, tuned)
     (tuned / "embedpipe.json").write_text(json.dumps({"pooling": "mean", "max_length": 64, "use_instructions": True,
-                                                      "instructions": {"SciFact": "Retrieve evidence."}}))
+                                                      "instructions": {"SciFact": "Retrieve evidence."},
+                                                      "task_instructions": {"sts": "Retrieve similar text."}}))
     model = EvalModel(str(tuned), label="tuned", cache_root=tmp_path / "c")
     assert model.instruction_for(sts.metadata, PromptType.query) == "Find similar text."
     assert model.instruction_for(sts.metadata, PromptType.document) == "Find similar text."  # symmetric: both sides
     assert model.instruction_for(ret.metadata, PromptType.query) == "Retrieve evidence."
     assert model.instruction_for(ret.metadata, PromptType.document) == ""  # asymmetric: query side only
     assert model.fingerprint != plain.fingerprint  # max_length differs: separate cache
+    sick = build_task(EvalTaskSpec(name="SICK-R", type="sts", path="x"), Path)  # MTEB gives STS no prompt
+    assert model.instruction_for(sick.metadata, PromptType.query) == "Retrieve similar text."  # as trained
 
 
 def test_compare_puts_runs_side_by_side(local_data, tmp_path, tiny_model):

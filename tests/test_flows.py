@@ -22,6 +22,7 @@ def demo_copy(tmp_path):
     cfg["run_root"] = str(tmp_path / "runs")
     cfg.pop("mine", None)  # tests that mine or evaluate set a tiny model built in code
     cfg.pop("evaluate", None)
+    cfg.pop("train", None)
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -107,11 +108,16 @@ def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_pa
     cfg["mine"] = {"model": tiny, "max_length": 64, "relative_margin": None}
     cfg["evaluate"] = {"base_model": tiny, "tasks": [{"name": "STSBenchmark", "type": "sts", "path": "stsb/test.csv",
                                                       "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}}]}
+    small = {"batch_size": {"retrieval": 4, "classification": 4, "sts": 8, "nli": 8}, "query_max_length": 32,
+             "passage_max_length": 32, "num_hard_negatives": 1, "warmup_steps": 0}
+    cfg["train"] = {"base_model": tiny, "max_length": 32, "stages": [
+        {"name": "stage1", "tasks": ["retrieval"], "steps": 2, **small}, {"name": "stage2", "steps": 2, "eta": 0.72, **small}]}
     demo_copy.write_text(yaml.safe_dump(cfg))
 
     first = pipeline_flow(config_path=str(demo_copy))
-    assert not first["evaluate"]["cached"]
-    assert "STSBenchmark" in first["evaluate"]["summary"]
+    assert not first["evaluate"]["cached"] and not first["train-stage2"]["cached"]
+    summary = first["evaluate"]["summary"]
+    assert "STSBenchmark" in summary and "stage1" in summary and "stage2" in summary  # base -> stage 1 -> stage 2
     assert not first["mine"]["cached"]
     mined = {d["dataset"]: d for d in first["mine"]["manifest"]["counts"]["datasets"]}
     assert mined["scifact"]["mined"] and mined["scifact"]["negatives_added"] > 0
@@ -120,11 +126,16 @@ def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_pa
     assert (run_dir / "mine/score_hist.png").exists() and (run_dir / "mine/scifact.parquet").exists()
 
     second = pipeline_flow(config_path=str(demo_copy))
-    assert second["prepare"]["cached"] and second["mine"]["cached"] and second["evaluate"]["cached"]
+    assert all(second[k]["cached"] for k in ("prepare", "mine", "train-stage1", "train-stage2", "evaluate"))
 
     sts = demo_copy.parent / "data/stsb/train.csv"
     sts.write_text("A kitten naps in the sun.,A small cat sleeps in sunlight.,4.4\n" + sts.read_text())
     third = pipeline_flow(config_path=str(demo_copy))
     assert not third["prepare"]["cached"] and not third["mine"]["cached"]
     assert third["mine"]["manifest"]["counts"]["texts_encoded"] == 0  # embeddings came from the cache
-    assert third["evaluate"]["cached"]  # the base model's scores do not depend on the training data
+    # an STS source changed: retrieval-only stage 1 is a cache hit; stage 2 retrains; evaluation is
+    # keyed by model content, so it recomputes exactly when stage 2's weights changed
+    assert third["train-stage1"]["cached"]
+    assert not third["train-stage2"]["cached"]
+    weights = [r["train-stage2"]["manifest"]["outputs"]["model/model.safetensors"]["sha256"] for r in (second, third)]
+    assert third["evaluate"]["cached"] == (weights[0] == weights[1])

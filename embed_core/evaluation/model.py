@@ -30,6 +30,8 @@ from embed_core.model.encoder import Encoder, model_fingerprint, resolve_model_p
 from embed_core.model.settings import read_model_settings
 
 SYMMETRIC_TYPES = ("STS", "Classification", "PairClassification", "Clustering")
+MTEB_TO_TASK = {"STS": "sts", "Retrieval": "retrieval", "Classification": "classification",
+                "PairClassification": "pair_classification"}
 
 
 class EvalModel(AbsEncoder):
@@ -75,9 +77,12 @@ class EvalModel(AbsEncoder):
                 return ""
             if task_metadata.type not in SYMMETRIC_TYPES and task_metadata.type != "Retrieval":
                 return ""
-            instruction = self.settings.instructions.get(task_metadata.name) or \
-                self.get_instruction(task_metadata, prompt_type or PromptType.query)
-            return instruction or ""
+            explicit = task_metadata.prompt  # config instruction or the task's own MTEB prompt
+            if isinstance(explicit, dict):
+                explicit = explicit.get((prompt_type or PromptType.query).value)
+            return (self.settings.instructions.get(task_metadata.name) or explicit
+                    or self.settings.task_instructions.get(MTEB_TO_TASK.get(task_metadata.type, ""))
+                    or self.get_instruction(task_metadata, prompt_type or PromptType.query) or "")
         name = get_prompt_name(self.model_prompts, task_metadata, prompt_type)
         return self.model_prompts[name] if name else ""
 

@@ -3,7 +3,7 @@
 * ``scores.png`` — main score per task, one bar per model (base first, then trained stages);
 * ``deltas.png`` — per-task change of each other model against the first (the base);
 * ``loss_curves.png`` — training loss per step when the run has train-stage metrics
-  (``<run_dir>/train/<stage>/metrics.parquet`` with ``step`` and ``loss`` columns).
+  (``<run_dir>/train-<stage>/metrics.parquet`` with ``step`` and ``loss`` columns).
 
 ``compare_runs`` puts several runs' (or result files') main scores side by side.
 """
@@ -84,10 +84,11 @@ def _deltas(models: list[str], tasks: list[str], values: dict[tuple[str, str], f
 
 def training_metrics(run_dir: Path) -> dict[str, pa.Table]:
     out = {}
-    for path in sorted(Path(run_dir).glob("train/*/metrics.parquet")):
+    paths = sorted(Path(run_dir).glob("train-*/metrics.parquet"), key=lambda p: p.stat().st_mtime)
+    for path in paths:
         table = pq.read_table(path)
         if {"step", "loss"} <= set(table.column_names):
-            out[path.parent.name] = table
+            out[path.parent.name.removeprefix("train-")] = table
     return out
 
 
@@ -107,7 +108,7 @@ def _loss_curves(curves: dict[str, pa.Table]) -> bytes:
 
 def markdown_table(models: list[str], tasks: list[str], values: dict[tuple[str, str], float],
                    metric_of: dict[str, str] | None = None) -> str:
-    head = "| task | metric | " + " | ".join(models) + (" | Δ last − first |" if len(models) > 1 else "")
+    head = "| task | metric | " + " | ".join(models) + " |" + (" Δ last − first |" if len(models) > 1 else "")
     sep = "|---|---|" + "---:|" * len(models) + ("---:|" if len(models) > 1 else "")
     lines = [head, sep]
     for t in tasks:

@@ -2,7 +2,8 @@
 
 Read, in order of precedence, from
 1. ``embedpipe.json`` (written by the train stage): ``pooling``, ``max_length``, ``instruction_template``,
-   ``instructions`` (dataset/task name -> instruction) and ``use_instructions``;
+   ``instructions`` (dataset/task name -> instruction), ``task_instructions`` (task type ->
+   instruction) and ``use_instructions``;
 2. sentence-transformers files: ``1_Pooling/config.json`` (pooling), ``sentence_bert_config.json``
    (``max_seq_length``), ``config_sentence_transformers.json`` (``prompts``);
 3. defaults (mean pooling, 512 tokens, no instructions).
@@ -28,7 +29,8 @@ class ModelSettings:
     max_length: int = 512
     use_instructions: bool = False
     instruction_template: str = DEFAULT_TEMPLATE
-    instructions: dict[str, str] = field(default_factory=dict)
+    instructions: dict[str, str] = field(default_factory=dict)  # dataset / task name -> instruction
+    task_instructions: dict[str, str] = field(default_factory=dict)  # task type (sts, retrieval, …) -> instruction
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers named prompts
     source: str = "defaults"
 
@@ -53,7 +55,8 @@ def read_model_settings(path: str | Path) -> ModelSettings:
             pooling=own.get("pooling", "mean"), max_length=int(own.get("max_length", 512)),
             use_instructions=bool(own.get("use_instructions", False)),
             instruction_template=own.get("instruction_template", DEFAULT_TEMPLATE),
-            instructions=dict(own.get("instructions", {})), source=SETTINGS_FILE)
+            instructions=dict(own.get("instructions", {})),
+            task_instructions=dict(own.get("task_instructions", {})), source=SETTINGS_FILE)
     settings = ModelSettings()
     pooling = _json(root / "1_Pooling" / "config.json")
     if pooling is not None:

@@ -1,0 +1,44 @@
+"""Classification InfoNCE with the label mask (QZhou-Embedding Eq. 3).
+
+    L = -1/n Σ_i log( e^{s(t_i,t_i+)/τ} / Z_i )
+    Z_i = e^{s(t_i,t_i+)/τ} + Σ_n M(t_i,t_{i,n}−) e^{s(t_i,t_{i,n}−)/τ}
+          + Σ_{j≠i} M(t_i,t_j) e^{s(t_i,t_j)/τ} + Σ_{j≠i} Σ_n M(t_i,t_{j,n}−) e^{s(t_i,t_{j,n}−)/τ}
+
+Classification data is example-based: t_i+ is another text of t_i's class, t_{i,n}− texts of other
+classes. M(t_i, x) is 0 when x has t_i's class label (it would be a false negative) and 1 otherwise,
+so in-batch texts of the same class never push each other apart. Labels of negatives come from the
+record's ``negative_labels``; a negative without a label is never masked.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def classification_infonce(t: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, neg_labels: Tensor, *,
+                           tau: float = 0.02) -> Tensor:
+    """t, pos: [n, d]; neg: [n, k, d]; labels: [n] int class ids; neg_labels: [n, k] int class ids
+    (-1 = unknown, never masked)."""
+    n, k = neg.size(0), neg.size(1)
+    pos_logit = (t * pos).sum(-1, keepdim=True) / tau  # [n, 1]
+    neg_flat = neg.reshape(n * k, -1)
+    neg_logits = t @ neg_flat.T / tau  # [n, n*k]: column j*k+m is t_{j,m}−
+    neg_mask = labels[:, None] == neg_labels.reshape(1, n * k)  # same class -> masked out
+    qq_logits = t @ t.T / tau
+    qq_mask = (labels[:, None] == labels[None, :]) | torch.eye(n, dtype=torch.bool, device=t.device)
+    logits = torch.cat([pos_logit, neg_logits.masked_fill(neg_mask, float("-inf")),
+                        qq_logits.masked_fill(qq_mask, float("-inf"))], dim=1)
+    return F.cross_entropy(logits, torch.zeros(n, dtype=torch.long, device=t.device))
+
+
+class ClassificationInfoNCELoss(nn.Module):
+    def __init__(self, tau: float = 0.02):
+        super().__init__()
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        self.tau = tau
+
+    def forward(self, t: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, neg_labels: Tensor) -> Tensor:
+        return classification_infonce(t, pos, neg, labels, neg_labels, tau=self.tau)

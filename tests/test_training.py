@@ -1,0 +1,189 @@
+"""Trainer: two stages on real demo records with a tiny model, exact resume after a hard kill,
+GradCache equivalence, saved-model format."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from embed_core.config import parse_config
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from tests.tiny_model import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _config_dict(tmp_path, tiny_model, **stage_overrides):
+    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
+    cfg["data_root"] = str(REPO / "data")
+    cfg["run_root"] = str(tmp_path / "runs")
+    for key in ("mine", "evaluate", "train"):
+        cfg.pop(key, None)
+    small = {"retrieval": 4, "classification": 4, "sts": 8, "nli": 8}
+    common = {"lr": 1e-3, "warmup_steps": 2, "batch_size": small, "num_hard_negatives": 2, "query_max_length": 32,
+              "passage_max_length": 48, "checkpoint_every": 3, "log_every": 1}
+    cfg["train"] = {"base_model": str(tiny_model), "max_length": 48, "stages": [
+        {"name": "stage1", "tasks": ["retrieval"], "steps": 4, **common},
+        {"name": "stage2", "steps": 10, "eta": 0.72, **common, **stage_overrides}]}
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, tiny_model):
+    from embed_core.prepare import run_prepare
+
+    tmp = tmp_path_factory.mktemp("train")
+    config = parse_config(_config_dict(tmp, tiny_model))
+    run_dir = tmp / "runs/demo"
+    run_prepare(config, run_dir)
+    return tmp, run_dir
+
+
+def _weights(model_dir):
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(model_dir) / "model.safetensors"))
+
+
+def test_two_stages_train_and_save_a_loadable_model(prepared, tiny_model):
+    from embed_core.train import run_train_stage
+
+    tmp, run_dir = prepared
+    config = parse_config(_config_dict(tmp, tiny_model))
+    m1 = run_train_stage(config, run_dir, "stage1")
+    assert set(m1["datasets"]) == {"scifact", "flag-msmarco", "flag-toy"}  # retrieval only
+    m2 = run_train_stage(config, run_dir, "stage2")
+    assert m2["init_model"].endswith("train-stage1/model")
+    assert {"sts", "nli", "classification", "retrieval"} <= {d["task"] for d in m2["datasets"].values()}
+    ret = sum(d["weight"] for d in m2["datasets"].values() if d["task"] == "retrieval")
+    assert ret == pytest.approx(0.72)
+    metrics = pq.read_table(run_dir / "train-stage2/metrics.parquet").to_pylist()
+    assert len(metrics) == 10 and all(r["loss"] == r["loss"] for r in metrics)  # no NaN
+    assert (run_dir / "train-stage2/loss.png").exists()
+    assert not (run_dir / "checkpoints/stage2").exists()
+
+    model_dir = run_dir / "train-stage2/model"
+    settings = json.loads((model_dir / "embedpipe.json").read_text())
+    assert settings["use_instructions"] and settings["instructions"]["scifact"].startswith("Given a scientific")
+    assert settings["training"]["stage"]["name"] == "stage2"  # the checkpoint carries its config
+    before, after = _weights(tiny_model), _weights(model_dir)
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # training changed the weights
+
+    st = pytest.importorskip("sentence_transformers")
+    model = st.SentenceTransformer(str(model_dir), device="cpu")
+    emb = model.encode(["a test sentence", "another one"])
+    assert emb.shape == (2, 32)
+    assert abs(float((emb[0] ** 2).sum()) - 1.0) < 1e-4  # Normalize module loaded
+    # our Embedder and sentence-transformers agree on the saved model
+    from embed_core.model.embedder import Embedder
+
+    ours = Embedder(str(model_dir), max_length=48).eval()
+    with torch.no_grad():
+        mine = ours(ours.tokenize(["a test sentence", "another one"])).numpy()
+    assert abs(mine - emb).max() < 1e-5
+
+    from embed_core.evaluate import trained_models
+
+    assert list(trained_models(run_dir)) == ["stage1", "stage2"]
+
+
+def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_model, tmp_path):
+    from embed_core.train import run_train_stage
+
+    tmp, run_dir = prepared
+    cfg = _config_dict(tmp, tiny_model)
+    cfg["train"]["stages"] = [dict(cfg["train"]["stages"][1], name="resume", eta=None)]
+    config = parse_config(cfg)
+    reference = run_train_stage(config, run_dir, "resume")
+    ref_losses = [r["loss"] for r in pq.read_table(run_dir / "train-resume/metrics.parquet").to_pylist()]
+    ref_weights = _weights(run_dir / "train-resume/model")
+
+    # a separate process trains the same stage and is SIGKILLed right after step 7 (checkpoint at 6)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    other = tmp_path / "run"
+    other.mkdir()
+    import shutil
+
+    shutil.copytree(run_dir / "prepare", other / "prepare")
+    code = ("import sys; from embed_core.config import load_config; from embed_core.train import run_train_stage; "
+            "run_train_stage(load_config(sys.argv[1]), sys.argv[2], 'resume')")
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg_path), str(other)], cwd=REPO, capture_output=True,
+                          text=True, env={**__import__("os").environ, "EMBEDPIPE_TEST_KILL_AFTER_STEP": "7"})
+    assert proc.returncode == -9, proc.stderr[-2000:]  # killed, not finished
+    assert not (other / "train-resume").exists()
+    assert [p.name for p in sorted((other / "checkpoints/resume").glob("step-*"))] == ["step-0000003", "step-0000006"]
+
+    resumed = run_train_stage(config, other, "resume", resume=True)
+    losses = [r["loss"] for r in pq.read_table(other / "train-resume/metrics.parquet").to_pylist()]
+    assert losses == ref_losses  # bit-for-bit: same batches, same dropout, same optimizer state
+    weights = _weights(other / "train-resume/model")
+    assert all(torch.equal(ref_weights[k], weights[k]) for k in ref_weights)
+    assert resumed["steps"] == reference["steps"] == 10
+
+
+def test_grad_cache_gives_the_same_gradients_as_a_full_batch(prepared, tiny_model):
+    from embed_core.config import TrainStageConfig
+    from embed_core.train import load_datasets
+    from embed_core.training.batches import build_batch
+    from embed_core.training.trainer import Trainer
+
+    tmp, run_dir = prepared
+    config = parse_config(_config_dict(tmp, tiny_model))
+    grads = []
+    for chunk in (None, 3):
+        stage = TrainStageConfig(name="gc", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
+                                 num_hard_negatives=2, grad_cache_chunk=chunk, query_max_length=32, passage_max_length=48)
+        datasets = load_datasets(config, run_dir, stage)
+        trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "gc", seed=0)
+        trainer.model.eval()  # no dropout: compare the math, not RNG replay
+        batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
+                            query_max_length=32, passage_max_length=48, use_instructions=True)
+        trainer._forward_backward(batch, 1.0)
+        grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+    full, cached = grads
+    assert full.keys() == cached.keys()
+    for name in full:
+        assert torch.allclose(full[name], cached[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, tmp_path):
+    """The same stage under deepspeed.initialize (ZeRO-2, DS_ACCELERATOR=cpu, gloo) in a subprocess:
+    its losses follow the plain trainer's."""
+    pytest.importorskip("deepspeed")
+    import os
+    import shutil
+
+    from embed_core.train import run_train_stage
+
+    tmp, run_dir = prepared
+    cfg = _config_dict(tmp, tiny_model)
+    stage = dict(cfg["train"]["stages"][0], name="ds", steps=3, checkpoint_every=100)
+    cfg["train"]["stages"] = [stage]
+    run_train_stage(parse_config(cfg), run_dir, "ds")
+    plain = [r["loss"] for r in pq.read_table(run_dir / "train-ds/metrics.parquet").to_pylist()]
+
+    cfg["train"]["deepspeed"] = {"zero_optimization": {"stage": 2}}
+    cfg_path = tmp_path / "ds.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    other = tmp_path / "run"
+    other.mkdir()
+    shutil.copytree(run_dir / "prepare", other / "prepare")
+    code = ("import sys; from embed_core.config import load_config; from embed_core.train import run_train_stage; "
+            "run_train_stage(load_config(sys.argv[1]), sys.argv[2], 'ds')")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": "29533"}
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg_path), str(other)], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ds = [r["loss"] for r in pq.read_table(other / "train-ds/metrics.parquet").to_pylist()]
+    assert ds == pytest.approx(plain, rel=1e-4, abs=1e-5)
+    assert (other / "train-ds/model/model.safetensors").exists()
