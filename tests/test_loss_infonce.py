@@ -38,3 +38,14 @@ def test_query_negatives_term_can_be_switched_off():
 def test_bad_tau_is_rejected():
     with pytest.raises(ValueError):
         InfoNCELoss(tau=0)
+
+
+def test_flat_negatives_of_uneven_rows_equal_the_per_row_layout():
+    q = _unit([1.0, 0.0], [0.0, 1.0])
+    pos = _unit([1.0, 0.0], [0.6, 0.8])
+    neg = _unit([0.0, 1.0], [1.0, 0.0], [0.8, 0.6])  # row 0 gave two, row 1 one: all in every denominator
+    tau = 0.5
+    e = lambda s: math.exp(s / tau)  # noqa: E731
+    l1 = -math.log(e(1) / (e(1) + e(0.6) + e(0) + e(1) + e(0.8) + e(0)))
+    l2 = -math.log(e(0.8) / (e(0) + e(0.8) + e(1) + e(0) + e(0.6) + e(0)))
+    assert infonce(q, pos, neg, tau=tau).item() == pytest.approx((l1 + l2) / 2, rel=1e-9)

@@ -187,3 +187,22 @@ def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, 
     ds = [r["loss"] for r in pq.read_table(other / "train-ds/metrics.parquet").to_pylist()]
     assert ds == pytest.approx(plain, rel=1e-4, abs=1e-5)
     assert (other / "train-ds/model/model.safetensors").exists()
+
+
+def test_records_short_of_negatives_still_get_the_batch_hard_negatives():
+    import pyarrow as pa
+
+    from embed_core.schema import Record, records_to_table
+    from embed_core.training.batches import DatasetRecords, build_batch
+
+    base = {"dataset": "d", "task": "retrieval", "instruction": "Find it", "positive_scores": [], "negative_scores": [],
+            "negative_labels": [], "weak_positives": [], "label": None, "origin": "original", "source_ref": "x:1"}
+    recs = [dict(base, id="a", query="qa", positives=["pa"], negatives=[]),
+            dict(base, id="b", query="qb", positives=["pb"], negatives=["n1", "n2", "n3"])]
+    table = records_to_table([Record(**r) for r in recs])
+    assert isinstance(table, pa.Table)
+    batch = build_batch(DatasetRecords("d", table), [0, 1], step=0, seed=0, num_negatives=2, query_max_length=16,
+                        passage_max_length=16, use_instructions=True)
+    assert batch.num_negatives == 2 and set(batch.groups["negative"].texts) <= {"n1", "n2", "n3"}
+    assert batch.groups["query"].instructions == ["Find it", "Find it"]  # query side only for retrieval
+    assert batch.groups["positive"].instructions == [None, None]

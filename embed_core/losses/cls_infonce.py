@@ -19,13 +19,15 @@ from torch import Tensor, nn
 
 def classification_infonce(t: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, neg_labels: Tensor, *,
                            tau: float = 0.02) -> Tensor:
-    """t, pos: [n, d]; neg: [n, k, d]; labels: [n] int class ids; neg_labels: [n, k] int class ids
-    (-1 = unknown, never masked)."""
-    n, k = neg.size(0), neg.size(1)
+    """t, pos: [n, d]; labels: [n] int class ids; neg: the batch's negatives, [n, k, d] or flat
+    [m, d], with neg_labels [n, k] or [m] (-1 = unknown, never masked). Every negative in the batch
+    is in every text's denominator unless it has the text's class (own and other rows' negatives
+    are treated alike in Eq. 3, so rows may contribute different numbers of negatives)."""
+    n, d = t.shape
+    neg_flat = neg.reshape(-1, d)
     pos_logit = (t * pos).sum(-1, keepdim=True) / tau  # [n, 1]
-    neg_flat = neg.reshape(n * k, -1)
-    neg_logits = t @ neg_flat.T / tau  # [n, n*k]: column j*k+m is t_{j,m}−
-    neg_mask = labels[:, None] == neg_labels.reshape(1, n * k)  # same class -> masked out
+    neg_logits = t @ neg_flat.T / tau  # [n, m]
+    neg_mask = labels[:, None] == neg_labels.reshape(1, -1)  # same class -> masked out
     qq_logits = t @ t.T / tau
     qq_mask = (labels[:, None] == labels[None, :]) | torch.eye(n, dtype=torch.bool, device=t.device)
     logits = torch.cat([pos_logit, neg_logits.masked_fill(neg_mask, float("-inf")),

@@ -18,7 +18,9 @@ from torch import Tensor, nn
 
 def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02,
             query_negatives: bool = True) -> Tensor:
-    """q, pos: [n, d]; neg: [n, k, d] (k may be 0) or None. Returns the mean loss over queries."""
+    """q, pos: [n, d]; neg: the batch's hard negatives, [n, k, d] or flat [m, d] (rows may
+    contribute different numbers: every negative is in every query's denominator), or None.
+    Returns the mean loss over queries."""
     n = q.size(0)
     docs = pos if neg is None or neg.numel() == 0 else torch.cat([pos, neg.reshape(-1, neg.size(-1))], dim=0)
     logits = q @ docs.T / tau  # [n, n + n*k]; column i is query i's positive

@@ -34,10 +34,10 @@ class TaskBatch:
     task: str
     dataset: str
     groups: dict[str, TextGroup]  # name -> texts to embed
-    num_negatives: int = 0
+    num_negatives: int = 0  # hard negatives in the whole batch (flat)
     scores: list[float] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
-    negative_labels: list[list[int]] = field(default_factory=list)
+    negative_labels: list[int] = field(default_factory=list)  # one per flat negative
 
     @property
     def size(self) -> int:
@@ -77,21 +77,24 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
             "b": TextGroup(positives, instr, query_max_length)}, scores=scores)
 
     positives = [c["positives"][i][int(rng.integers(len(c["positives"][i])))] for i in indices]
-    have = [len(c["negatives"][i]) for i in indices]
-    k = min([num_negatives, *have]) if indices else 0
     negatives: list[str] = []
-    negative_labels: list[list[int]] = []
-    for i in indices:
+    negative_labels: list[int] = []
+    side = instr if task in CLS_TASKS else [None] * len(indices)  # documents get no instruction
+    neg_side: list[str | None] = []
+    for row, i in enumerate(indices):
+        # up to k per record; a record with fewer (e.g. none survived the mining margin) gives what it
+        # has: the losses put every negative of the batch in every query's denominator anyway
+        k = min(num_negatives, len(c["negatives"][i]))
         pick = rng.choice(len(c["negatives"][i]), size=k, replace=False).tolist() if k else []
         negatives += [c["negatives"][i][j] for j in pick]
         labs = c["negative_labels"][i]
-        negative_labels.append([records.label_ids.get(labs[j], -1) if j < len(labs) else -1 for j in pick])
-    side = instr if task in CLS_TASKS else [None] * len(indices)  # documents get no instruction
+        negative_labels += [records.label_ids.get(labs[j], -1) if j < len(labs) else -1 for j in pick]
+        neg_side += [side[row]] * k
     groups = {"query": TextGroup(queries, instr, query_max_length),
               "positive": TextGroup(positives, side, passage_max_length)}
-    if k:
-        groups["negative"] = TextGroup(negatives, [s for s in side for _ in range(k)], passage_max_length)
-    batch = TaskBatch(task, records.name, groups, num_negatives=k)
+    if negatives:
+        groups["negative"] = TextGroup(negatives, neg_side, passage_max_length)
+    batch = TaskBatch(task, records.name, groups, num_negatives=len(negatives))
     if task in CLS_TASKS:
         batch.labels = [records.label_ids.get(c["label"][i], -2) for i in indices]  # -2 never equals a negative's -1
         batch.negative_labels = negative_labels

@@ -172,18 +172,16 @@ class Trainer:
     def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
         s = self.stage
         if batch.task in INFONCE_TASKS:
-            q, pos = emb["query"], emb["positive"]
-            neg = emb.get("negative")
-            neg = neg.view(q.size(0), batch.num_negatives, -1) if neg is not None else None
+            q, pos, neg = emb["query"], emb["positive"], emb.get("negative")  # neg: flat [m, d]
             if self.world > 1:  # documents and queries of every rank become negatives
                 q, pos = self._gather(q), self._gather(pos)
                 neg = self._gather(neg) if neg is not None else None
             return infonce(q, pos, neg, tau=s.tau, query_negatives=s.query_negatives)
         if batch.task in CLS_TASKS:
-            t, pos, n = emb["query"], emb["positive"], batch.num_negatives
-            neg = emb["negative"].view(t.size(0), n, -1) if n else t.new_zeros(t.size(0), 0, t.size(1))
+            t, pos = emb["query"], emb["positive"]
+            neg = emb["negative"] if batch.num_negatives else t.new_zeros(0, t.size(1))
             labels = torch.tensor(batch.labels, device=t.device)
-            neg_labels = torch.tensor(batch.negative_labels, device=t.device, dtype=torch.long).view(t.size(0), n)
+            neg_labels = torch.tensor(batch.negative_labels, device=t.device, dtype=torch.long)
             return classification_infonce(t, pos, neg, labels, neg_labels, tau=s.tau)
         scores = torch.tensor(batch.scores, device=emb["a"].device, dtype=torch.float32)
         return cosent(emb["a"], emb["b"], scores, tau=s.cosent_tau)
