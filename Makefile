@@ -35,3 +35,4 @@ clean:
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) tests/benchmarks/bench_mine.py
+	$(PY) tests/benchmarks/bench_train.py

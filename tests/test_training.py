@@ -206,3 +206,33 @@ def test_records_short_of_negatives_still_get_the_batch_hard_negatives():
     assert batch.num_negatives == 2 and set(batch.groups["negative"].texts) <= {"n1", "n2", "n3"}
     assert batch.groups["query"].instructions == ["Find it", "Find it"]  # query side only for retrieval
     assert batch.groups["positive"].instructions == [None, None]
+
+
+def test_bidirectional_switch_makes_a_decoder_see_later_tokens(tmp_path, tiny_model):
+    """A tiny Gemma-3 built in code (same architecture as the packaged Gemma-3-270M GGUF): with
+    bidirectional=True an early token's state depends on a later token; causal it does not."""
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    from embed_core.errors import ConfigError
+    from embed_core.model.embedder import Embedder
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+                           sliding_window=64, pad_token_id=0)
+    Gemma3TextModel(cfg).save_pretrained(tmp_path / "gemma")
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_model / name).exists():
+            (tmp_path / "gemma" / name).write_bytes((tiny_model / name).read_bytes())
+
+    def first_token_moves(bidirectional):
+        m = Embedder(str(tmp_path / "gemma"), pooling="last_token", bidirectional=bidirectional).eval()
+        with torch.no_grad():
+            states = [m.model(**{k: v for k, v in m.tokenize([t]).items() if k != "pool_mask"}).last_hidden_state
+                      for t in ("one two three four", "one two three five")]
+        return not torch.allclose(states[0][0, 1], states[1][0, 1], atol=1e-6)
+
+    assert not first_token_moves(False)
+    assert first_token_moves(True)
+    with pytest.raises(ConfigError, match="bidirectional"):
+        Embedder(str(tiny_model), bidirectional=True)  # BERT has no such switch: an error, not a no-op

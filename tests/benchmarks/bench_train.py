@@ -1,0 +1,169 @@
+"""Training throughput: embedpipe's trainer vs sentence-transformers' SentenceTransformerTrainer.
+
+Same model (all-MiniLM-L6-v2), same data (STS-B train pairs with score >= 3 and SciFact train
+query–document pairs, ../shared/data), same batch size, same loss (in-batch-negative InfoNCE =
+MultipleNegativesRankingLoss, scale 20 = τ 0.05, no hard negatives, no query–query term), same
+steps, same lr, datasets sampled proportionally to size, one dataset per batch. Each trainer runs
+in its own process (peak RSS is per process). Throughput is non-padding tokens through the encoder
+per second, counted from the attention masks each trainer actually used (the two samplers draw
+different batches, so raw seconds alone would compare different work).
+
+    python tests/benchmarks/bench_train.py [--steps 20] [--batch-size 32]
+
+Last line: ``RATIO train_vs_sentence_transformers=<our tokens/s / their tokens/s>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+SHARED = Path(os.environ.get("EMBEDPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
+MAX_LEN = 256
+
+
+def load_pairs() -> dict[str, list[tuple[str, str]]]:
+    stsb = []
+    with open(SHARED / "stsb_en/stsb-en-train.csv", newline="", encoding="utf-8") as fh:
+        for a, b, score in csv.reader(fh):
+            if float(score) >= 3.0:
+                stsb.append((a, b))
+    queries = {}
+    for line in open(SHARED / "beir/scifact/queries.jsonl", encoding="utf-8"):
+        q = json.loads(line)
+        queries[q["_id"]] = q["text"]
+    docs = {}
+    for line in open(SHARED / "beir/scifact/corpus.jsonl", encoding="utf-8"):
+        d = json.loads(line)
+        docs[d["_id"]] = (d.get("title", "") + " " + d["text"]).strip()
+    scifact, seen = [], set()
+    for i, line in enumerate(open(SHARED / "beir/scifact/qrels/train.tsv", encoding="utf-8")):
+        if i == 0:
+            continue
+        qid, did, _ = line.strip().split("\t")
+        if qid not in seen:
+            seen.add(qid)
+            scifact.append((queries[qid], docs[did]))
+    return {"stsb": stsb, "scifact": scifact}
+
+
+def run_ours(steps: int, batch: int) -> dict:
+    import torch
+
+    from embed_core.config import TrainConfig, TrainStageConfig
+    from embed_core.schema import Record, records_to_table
+    from embed_core.training.batches import DatasetRecords
+    from embed_core.training.trainer import Trainer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    datasets = {}
+    for name, rows in load_pairs().items():
+        recs = [Record(id=f"{name}:{i}", dataset=name, task="retrieval", instruction="", query=a, positives=[b],
+                       positive_scores=[], negatives=[], negative_scores=[], negative_labels=[], weak_positives=[],
+                       label=None, origin="original", source_ref=f"{name}:{i}") for i, (a, b) in enumerate(rows)]
+        datasets[name] = DatasetRecords(name, records_to_table(recs))
+    stage = TrainStageConfig(name="bench", tasks=["retrieval"], steps=steps, lr=2e-5, warmup_steps=0, scheduler="linear",
+                             batch_size={"retrieval": batch}, num_hard_negatives=0, query_negatives=False, tau=0.05,
+                             alpha=1.0, query_max_length=MAX_LEN, passage_max_length=MAX_LEN, checkpoint_every=10**9,
+                             log_every=10**9, max_grad_norm=1.0, weight_decay=0.01)
+    cfg = TrainConfig(use_instructions=False, max_length=MAX_LEN, stages=[stage])
+    trainer = Trainer(cfg, stage, datasets, init_model="default", checkpoint_dir=Path("/tmp/bench-train-ckpt"), seed=0,
+                      log=lambda _: None)
+    t0 = time.perf_counter()
+    metrics = trainer.fit()
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "drawn": _count(m["dataset"] for m in metrics), "tokens": sum(m["tokens"] for m in metrics)}
+
+
+def _count(names) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in names:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
+def run_peer(steps: int, batch: int) -> dict:
+    import torch
+    from datasets import Dataset, DatasetDict
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.training_args import MultiDatasetBatchSamplers
+
+    from embed_core.model import default_model_path
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = SentenceTransformer(default_model_path(), device="cpu")
+    model.max_seq_length = MAX_LEN
+    data = DatasetDict({name: Dataset.from_dict({"anchor": [a for a, _ in rows], "positive": [b for _, b in rows]})
+                        for name, rows in load_pairs().items()})
+    args = SentenceTransformerTrainingArguments(
+        output_dir="/tmp/bench-train-st", max_steps=steps, per_device_train_batch_size=batch, learning_rate=2e-5,
+        warmup_steps=0, lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, save_strategy="no",
+        report_to="none", logging_steps=10**9, use_cpu=True, seed=0, dataloader_drop_last=True,
+        multi_dataset_batch_sampler=MultiDatasetBatchSamplers.PROPORTIONAL)
+
+    class CountingMNRL(MultipleNegativesRankingLoss):
+        """MNRL that counts the non-padding tokens it is given (the same count our trainer logs)."""
+
+        tokens = 0
+
+        def forward(self, sentence_features, labels=None):
+            CountingMNRL.tokens += sum(int(f["attention_mask"].sum()) for f in sentence_features)
+            return super().forward(sentence_features, labels)
+
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+                                         loss=CountingMNRL(model, scale=20.0))
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "tokens": CountingMNRL.tokens}
+
+
+def child(which: str, steps: int, batch: int) -> None:
+    result = (run_ours if which == "ours" else run_peer)(steps, batch)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(result))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--child", choices=["ours", "peer"])
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.steps, args.batch_size)
+        return
+    sizes = {k: len(v) for k, v in load_pairs().items()}
+    results = {}
+    for which in ("peer", "ours"):
+        proc = subprocess.run([sys.executable, __file__, "--child", which, "--steps", str(args.steps),
+                               "--batch-size", str(args.batch_size)], capture_output=True, text=True, cwd=REPO,
+                              env={**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            sys.exit(f"{which} failed:\n{proc.stderr[-3000:]}")
+        results[which] = json.loads(line[7:])
+    examples = args.steps * args.batch_size
+    for which, name in (("ours", "embedpipe"), ("peer", "sentence-transformers")):
+        r = results[which]
+        tps = r["tokens"] / r["seconds"]  # non-padding tokens actually put through the encoder
+        r["tokens_per_s"] = tps
+        print(f"{name:<22} {r['seconds']:8.1f} s  {tps:9.0f} tokens/s  {examples / r['seconds']:7.1f} examples/s  "
+              f"peak RSS {r['peak_rss_mb']:.0f} MB")
+    if "drawn" in results["ours"]:
+        print(f"embedpipe batches per dataset: {results['ours']['drawn']} (sizes {sizes})")
+    print(f"RATIO train_vs_sentence_transformers={results['ours']['tokens_per_s'] / results['peer']['tokens_per_s']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
