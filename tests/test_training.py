@@ -48,6 +48,23 @@ def prepared(tmp_path_factory, tiny_model):
     return tmp, run_dir
 
 
+def _train_in_subprocess(cfg: dict, prepared_run: Path, tmp_path: Path, stage: str, env: dict):
+    """Train ``stage`` of ``cfg`` in a fresh Python process on a copy of ``prepared_run``'s records."""
+    import os
+    import shutil
+
+    cfg_path = tmp_path / f"{stage}.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    other = tmp_path / "run"
+    other.mkdir()
+    shutil.copytree(prepared_run / "prepare", other / "prepare")
+    code = ("import sys; from embed_core.config import load_config; from embed_core.train import run_train_stage; "
+            "run_train_stage(load_config(sys.argv[1]), sys.argv[2], sys.argv[3])")
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg_path), str(other), stage], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+    return proc, other
+
+
 def _weights(model_dir):
     from safetensors.torch import load_file
 
@@ -108,17 +125,7 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_
     ref_weights = _weights(run_dir / "train-resume/model")
 
     # a separate process trains the same stage and is SIGKILLed right after step 7 (checkpoint at 6)
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    other = tmp_path / "run"
-    other.mkdir()
-    import shutil
-
-    shutil.copytree(run_dir / "prepare", other / "prepare")
-    code = ("import sys; from embed_core.config import load_config; from embed_core.train import run_train_stage; "
-            "run_train_stage(load_config(sys.argv[1]), sys.argv[2], 'resume')")
-    proc = subprocess.run([sys.executable, "-c", code, str(cfg_path), str(other)], cwd=REPO, capture_output=True,
-                          text=True, env={**__import__("os").environ, "EMBEDPIPE_TEST_KILL_AFTER_STEP": "7"})
+    proc, other = _train_in_subprocess(cfg, run_dir, tmp_path, "resume", {"EMBEDPIPE_TEST_KILL_AFTER_STEP": "7"})
     assert proc.returncode == -9, proc.stderr[-2000:]  # killed, not finished
     assert not (other / "train-resume").exists()
     assert [p.name for p in sorted((other / "checkpoints/resume").glob("step-*"))] == ["step-0000003", "step-0000006"]
@@ -160,9 +167,6 @@ def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, 
     """The same stage under deepspeed.initialize (ZeRO-2, DS_ACCELERATOR=cpu, gloo) in a subprocess:
     its losses follow the plain trainer's."""
     pytest.importorskip("deepspeed")
-    import os
-    import shutil
-
     from embed_core.train import run_train_stage
 
     tmp, run_dir = prepared
@@ -173,16 +177,7 @@ def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, 
     plain = [r["loss"] for r in pq.read_table(run_dir / "train-ds/metrics.parquet").to_pylist()]
 
     cfg["train"]["deepspeed"] = {"zero_optimization": {"stage": 2}}
-    cfg_path = tmp_path / "ds.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    other = tmp_path / "run"
-    other.mkdir()
-    shutil.copytree(run_dir / "prepare", other / "prepare")
-    code = ("import sys; from embed_core.config import load_config; from embed_core.train import run_train_stage; "
-            "run_train_stage(load_config(sys.argv[1]), sys.argv[2], 'ds')")
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": "29533"}
-    proc = subprocess.run([sys.executable, "-c", code, str(cfg_path), str(other)], cwd=REPO, capture_output=True,
-                          text=True, env=env, timeout=600)
+    proc, other = _train_in_subprocess(cfg, run_dir, tmp_path, "ds", {"DS_ACCELERATOR": "cpu", "MASTER_PORT": "29533"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     ds = [r["loss"] for r in pq.read_table(other / "train-ds/metrics.parquet").to_pylist()]
     assert ds == pytest.approx(plain, rel=1e-4, abs=1e-5)

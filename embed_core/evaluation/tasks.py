@@ -92,10 +92,8 @@ def build_task(spec: EvalTaskSpec, resolve: Callable[[str], Path], seed: int = 4
         if self.data_loaded:
             return
         split_data = loader(spec, resolve)
-        if spec.type == "retrieval":
+        if spec.type == "retrieval":  # retrieval data is always keyed by subset, then split
             self.dataset = {spec.subset: {spec.split: split_data}}
-        elif spec.type == "classification" and self.metadata.is_multilingual:
-            self.dataset = {spec.subset: split_data}
         elif self.metadata.is_multilingual:
             self.dataset = {spec.subset: split_data}
         else:
