@@ -69,7 +69,9 @@ def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = 
             out.update(trained_models(run_dir))
         else:
             path = resolve_model_path(item)
-            out[Path(path).name or "model"] = path
+            p = Path(path)
+            # a train stage's <run>/train-<stage>/model is labelled by its stage
+            out[p.parent.name.removeprefix("train-") if p.name == "model" else (p.name or "model")] = path
     if not out:
         raise ConfigError("evaluate: no model to evaluate (no trained checkpoint in the run yet?)")
     return out
