@@ -24,6 +24,7 @@ from embed_core.config import MineConfig, RunConfig, config_hash
 from embed_core.convert.retrieval import load_corpus
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.mining.cache import EmbeddingCache
+from embed_core.plots import pyplot, to_png
 from embed_core.mining.miner import MineSettings, eligible, mine_records
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
 from embed_core.schema import records_to_table, table_to_records
@@ -72,13 +73,7 @@ def _corpus_texts(config: RunConfig, path: str) -> list[str]:
 
 
 def _plot(scores: list[dict[str, Any]]) -> bytes:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     datasets = sorted({s["dataset"] for s in scores})
     fig, axes = plt.subplots(len(datasets), 1, figsize=(7, 2.6 * max(1, len(datasets))), squeeze=False)
     for ax, ds in zip(axes[:, 0], datasets):
@@ -89,11 +84,7 @@ def _plot(scores: list[dict[str, Any]]) -> bytes:
         ax.set_title(f"{ds}: cosine scores", fontsize=10)
         ax.legend(fontsize=8)
     axes[-1, 0].set_xlabel("cosine similarity to the query")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return to_png(fig)
 
 
 def run_mine(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:

@@ -15,7 +15,6 @@ the previous stage's model (``init_from`` to choose another), the first from ``b
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import shutil
@@ -30,6 +29,7 @@ from embed_core.artifacts import StageWriter, read_manifest, read_records
 from embed_core.config import RunConfig, TrainConfig, TrainStageConfig, config_hash
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.model.encoder import model_fingerprint, resolve_model_path
+from embed_core.plots import pyplot, to_png
 from embed_core.sampling import dataset_weights
 from embed_core.training.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
 
@@ -134,11 +134,7 @@ def load_datasets(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> 
 
 
 def _plot(rows: list[dict[str, Any]]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for task in sorted({r["task"] for r in rows}):
         pts = [(r["step"], r["loss"]) for r in rows if r["task"] == task]
@@ -146,11 +142,7 @@ def _plot(rows: list[dict[str, Any]]) -> bytes:
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return to_png(fig)
 
 
 METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("dataset", pa.string()), ("task", pa.string()),

@@ -303,7 +303,7 @@ class Trainer:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(_json_restore(meta["sampler"]))
+        self.sampler.load_state_dict(meta["sampler"])  # PCG64 state is plain ints: JSON round-trips it
         _set_rng_state(state["rng"])
         self.step = meta["step"]
         self.metrics = meta["metrics"]
@@ -333,7 +333,3 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, (np.floating,)):
         return float(obj)
     raise TypeError(f"not JSON serialisable: {type(obj)}")
-
-
-def _json_restore(sampler_state: dict) -> dict:
-    return sampler_state  # PCG64 state is plain ints in a dict: JSON round-trips it exactly
