@@ -58,6 +58,12 @@ def trained_models(run_dir: Path) -> dict[str, str]:
     return {label: path for label, (_, path) in sorted(found.items(), key=lambda kv: kv[1][0])}
 
 
+def pipeline_models(config: RunConfig) -> list[str] | None:
+    """Models the end-to-end pipeline evaluates: the base model and every trained stage's model
+    (``None`` = the config's own list, when it already names 'trained')."""
+    return ["base", "trained"] if "trained" not in _cfg(config).models else None
+
+
 def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None) -> dict[str, str]:
     """label -> local model path for 'base', 'trained' and explicit paths."""
     cfg = _cfg(config)

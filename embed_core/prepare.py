@@ -54,6 +54,20 @@ def input_fingerprint(config: RunConfig) -> dict[str, Any]:
     return {"inputs": inputs, "config_hash": cfg, "key": hashlib.sha256(blob.encode()).hexdigest()}
 
 
+def source_fingerprints(config: RunConfig) -> dict[str, str]:
+    """Content hash per configured source (training sources and contamination sets), by name.
+
+    What the data-change watch compares between runs: a source's value changes exactly when the
+    bytes of one of its files change (mtime, renames of the run dir etc. play no part).
+    """
+    out: dict[str, str] = {}
+    for spec in [*config.prepare.sources, *config.prepare.contamination]:
+        files = {str(display): sha256_file(Path(path)) if Path(path).exists() else "missing"
+                 for display, path in source_files(spec, config)}
+        out[spec.name] = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return out
+
+
 def _quarantine_row(dataset: str, err: RowError) -> dict[str, Any]:
     return {"dataset": dataset, "file": err.file, "row": err.row, "field": err.field,
             "reason": err.reason, "message": err.detail}

@@ -1,10 +1,11 @@
 """Helpers shared by the stage tasks: cache keys from content fingerprints, refresh when the
-artifact on disk is not the one a cache entry stands for."""
+artifact on disk is not the one a cache entry stands for, and the per-stage summary artifact."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 from embed_core.artifacts import stage_is_intact
 
@@ -13,9 +14,56 @@ def stage_cache_key(stage: str, fingerprint: str, run_dir: str) -> str:
     return f"{stage}-" + hashlib.sha256(f"{stage}|{fingerprint}|{Path(run_dir).resolve()}".encode()).hexdigest()
 
 
-def call_stage_task(task_fn, stage: str, fingerprint: str, **kwargs):
-    """Run ``task_fn`` and return its state; bypass the cache if the stage's artifact is missing,
-    altered, or was produced from other inputs."""
-    intact = stage_is_intact(Path(kwargs["run_dir"]), stage, fingerprint)
+def input_key_cache_key(stage: str):
+    """Cache-key function for a task that receives its stage's input fingerprint as ``input_key``
+    (computed once by the caller instead of again inside the key function)."""
+    def key(context, parameters: dict[str, Any]) -> str:
+        name = stage.format(**parameters)
+        return stage_cache_key(name, parameters["input_key"], parameters["run_dir"])
+    return key
+
+
+def call_stage_task(task_fn, stage: str, fingerprint: str, force: bool = False, **kwargs):
+    """Run ``task_fn`` and return its state; bypass the cache when asked (``force``) or when the
+    stage's artifact is missing, altered, or was produced from other inputs."""
+    intact = not force and stage_is_intact(Path(kwargs["run_dir"]), stage, fingerprint)
     fn = task_fn if intact else task_fn.with_options(refresh_cache=True)
-    return fn(**kwargs, return_state=True)
+    return fn(**kwargs, input_key=fingerprint, return_state=True)
+
+
+def artifact_key(prefix: str, run_name: str) -> str:
+    """Prefect artifact keys: lowercase letters, digits and dashes."""
+    return (prefix + "".join(c if c.isalnum() else "-" for c in run_name.lower()))[:100]
+
+
+def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, cached: bool, summary: str) -> None:
+    """A markdown artifact per stage run, cache hit or not, so the UI's run page lists what every
+    stage produced (file links, rows, hashes) and whether it was recomputed."""
+    from prefect.artifacts import create_markdown_artifact
+
+    root = Path(run_dir).resolve() / stage
+    rows = []
+    for name, info in sorted(manifest.get("outputs", {}).items()):
+        if "/" in name and not name.startswith("model/config"):
+            continue  # model shards etc.: the model directory is linked once below
+        rows.append(f"| [{name}]({(root / name).as_uri()}) | {info.get('kind', '')} | {info.get('rows', '')} "
+                    f"| `{info.get('sha256', '')[:12]}` |")
+    if (root / "model").is_dir():
+        rows.append(f"| [model/]({(root / 'model').as_uri()}) | model | | |")
+    state = "cache hit — nothing recomputed" if cached else f"computed in {manifest.get('duration_s', '?')} s"
+    md = (f"# {stage}: {state}\n\nRun dir `{Path(run_dir).resolve()}` · input fingerprint "
+          f"`{manifest.get('input_fingerprint', '')[:12]}` · produced {manifest.get('created_at', '?')}\n\n"
+          f"| file | kind | rows | sha256 |\n|---|---|---|---|\n" + "\n".join(rows) +
+          f"\n\n```\n{summary}\n```\n")
+    create_markdown_artifact(markdown=md, description=f"{stage} outputs ({'cache hit' if cached else 'computed'})")
+
+
+def publish_run_summary(run_name: str, run_dir: str, results: dict[str, dict[str, Any]]) -> None:
+    """One table per pipeline run: every stage, computed or cache hit, and how long it took."""
+    from prefect.artifacts import create_table_artifact
+
+    rows = [{"stage": name, "result": "cache hit" if r["cached"] else "computed", "seconds": r.get("seconds"),
+             "input_fingerprint": r["manifest"].get("input_fingerprint", "")[:12],
+             "path": str(Path(run_dir).resolve() / name)} for name, r in results.items()]
+    create_table_artifact(key=artifact_key("pipeline-stages-", run_name), table=rows,
+                          description=f"pipeline '{run_name}': what each stage did in this run")

@@ -12,29 +12,24 @@ from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.mine import STAGE, format_counts, input_fingerprint, run_mine
-from tasks.common import call_stage_task, stage_cache_key
+from tasks.common import artifact_key, call_stage_task, input_key_cache_key
 
 
-def mine_cache_key(context, parameters: dict[str, Any]) -> str:
-    return stage_cache_key(STAGE, input_fingerprint(parameters["config"], parameters["run_dir"])["key"],
-                           parameters["run_dir"])
-
-
-@task(name="mine", cache_key_fn=mine_cache_key, persist_result=True, cache_expiration=timedelta(days=30),
+@task(name="mine", cache_key_fn=input_key_cache_key(STAGE), persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="mine-{config.run_name}")
-def mine_task(config: RunConfig, run_dir: str) -> dict[str, Any]:
+def mine_task(config: RunConfig, run_dir: str, input_key: str) -> dict[str, Any]:
     manifest = run_mine(config, run_dir)
     get_run_logger().info("mine counts:\n%s", format_counts(manifest))
     rows = [{k: d.get(k) for k in ("dataset", "records", "mined", "negatives_added", "too_few", "filtered_by_margin")}
             | {"index": (d.get("index") or {}).get("type"), "positive_p50": (d.get("positive_score") or {}).get("p50"),
                "kept_p50": (d.get("kept_score") or {}).get("p50")} for d in manifest["counts"]["datasets"]]
-    key = "mine-stats-" + "".join(c if c.isalnum() else "-" for c in config.run_name.lower())
-    create_table_artifact(key=key[:100], table=rows, description="mine stage: negatives per dataset and score medians")
+    create_table_artifact(key=artifact_key("mine-stats-", config.run_name), table=rows, description="mine stage: negatives per dataset and score medians")
     plot = Path(run_dir) / STAGE / "score_hist.png"
     create_markdown_artifact(markdown=f"# mine: {config.run_name}\n\n```\n{format_counts(manifest)}\n```\n\n"
                                       f"Score histogram: `{plot}`\n", description="mine stage outputs")
     return manifest
 
 
-def run_mine_task(config: RunConfig, run_dir: str):
-    return call_stage_task(mine_task, STAGE, input_fingerprint(config, run_dir)["key"], config=config, run_dir=run_dir)
+def run_mine_task(config: RunConfig, run_dir: str, force: bool = False):
+    return call_stage_task(mine_task, STAGE, input_fingerprint(config, run_dir)["key"], force,
+                           config=config, run_dir=run_dir)

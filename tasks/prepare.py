@@ -17,17 +17,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
-from tasks.common import call_stage_task, stage_cache_key
+from tasks.common import artifact_key, call_stage_task, input_key_cache_key
 from embed_core.prepare import STAGE, counts_table, format_counts, input_fingerprint, run_prepare
 
 
-def prepare_cache_key(context, parameters: dict[str, Any]) -> str:
-    return stage_cache_key(STAGE, input_fingerprint(parameters["config"])["key"], parameters["run_dir"])
-
-
-@task(name="prepare", cache_key_fn=prepare_cache_key, persist_result=True,
+@task(name="prepare", cache_key_fn=input_key_cache_key(STAGE), persist_result=True,
       cache_expiration=timedelta(days=30), task_run_name="prepare-{config.run_name}")
-def prepare_task(config: RunConfig, run_dir: str) -> dict[str, Any]:
+def prepare_task(config: RunConfig, run_dir: str, input_key: str) -> dict[str, Any]:
     logger = get_run_logger()
     manifest = run_prepare(config, run_dir)
     logger.info("prepare counts:\n%s", format_counts(manifest))
@@ -35,15 +31,14 @@ def prepare_task(config: RunConfig, run_dir: str) -> dict[str, Any]:
     return manifest
 
 
-def run_prepare_task(config: RunConfig, run_dir: str):
-    """Call ``prepare_task`` and return its final state; recompute if the artifact on disk is not
-    the one the cache entry stands for."""
-    return call_stage_task(prepare_task, STAGE, input_fingerprint(config)["key"], config=config, run_dir=run_dir)
+def run_prepare_task(config: RunConfig, run_dir: str, force: bool = False):
+    """Call ``prepare_task`` and return its final state; recompute if asked or if the artifact on
+    disk is not the one the cache entry stands for."""
+    return call_stage_task(prepare_task, STAGE, input_fingerprint(config)["key"], force, config=config, run_dir=run_dir)
 
 
 def publish_prepare_artifacts(manifest: dict[str, Any], run_dir: str) -> None:
-    key = "prepare-counts-" + "".join(c if c.isalnum() else "-" for c in manifest["run_name"].lower())
-    create_table_artifact(key=key[:100], table=counts_table(manifest),
+    create_table_artifact(key=artifact_key("prepare-counts-", manifest["run_name"]), table=counts_table(manifest),
                           description=f"prepare stage counts for run '{manifest['run_name']}'")
     files = "\n".join(f"- `{Path(run_dir) / 'prepare' / n}` ({i.get('rows', '?')} rows)"
                       for n, i in manifest["outputs"].items())

@@ -12,18 +12,12 @@ from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.train import format_counts, input_fingerprint, run_train_stage, stage_dir_name, get_stage
-from tasks.common import call_stage_task, stage_cache_key
+from tasks.common import call_stage_task, input_key_cache_key
 
 
-def train_cache_key(context, parameters: dict[str, Any]) -> str:
-    _, stage = get_stage(parameters["config"], parameters["stage_name"])
-    fp = input_fingerprint(parameters["config"], parameters["run_dir"], parameters["stage_name"])["key"]
-    return stage_cache_key(stage_dir_name(stage), fp, parameters["run_dir"])
-
-
-@task(name="train", cache_key_fn=train_cache_key, persist_result=True, cache_expiration=timedelta(days=30),
+@task(name="train", cache_key_fn=input_key_cache_key("train-{stage_name}"), persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="train-{stage_name}-{config.run_name}")
-def train_task(config: RunConfig, run_dir: str, stage_name: str, resume: bool = True) -> dict[str, Any]:
+def train_task(config: RunConfig, run_dir: str, stage_name: str, input_key: str, resume: bool = True) -> dict[str, Any]:
     import logging
 
     logging.getLogger("embedpipe.train").setLevel(logging.INFO)
@@ -36,8 +30,8 @@ def train_task(config: RunConfig, run_dir: str, stage_name: str, resume: bool = 
     return manifest
 
 
-def run_train_task(config: RunConfig, run_dir: str, stage_name: str, resume: bool = True):
+def run_train_task(config: RunConfig, run_dir: str, stage_name: str, resume: bool = True, force: bool = False):
     _, stage = get_stage(config, stage_name)
     fp = input_fingerprint(config, run_dir, stage_name)["key"]
-    return call_stage_task(train_task, stage_dir_name(stage), fp, config=config, run_dir=run_dir,
+    return call_stage_task(train_task, stage_dir_name(stage), fp, force, config=config, run_dir=run_dir,
                            stage_name=stage_name, resume=resume)

@@ -1,8 +1,10 @@
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 # Before anything imports prefect: no telemetry, and a private Prefect home so result
 # persistence (task caching) never touches the user's ~/.prefect.
@@ -28,3 +30,36 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture
+def demo_copy(tmp_path):
+    """The demo config on a private copy of data/ (so a test can edit a source)."""
+    shutil.copytree(REPO / "data", tmp_path / "data")
+    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
+    cfg["data_root"] = str(tmp_path / "data")
+    cfg["run_root"] = str(tmp_path / "runs")
+    cfg.pop("mine", None)  # tests that mine, train or evaluate set a tiny model built in code
+    cfg.pop("evaluate", None)
+    cfg.pop("train", None)
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def add_tiny_stages(config_path: Path, tmp_path: Path, *, evaluate: bool) -> str:
+    """Give a copied demo config mine + two train stages (+ evaluate) on a tiny BERT built in code."""
+    from tests.tiny_model import build_tiny_bert
+
+    cfg = yaml.safe_load(config_path.read_text())
+    tiny = str(build_tiny_bert(tmp_path / "tiny"))
+    cfg["mine"] = {"model": tiny, "max_length": 64, "relative_margin": None}
+    if evaluate:
+        cfg["evaluate"] = {"base_model": tiny, "tasks": [{"name": "STSBenchmark", "type": "sts", "path": "stsb/test.csv",
+                                                          "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}}]}
+    small = {"batch_size": {"retrieval": 4, "classification": 4, "sts": 8, "nli": 8}, "query_max_length": 32,
+             "passage_max_length": 32, "num_hard_negatives": 1, "warmup_steps": 0}
+    cfg["train"] = {"base_model": tiny, "max_length": 32, "stages": [
+        {"name": "stage1", "tasks": ["retrieval"], "steps": 2, **small}, {"name": "stage2", "steps": 2, "eta": 0.72, **small}]}
+    config_path.write_text(yaml.safe_dump(cfg))
+    return tiny

@@ -1,6 +1,5 @@
 """The Prefect spine against a real (temporary) Prefect server: caching by content hash, artifacts, CLI."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,21 +10,6 @@ import yaml
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.prefect
-
-
-@pytest.fixture
-def demo_copy(tmp_path):
-    """The demo config on a private copy of data/ (so a test can edit a source)."""
-    shutil.copytree(REPO / "data", tmp_path / "data")
-    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
-    cfg["data_root"] = str(tmp_path / "data")
-    cfg["run_root"] = str(tmp_path / "runs")
-    cfg.pop("mine", None)  # tests that mine or evaluate set a tiny model built in code
-    cfg.pop("evaluate", None)
-    cfg.pop("train", None)
-    path = tmp_path / "demo.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 def _output_hashes(manifest):
@@ -101,18 +85,9 @@ def test_embed_core_never_imports_prefect():
 
 def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_path):
     from flows.pipeline import pipeline_flow
-    from tests.tiny_model import build_tiny_bert
+    from tests.conftest import add_tiny_stages
 
-    cfg = yaml.safe_load(demo_copy.read_text())
-    tiny = str(build_tiny_bert(tmp_path / "tiny"))
-    cfg["mine"] = {"model": tiny, "max_length": 64, "relative_margin": None}
-    cfg["evaluate"] = {"base_model": tiny, "tasks": [{"name": "STSBenchmark", "type": "sts", "path": "stsb/test.csv",
-                                                      "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}}]}
-    small = {"batch_size": {"retrieval": 4, "classification": 4, "sts": 8, "nli": 8}, "query_max_length": 32,
-             "passage_max_length": 32, "num_hard_negatives": 1, "warmup_steps": 0}
-    cfg["train"] = {"base_model": tiny, "max_length": 32, "stages": [
-        {"name": "stage1", "tasks": ["retrieval"], "steps": 2, **small}, {"name": "stage2", "steps": 2, "eta": 0.72, **small}]}
-    demo_copy.write_text(yaml.safe_dump(cfg))
+    add_tiny_stages(demo_copy, tmp_path, evaluate=True)
 
     first = pipeline_flow(config_path=str(demo_copy))
     assert not first["evaluate"]["cached"] and not first["train-stage2"]["cached"]

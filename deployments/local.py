@@ -1,0 +1,167 @@
+"""Local Prefect stack for embedpipe: a server (SQLite) on loopback, a process worker per work
+pool, and the deployments of ``deployments/prefect.yaml``.
+
+    python deployments/local.py serve [--port 4200] [--home .prefect-local]   # make serve
+    python deployments/local.py stop  [--home .prefect-local]                 # make stop
+
+``serve`` returns once everything is up and prints the UI URL; the server and workers keep
+running in the background (their PIDs are recorded in ``<home>/pids.json``, logs in
+``<home>/logs/``) until ``stop``. Prefect's state (database, cached results) lives in ``<home>``,
+not in ``~/.prefect``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+POOLS = ("cpu", "gpu")  # names used in prefect.yaml; locally both are process pools
+
+
+def stack_env(home: Path, port: int, poll_seconds: float) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_WORKER_QUERY_SECONDS": str(poll_seconds),
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "embedpipe",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    })
+    return env
+
+
+def _prefect() -> list[str]:
+    return [sys.executable, "-m", "prefect"]
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        # own session: survives this script, and `stop` can end the whole process group
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    return proc.pid
+
+
+def _wait_healthy(url: str, timeout: float, pid: int, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if not _alive(pid):
+            raise SystemExit(f"prefect server exited during start-up; see {log}")
+        time.sleep(1)
+    raise SystemExit(f"prefect server not healthy after {timeout:.0f} s; see {log}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> None:
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd[2:])}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def serve(home: Path, port: int, poll_seconds: float, startup_timeout: float) -> dict:
+    home = home.resolve()
+    pids_file = home / "pids.json"
+    if pids_file.exists() and any(_alive(p) for p in json.loads(pids_file.read_text()).values()):
+        raise SystemExit(f"a local stack is already running (see {pids_file}); `make stop` first")
+    env = stack_env(home, port, poll_seconds)
+    logs = home / "logs"
+    pids: dict[str, int] = {}
+    pids["server"] = _spawn([*_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env, logs / "server.log")
+    pids_file.parent.mkdir(parents=True, exist_ok=True)
+    pids_file.write_text(json.dumps(pids))
+    _wait_healthy(env["PREFECT_API_URL"], startup_timeout, pids["server"], logs / "server.log")
+    for pool in POOLS:
+        _run([*_prefect(), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
+        pids[f"worker-{pool}"] = _spawn([*_prefect(), "worker", "start", "--pool", pool, "--name", f"embedpipe-{pool}"],
+                                        env, logs / f"worker-{pool}.log")
+        pids_file.write_text(json.dumps(pids))
+    _run([*_prefect(), "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"], env)
+    info = {"ui": f"http://127.0.0.1:{port}", "api": env["PREFECT_API_URL"], "home": str(home), "pids": pids}
+    (home / "stack.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def stop(home: Path, grace: float = 15.0) -> list[str]:
+    pids_file = home.resolve() / "pids.json"
+    if not pids_file.exists():
+        return []
+    pids: dict[str, int] = json.loads(pids_file.read_text())
+    stopped = []
+    # workers first, so no new flow run starts while the server goes away
+    for name, pid in sorted(pids.items(), key=lambda kv: kv[0] == "server"):
+        if not _alive(pid):
+            continue
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + grace
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                os.waitpid(pid, os.WNOHANG)  # reap if it is our child (tests)
+            except ChildProcessError:
+                pass
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+        stopped.append(name)
+    pids_file.unlink()
+    return stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--port", type=int, default=int(os.environ.get("EMBEDPIPE_PREFECT_PORT", 4200)))
+    s.add_argument("--home", type=Path, default=REPO / ".prefect-local")
+    s.add_argument("--poll-seconds", type=float, default=5.0, help="how often workers look for runs")
+    s.add_argument("--startup-timeout", type=float, default=300.0)
+    t = sub.add_parser("stop")
+    t.add_argument("--home", type=Path, default=REPO / ".prefect-local")
+    args = p.parse_args(argv)
+    if args.command == "serve":
+        info = serve(args.home, args.port, args.poll_seconds, args.startup_timeout)
+        print(f"Prefect UI: {info['ui']}\nAPI: {info['api']}   state: {info['home']}\n"
+              f"work pools: {', '.join(POOLS)} (one process worker each)   deployments: deployments/prefect.yaml\n"
+              f"stop with: make stop")
+    else:
+        stopped = stop(args.home)
+        print(f"stopped: {', '.join(stopped)}" if stopped else "nothing running")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A run directory's own bookkeeping: the lock that keeps two runs out of one directory, the
+snapshot of the config it was last run with, and the history of stage results.
+
+``<run_dir>/.lock``         held (``flock``) while a flow works in the directory; its text names the holder.
+``<run_dir>/config.yaml``   the config of the latest run, so ``embedpipe <stage> --run-dir D`` needs no ``--config``.
+``<run_dir>/history.jsonl`` one line per stage result: computed or cache hit, when, how long.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from embed_core.artifacts import atomic_write_bytes
+from embed_core.config import RunConfig, load_config
+from embed_core.errors import EmbedpipeError
+
+LOCK_FILE = ".lock"
+CONFIG_SNAPSHOT = "config.yaml"
+HISTORY = "history.jsonl"
+
+
+class RunDirBusy(EmbedpipeError):
+    """Another process is working in the run directory."""
+
+
+# Locks this process holds, by resolved run dir: a flow that calls another flow on the same run
+# dir (data-watch -> pipeline) re-enters instead of deadlocking on its own flock.
+_held: dict[str, tuple[int, int]] = {}
+_held_guard = threading.Lock()
+
+
+@contextmanager
+def run_dir_lock(run_dir: str | Path, purpose: str = "") -> Iterator[None]:
+    """Hold ``<run_dir>/.lock`` for the block, or raise :class:`RunDirBusy` naming the holder.
+
+    ``flock`` is released by the kernel when its holder dies, so a killed run never leaves a
+    stale lock behind; the file's text is only there to say who holds it.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = str(run_dir.resolve())
+    with _held_guard:
+        if key in _held:
+            fd, depth = _held[key]
+            _held[key] = (fd, depth + 1)
+            reentered = True
+        else:
+            reentered = False
+    if reentered:
+        try:
+            yield
+        finally:
+            with _held_guard:
+                fd, depth = _held[key]
+                _held[key] = (fd, depth - 1)
+        return
+
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = path.read_text(encoding="utf-8", errors="replace").strip() or "unknown process"
+        os.close(fd)
+        raise RunDirBusy(f"{run_dir}: another embedpipe run is using this run directory ({holder}); "
+                         "wait for it to finish or pass another --run-dir / run_dir") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "purpose": purpose,
+                                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                  "command": " ".join(sys.argv)[:300]}).encode(), 0)
+        with _held_guard:
+            _held[key] = (fd, 1)
+        yield
+    finally:
+        with _held_guard:
+            _held.pop(key, None)
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def save_config_snapshot(run_dir: str | Path, config: RunConfig) -> Path:
+    """Write the config this run uses to ``<run_dir>/config.yaml``.
+
+    ``data_root`` and ``run_root`` are written as absolute paths so the snapshot works from any
+    working directory; no stage fingerprint depends on them, so cache keys are unchanged.
+    """
+    path = Path(run_dir) / CONFIG_SNAPSHOT
+    data = config.model_dump(mode="json")
+    data["data_root"] = str(Path(config.data_root).expanduser().resolve())
+    data["run_root"] = str(Path(config.run_root).expanduser().resolve())
+    body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    atomic_write_bytes(path, ("# Written by embedpipe: the config of this run directory's latest run.\n" + body).encode())
+    return path
+
+
+def load_config_snapshot(run_dir: str | Path) -> RunConfig:
+    path = Path(run_dir) / CONFIG_SNAPSHOT
+    if not path.exists():
+        raise EmbedpipeError(f"{path}: not found — pass --config (this run directory has not been run yet)")
+    return load_config(path)
+
+
+def append_history(run_dir: str | Path, entry: dict[str, Any]) -> None:
+    """Append one stage result; a single ``write`` of one line keeps concurrent appends whole."""
+    line = json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **entry}, sort_keys=True) + "\n"
+    path = Path(run_dir) / HISTORY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
+def read_history(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / HISTORY
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash; the rest is still good
+    return out

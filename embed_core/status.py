@@ -1,0 +1,115 @@
+"""What each stage of a run directory would do on the next run, and what it did last.
+
+For every stage the config defines, in pipeline order, compare the input fingerprint the stage
+would have now (the same function its cache key uses) with the one recorded in its manifest:
+
+``fresh``     intact outputs from these exact inputs: the next run is a cache hit
+``stale``     intact outputs, but from other inputs (config, data or upstream outputs changed)
+``damaged``   an output file is missing or its bytes differ from the manifest
+``missing``   never produced (or its upstream is missing, so it cannot run yet)
+``upstream``  its own inputs match, but an earlier stage will recompute first; it reruns only if
+              that changes the outputs it reads (fingerprints are over content, not time)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from embed_core.artifacts import read_manifest, stage_is_intact
+from embed_core.config import RunConfig
+from embed_core.errors import EmbedpipeError
+from embed_core.rundir import read_history
+
+
+@dataclass
+class StageStatus:
+    stage: str
+    state: str
+    current_input: str | None      # fingerprint the stage would have now (None: cannot compute yet)
+    recorded_input: str | None     # fingerprint in its manifest
+    created_at: str | None
+    duration_s: float | None
+    last_result: str | None        # from history.jsonl: "computed" / "cache hit", and when
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pipeline_stages(config: RunConfig) -> list[tuple[str, Callable[[RunConfig, Path], str]]]:
+    """(stage dir name, current-fingerprint function) for every stage the config defines, in order."""
+    from embed_core import evaluate, mine, prepare, train
+
+    stages: list[tuple[str, Callable[[RunConfig, Path], str]]] = [
+        ("prepare", lambda c, d: prepare.input_fingerprint(c)["key"])]
+    if config.mine is not None:
+        stages.append(("mine", lambda c, d: mine.input_fingerprint(c, d)["key"]))
+    if config.train is not None:
+        for s in config.train.stages:
+            stages.append((train.stage_dir_name(s), lambda c, d, n=s.name: train.input_fingerprint(c, d, n)["key"]))
+    if config.evaluate is not None:
+        stages.append(("evaluate", lambda c, d: evaluate.input_fingerprint(c, d, evaluate.pipeline_models(c))["key"]))
+    return stages
+
+
+def downstream_of(config: RunConfig, stage: str) -> list[str]:
+    """Stages after ``stage`` in pipeline order (every later stage reads, directly or not, its outputs)."""
+    names = [n for n, _ in pipeline_stages(config)]
+    if stage not in names:
+        raise EmbedpipeError(f"no stage {stage!r} in this config (stages: {', '.join(names)})")
+    return names[names.index(stage) + 1:]
+
+
+def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
+    run_dir = Path(run_dir)
+    last: dict[str, dict[str, Any]] = {}
+    for entry in read_history(run_dir):
+        last[entry.get("stage", "")] = entry
+    out: list[StageStatus] = []
+    upstream_pending: str | None = None
+    for name, fingerprint_fn in pipeline_stages(config):
+        manifest = read_manifest(run_dir, name)
+        recorded = manifest.get("input_fingerprint") if manifest else None
+        try:
+            current, detail = fingerprint_fn(config, run_dir), ""
+        except EmbedpipeError as exc:
+            current, detail = None, str(exc)
+        if manifest is None:
+            state = "missing"
+        elif not stage_is_intact(run_dir, name):
+            state, detail = "damaged", "an output file is missing or changed since its manifest was written"
+        elif current is None or current != recorded:
+            state = "stale"
+            detail = detail or "inputs changed since it ran (config, data or upstream outputs)"
+        elif upstream_pending:
+            state, detail = "upstream", f"inputs match, but {upstream_pending} recomputes first"
+        else:
+            state = "fresh"
+        if state != "fresh" and upstream_pending is None:
+            upstream_pending = name
+        h = last.get(name)
+        out.append(StageStatus(
+            stage=name, state=state, current_input=current, recorded_input=recorded,
+            created_at=manifest.get("created_at") if manifest else None,
+            duration_s=manifest.get("duration_s") if manifest else None,
+            last_result=f"{'cache hit' if h.get('cached') else 'computed'} at {h.get('at')}" if h else None,
+            detail=detail))
+    return out
+
+
+def format_status(rows: list[StageStatus], run_dir: str | Path) -> str:
+    def short(h: str | None) -> str:
+        return h[:12] if h else "-"
+
+    head = f"{'stage':<18} {'state':<9} {'input now':<13} {'recorded':<13} {'took':>8}  {'last run':<36} note"
+    lines = [f"run dir: {run_dir}", head, "-" * len(head)]
+    for r in rows:
+        took = f"{r.duration_s:.1f}s" if r.duration_s is not None else "-"
+        lines.append(f"{r.stage:<18} {r.state:<9} {short(r.current_input):<13} {short(r.recorded_input):<13} "
+                     f"{took:>8}  {(r.last_result or '-'):<36} {r.detail}")
+    todo = [r.stage for r in rows if r.state != "fresh"]
+    lines.append("next run: " + (f"recomputes {', '.join(todo)} (the rest are cache hits)" if todo
+                                 else "every stage is a cache hit"))
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""Orchestration as users run it: the run-dir lock, status, single-stage reruns that leave
+downstream stages out of date, and the scheduled data-change watch (real Prefect test server)."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, add_tiny_stages
+
+pytestmark = pytest.mark.prefect
+
+
+def _cli(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=600)
+
+
+def test_lock_is_reentrant_in_process_and_refuses_another_process(tmp_path):
+    from embed_core.rundir import RunDirBusy, run_dir_lock
+
+    run_dir = tmp_path / "run"
+    with run_dir_lock(run_dir, "outer"):
+        with run_dir_lock(run_dir, "inner"):  # a flow calling another flow on the same run dir
+            pass
+        holder = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+            from embed_core.rundir import run_dir_lock, RunDirBusy
+            try:
+                with run_dir_lock({str(run_dir)!r}, "second"):
+                    print("ACQUIRED")
+            except RunDirBusy as exc:
+                print("BUSY", exc)
+        """)], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert holder.stdout.startswith("BUSY"), holder.stdout + holder.stderr
+        assert '"purpose": "outer"' in holder.stdout  # the message names the holder
+    # released: the next run gets it
+    with run_dir_lock(run_dir, "after"):
+        pass
+    # a holder killed with SIGKILL leaves no stale lock (flock dies with its process)
+    proc = subprocess.Popen([sys.executable, "-c", f"from embed_core.rundir import run_dir_lock\nimport time\n"
+                             f"with run_dir_lock({str(run_dir)!r}, 'doomed'):\n    print('IN', flush=True)\n    time.sleep(600)"],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout.readline().strip() == "IN"
+    with pytest.raises(RunDirBusy):
+        with run_dir_lock(run_dir, "while-held"):
+            pass
+    proc.kill()
+    proc.wait()
+    with run_dir_lock(run_dir, "after-kill"):
+        pass
+
+
+def test_cli_refuses_a_second_run_on_a_busy_run_dir(tmp_path, demo_copy):
+    """Two runs on one run dir: the second exits 2 with a clear message, the first's files untouched."""
+    run_dir = tmp_path / "busy-run"
+    first = _cli("prepare", "--config", str(demo_copy), "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stderr[-2000:]
+    manifest_before = (run_dir / "prepare/manifest.json").read_bytes()
+    holder = subprocess.Popen([sys.executable, "-c", f"from embed_core.rundir import run_dir_lock\nimport time\n"
+                               f"with run_dir_lock({str(run_dir)!r}, 'pipeline'):\n    print('IN', flush=True)\n"
+                               f"    time.sleep(600)"], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "IN"
+        second = _cli("prepare", "--run-dir", str(run_dir), "--force")
+        assert second.returncode == 2
+        assert "another embedpipe run is using this run directory" in second.stderr and str(run_dir) in second.stderr
+        assert second.stderr.strip().count("\n") == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run_dir / "prepare/manifest.json").read_bytes() == manifest_before
+
+
+def test_stage_rerun_from_run_dir_marks_only_downstream_out_of_date(prefect_harness, demo_copy, tmp_path):
+    from embed_core.status import run_status
+    from flows.pipeline import pipeline_flow
+
+    add_tiny_stages(demo_copy, tmp_path, evaluate=False)
+    run_dir = tmp_path / "runs" / "demo"
+    first = pipeline_flow(config_path=str(demo_copy))
+    assert not any(r["cached"] for r in first.values())
+    cfg_snapshot = run_dir / "config.yaml"
+    assert cfg_snapshot.exists()
+    states = {r.stage: r.state for r in run_status(yaml_config(cfg_snapshot), run_dir)}
+    assert states == {"prepare": "fresh", "mine": "fresh", "train-stage1": "fresh", "train-stage2": "fresh"}
+
+    # The user changes the mine settings and reruns that one stage from the run dir.
+    raw = yaml.safe_load(cfg_snapshot.read_text())
+    raw["mine"]["num_negatives"] = 2
+    raw["mine"]["range_min"] = 3
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(raw))
+    # the real command line (a subprocess: Prefect's console logging must not bind pytest's capture)
+    proc = _cli("mine", "--config", str(changed), "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "mine (computed)" in proc.stdout
+    assert "downstream now out of date: train-stage1, train-stage2" in proc.stdout
+
+    status = _cli("status", "--run-dir", str(run_dir))  # no flow runs: fast without a server
+    assert status.returncode == 0, status.stderr
+    status_out = status.stdout
+    rows = {line.split()[0]: line.split()[1] for line in status_out.splitlines()[3:-1]}
+    assert rows == {"prepare": "fresh", "mine": "fresh", "train-stage1": "stale", "train-stage2": "stale"}, status_out
+    assert "next run: recomputes train-stage1, train-stage2" in status_out
+
+    # `embedpipe run --run-dir D` runs the run dir's config.yaml: it recomputes exactly the out-of-date stages.
+    again = pipeline_flow(config_path=str(cfg_snapshot), run_dir=str(run_dir))
+    assert {k: r["cached"] for k, r in again.items()} == {"prepare": True, "mine": True, "train-stage1": False,
+                                                          "train-stage2": False}
+    status = _cli("status", "--run-dir", str(run_dir), "--json")
+    import json
+
+    assert {r["state"] for r in json.loads(status.stdout)} == {"fresh"}
+
+
+def yaml_config(path):
+    from embed_core.config import load_config
+
+    return load_config(path)
+
+
+def test_data_watch_unchanged_run_is_all_cache_hits_and_a_source_edit_reruns_downstream(prefect_harness, demo_copy,
+                                                                                       tmp_path):
+    from flows.watch import data_watch_flow
+
+    add_tiny_stages(demo_copy, tmp_path, evaluate=False)
+    first = data_watch_flow(config_path=str(demo_copy))
+    assert {c["change"] for c in first["changes"]} == {"new"}
+    assert set(first["stages"].values()) == {"computed"}
+
+    t0 = time.perf_counter()
+    second = data_watch_flow(config_path=str(demo_copy))
+    assert second["changes"] == []
+    assert second["all_cached"] and set(second["stages"]) == {"prepare", "mine", "train-stage1", "train-stage2"}
+    assert second["verdict"] == "no stage recomputed: all 4 stages were cache hits"
+    unchanged_seconds = time.perf_counter() - t0
+
+    sts = demo_copy.parent / "data/stsb/train.csv"
+    lines = sts.read_text().splitlines(keepends=True)
+    lines[3] = "A kitten naps in the sun.,A small cat sleeps in sunlight.,4.4\n"  # edit one row
+    sts.write_text("".join(lines))
+    third = data_watch_flow(config_path=str(demo_copy))
+    assert [(c["source"], c["change"]) for c in third["changes"]] == [("stsb", "changed")]
+    # prepare and mine read every source; the retrieval-only stage 1 does not read STS records
+    assert third["stages"] == {"prepare": "computed", "mine": "computed", "train-stage1": "cache hit",
+                               "train-stage2": "computed"}
+    print(f"unchanged watch run: {unchanged_seconds:.1f} s")
