@@ -1,6 +1,8 @@
-# make demo — end-to-end pipeline on the bundled data (local ephemeral Prefect, no server to start)
-# make test — the test suite
-# Both create .venv and install what they need on first use.
+# make demo  — end-to-end pipeline on the bundled data (local ephemeral Prefect, no server to start)
+# make test  — the test suite
+# make serve — local Prefect server + workers (pools cpu, gpu) + the deployments of deployments/prefect.yaml
+# make stop  — stop what make serve started
+# All create .venv and install what they need on first use.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean serve stop
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +30,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest -q
+
+serve: $(STAMP)
+	$(PY) deployments/local.py serve
+
+stop:
+	@test -x $(PY) && $(PY) deployments/local.py stop || echo "nothing running"
 
 clean:
 	rm -rf runs .pytest_cache

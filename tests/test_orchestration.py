@@ -151,3 +151,44 @@ def test_data_watch_unchanged_run_is_all_cache_hits_and_a_source_edit_reruns_dow
     assert third["stages"] == {"prepare": "computed", "mine": "computed", "train-stage1": "cache hit",
                                "train-stage2": "computed"}
     print(f"unchanged watch run: {unchanged_seconds:.1f} s")
+
+    # the change reached the Prefect server as an event a deployment trigger can match
+    from prefect import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    wanted = EventFilter(event=EventNameFilter(name=["embedpipe.source.changed"]),
+                         resource=EventResourceFilter(id=["embedpipe.source.demo.stsb"]))
+    events = []
+    for _ in range(60):  # events are delivered asynchronously
+        with get_client(sync_client=True) as client:
+            events = [e for e in client.read_events(filter=wanted, limit=50).events if e.payload.get("change") == "changed"]
+        if events:
+            break
+        time.sleep(1)
+    assert events, "no embedpipe.source.changed event for stsb reached the server"
+    payload = events[0].payload
+    assert payload["old"] == first["changes"][[c["source"] for c in first["changes"]].index("stsb")]["new"]
+    assert payload["run_dir"] == str((demo_copy.parent / "runs" / "demo").resolve())
+    assert payload["config_path"] == str(demo_copy.resolve())
+
+
+def test_gpu_kubernetes_template_adds_gpu_job_variables():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_kubernetes", REPO / "deployments/work-pools/gpu_kubernetes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # the shape of Prefect's default Kubernetes base job template (the parts the script edits)
+    template = {"variables": {"properties": {"image": {"type": "string"}}},
+                "job_configuration": {"job_manifest": {"spec": {"template": {"spec": {
+                    "containers": [{"name": "prefect-job", "image": "{{ image }}"}]}}}}}}
+    out = mod.add_gpu(template)
+    pod = out["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu_count }}"
+    assert {"gpu_count", "gpu_node_selector", "shm_size_gi", "image"} <= set(out["variables"]["properties"])
+    assert pod["volumes"][0]["emptyDir"]["medium"] == "Memory"
+    # every placeholder the template uses is a declared variable
+    import re
+
+    used = set(re.findall(r"{{ (\w+) }}", yaml.safe_dump(out["job_configuration"])))
+    assert used <= set(out["variables"]["properties"])

@@ -1,0 +1,68 @@
+"""Screenshots of the Prefect UI for the README, with headless Chromium against a running local
+server (``make serve``, then run the pipeline deployment once):
+
+    python deployments/screenshots.py [--ui http://127.0.0.1:4200] [--out docs]
+
+Writes ``deployment-form.png`` (the pipeline deployment's run form) and ``run-page.png`` /
+``run-artifacts.png`` (the newest completed pipeline run). Needs Debian's ``chromium`` package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# The flags keep Chromium off the network (this machine has none) and out of the user's profile.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars"]
+
+
+def shoot(url: str, out: Path, size: str = "1440,1100", wait_ms: int = 20000) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("chromium not found (apt-get install chromium)")
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}",
+                        f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url],
+                       check=True, capture_output=True, timeout=180)
+    print(f"{out}  <- {url}")
+
+
+async def _ids(api: str) -> tuple[str, str]:
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    async with PrefectClient(api) as client:
+        dep = await client.read_deployment_by_name("pipeline/embedpipe-pipeline")
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[dep.id]),
+                                          state=FlowRunFilterStateType(any_=[StateType.COMPLETED])),
+            sort=FlowRunSort.END_TIME_DESC, limit=1)
+        if not runs:
+            raise SystemExit("no completed run of pipeline/embedpipe-pipeline yet: run it once first")
+        return str(dep.id), str(runs[0].id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ui", default="http://127.0.0.1:4200")
+    p.add_argument("--out", type=Path, default=Path("docs"))
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    deployment_id, run_id = asyncio.run(_ids(f"{args.ui}/api"))
+    shoot(f"{args.ui}/deployments/deployment/{deployment_id}/run", args.out / "deployment-form.png")
+    shoot(f"{args.ui}/runs/flow-run/{run_id}", args.out / "run-page.png")
+    shoot(f"{args.ui}/runs/flow-run/{run_id}?tab=Artifacts", args.out / "run-artifacts.png", size="1440,1600")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
