@@ -172,6 +172,15 @@ class EvaluateConfig(_Strict):
         "fp32", description="fp32 by default so published scores reproduce on any hardware.")
 
 
+# Losses a train stage can pick per task (embed_core.losses has one module each).
+LOSS_CHOICES: dict[str, tuple[str, ...]] = {
+    "retrieval": ("infonce", "pair_bce", "hmcl"), "classification": ("cls_infonce",),
+    "sts": ("cosent", "pair_bce", "hmcl"), "nli": ("cosent", "pair_bce", "hmcl"),
+    "pair_classification": ("cosent", "pair_bce", "hmcl")}
+DEFAULT_LOSSES = {"retrieval": "infonce", "classification": "cls_infonce", "sts": "cosent", "nli": "cosent",
+                  "pair_classification": "cosent"}
+
+
 class TrainStageConfig(_Strict):
     """One training stage. Defaults are QZhou §6.3's where it states them (τ 0.02, 4 hard negatives,
     weight decay 0.01, warm-up 300, lr 3e-5 / 2e-5, batch 256 for InfoNCE data and 768 for CoSENT
@@ -206,6 +215,31 @@ class TrainStageConfig(_Strict):
     checkpoint_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(10, ge=1)
+    # Other objectives per task (default: QZhou's InfoNCE / CLS InfoNCE / CoSENT).
+    losses: dict[str, str] = Field(default_factory=dict, description=(
+        "Loss per task instead of QZhou's: retrieval infonce|pair_bce|hmcl; sts, nli, pair_classification "
+        "cosent|pair_bce|hmcl; classification cls_infonce."))
+    bce_scale: float = Field(20.0, gt=0, description="pair_bce: logit scale α (BCE paper: 20 = temperature 0.05).")
+    bce_bias: float | None = Field(None, description="pair_bce: logit bias β; None = Eq. 3 from the batch "
+                                   "(−log(C−1) in-batch, log(p/(1−p)) pointwise).")
+    bce_cutoff: float = Field(0.7, ge=0, lt=1, description="pair_bce graded targets z = c + (1−c)·r/R (Eq. 4); "
+                              "R = the dataset's highest score.")
+    hmcl_tau: float = Field(0.05, gt=0, description="HMCL temperature (all components).")
+    hmcl_weights: tuple[float, float, float, float] = Field(
+        (2.0, 1.0, 0.2, 0.1), description="HMCL μ_c, μ_l, μ_e, μ_e,d (Eq. 11 standard mode).")
+    hmcl_levels: tuple[float, float] = Field(
+        (0.8, 0.4), description="HMCL levels of scored pairs, as fractions of the dataset's highest score: >= first "
+        "positive, >= second weak-positive, else negative (STS 0–5: 4 and 2; entailment 2/1/0).")
+
+    @field_validator("losses")
+    @classmethod
+    def _known_losses(cls, v: dict[str, str]) -> dict[str, str]:
+        for task, loss in v.items():
+            if task not in LOSS_CHOICES:
+                raise ValueError(f"no alternative losses for task {task!r} (tasks: {', '.join(LOSS_CHOICES)})")
+            if loss not in LOSS_CHOICES[task]:
+                raise ValueError(f"loss {loss!r} is not available for {task} (choose from {', '.join(LOSS_CHOICES[task])})")
+        return v
 
 
 class TrainConfig(_Strict):

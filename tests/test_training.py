@@ -231,3 +231,49 @@ def test_bidirectional_switch_makes_a_decoder_see_later_tokens(tmp_path, tiny_mo
     assert first_token_moves(True)
     with pytest.raises(ConfigError, match="bidirectional"):
         Embedder(str(tiny_model), bidirectional=True)  # BERT has no such switch: an error, not a no-op
+
+
+def test_stage_with_bce_and_hmcl_losses_trains_and_saves(prepared, tiny_model):
+    """A stage can swap QZhou's losses per task: pair BCE for STS, HMCL for retrieval and NLI."""
+    from embed_core.train import run_train_stage
+
+    tmp, run_dir = prepared
+    cfg = _config_dict(tmp, tiny_model)
+    alt = dict(cfg["train"]["stages"][1], name="alt", steps=8,
+               losses={"retrieval": "hmcl", "nli": "hmcl", "sts": "pair_bce"})
+    cfg["train"]["stages"] = [alt]
+    manifest = run_train_stage(parse_config(cfg), run_dir, "alt")
+    metrics = pq.read_table(run_dir / "train-alt/metrics.parquet").to_pylist()
+    assert len(metrics) == 8 and all(r["loss"] == r["loss"] and r["loss"] > 0 for r in metrics)
+    assert {"retrieval", "sts", "nli"} & {r["task"] for r in metrics}
+    saved = _weights(run_dir / "train-alt/model")
+    assert not any("hmcl_head" in k for k in saved)  # the L_e head is a training-only part
+    settings = json.loads((run_dir / "train-alt/model/embedpipe.json").read_text())
+    assert settings["training"]["stage"]["losses"] == {"retrieval": "hmcl", "nli": "hmcl", "sts": "pair_bce"}
+    assert manifest["input_fingerprint"]
+
+
+def test_hmcl_batches_map_scores_to_levels_and_fill_missing_ones():
+    import pyarrow as pa
+
+    from embed_core.schema import RECORD_SCHEMA
+    from embed_core.training.batches import DatasetRecords, build_batch
+
+    rows = []
+    for i, (t1, t2, score) in enumerate([("a cat sits", "a cat is sitting", 4.6), ("a dog runs fast", "a dog walks", 2.5),
+                                         ("rain falls", "stocks went up 3 points", 0.4)]):
+        rows.append({"id": f"s/{i}", "dataset": "s", "task": "sts", "instruction": "", "query": t1, "positives": [t2],
+                     "positive_scores": [score], "negatives": [], "negative_scores": [], "negative_labels": [],
+                     "weak_positives": [], "label": None, "origin": "original", "source_ref": f"f:{i}"})
+    records = DatasetRecords("s", pa.Table.from_pylist(rows, schema=RECORD_SCHEMA))
+    kwargs = dict(step=3, seed=7, num_negatives=1, query_max_length=16, passage_max_length=16, use_instructions=False,
+                  loss="hmcl", hmcl_levels=(0.8, 0.4))
+    batch = build_batch(records, [0, 1, 2], **kwargs)
+    assert batch.loss == "hmcl" and batch.max_score == pytest.approx(4.6)
+    pos, weak = batch.groups["positive"].texts, batch.groups["weak"].texts
+    assert pos[0] == "a cat is sitting"            # 4.6/4.6 >= 0.8: the pair's text is the positive
+    assert weak[1] == "a dog walks"                 # 2.5/4.6 in [0.4, 0.8): weak-positive
+    assert batch.groups["negative"].texts == ["stocks went up 3 points"] and batch.negative_rows == [2]
+    assert pos[1] != "a dog runs fast" and set("a dog runs fast".split()) <= set(pos[1].split())  # supplied positive
+    assert weak[0] != pos[0]                        # supplied weak-positive
+    assert build_batch(records, [0, 1, 2], **kwargs).groups["weak"].texts == weak  # deterministic per (seed, step)

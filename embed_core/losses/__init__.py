@@ -6,10 +6,13 @@ Every loss is a plain function of L2-normalised embeddings plus a thin ``torch.n
 
 from embed_core.losses.cls_infonce import ClassificationInfoNCELoss, classification_infonce
 from embed_core.losses.cosent import CoSENTLoss, cosent
+from embed_core.losses.hmcl import HMCLHead, HMCLLoss, hmcl, listmle
 from embed_core.losses.infonce import InfoNCELoss, infonce
+from embed_core.losses.pair_bce import PairBCELoss, graded_targets, logit_bias, pair_bce, pair_bce_pointwise
 
-LOSSES_BY_TASK = {"retrieval": "infonce", "classification": "cls_infonce", "sts": "cosent", "nli": "cosent",
-                  "pair_classification": "cosent"}
+from embed_core.config import DEFAULT_LOSSES as LOSSES_BY_TASK  # noqa: E402
+from embed_core.config import LOSS_CHOICES as ALTERNATIVE_LOSSES  # noqa: E402
 
 __all__ = ["InfoNCELoss", "infonce", "CoSENTLoss", "cosent", "ClassificationInfoNCELoss",
-           "classification_infonce", "LOSSES_BY_TASK"]
+           "classification_infonce", "LOSSES_BY_TASK", "ALTERNATIVE_LOSSES", "PairBCELoss", "pair_bce",
+           "pair_bce_pointwise", "graded_targets", "logit_bias", "HMCLLoss", "HMCLHead", "hmcl", "listmle"]

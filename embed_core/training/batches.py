@@ -6,6 +6,15 @@ Per task (QZhou §3.2–3.3):
   instruction on both sides (symmetric);
 * sts / nli / pair_classification — (text1, text2, score) → CoSENT (Eq. 2); instruction on both sides.
 
+Other objectives a stage can pick per task (``TrainStageConfig.losses``):
+* ``pair_bce`` — retrieval as for InfoNCE plus the relevance of the drawn positive (graded BCE
+  targets); scored pairs as for CoSENT (pointwise graded BCE, Eq. 5);
+* ``hmcl`` — (query, positive, weak-positive, optional hard negative). Retrieval: the record's
+  positive and hard negative; its weak-positive from ``weak_positives``, else made by the HMCL
+  supplier from the positive (``embed_core.edits``). Scored pairs: the pair's second text takes
+  the level its score gives (``hmcl_levels``), the missing positive / weak-positive are made by
+  the supplier (HMCL Algorithm 1), a missing negative stays missing (masked).
+
 Which positive and which negatives a record contributes at a step is drawn from a generator
 seeded by (seed, step), so a resumed run builds the same batches.
 """
@@ -15,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from embed_core.edits import generate_positive, generate_weak_positive
 
 INFONCE_TASKS = ("retrieval",)
 CLS_TASKS = ("classification",)
@@ -38,6 +49,9 @@ class TaskBatch:
     scores: list[float] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     negative_labels: list[int] = field(default_factory=list)  # one per flat negative
+    loss: str = ""
+    negative_rows: list[int] = field(default_factory=list)  # hmcl: rows whose hard negative is in "negative"
+    max_score: float = 1.0  # highest score in the dataset (R of the graded targets)
 
     @property
     def size(self) -> int:
@@ -50,33 +64,42 @@ class DatasetRecords:
     def __init__(self, name: str, table):
         self.name = name
         cols = table.select(["task", "instruction", "query", "positives", "positive_scores", "negatives",
-                             "negative_labels", "label"]).to_pydict()
+                             "negative_labels", "weak_positives", "label"]).to_pydict()
         self.task = cols["task"][0] if cols["task"] else "retrieval"
         self.cols = cols
         self.size = table.num_rows
         labels = sorted({lab for lab in cols["label"] if lab is not None} |
                         {lab for labs in cols["negative_labels"] for lab in labs if lab})
         self.label_ids = {lab: i for i, lab in enumerate(labels)}
+        scores = [x for xs in cols["positive_scores"] for x in xs]
+        self.max_score = max(max(scores, default=1.0), 1e-9)
 
     def instructions(self) -> set[str]:
         return {i for i in self.cols["instruction"] if i}
 
 
 def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed: int, num_negatives: int,
-                query_max_length: int, passage_max_length: int, use_instructions: bool) -> TaskBatch:
+                query_max_length: int, passage_max_length: int, use_instructions: bool, loss: str = "",
+                hmcl_levels: tuple[float, float] = (0.8, 0.4)) -> TaskBatch:
     rng = np.random.Generator(np.random.PCG64([seed, step]))
     c = records.cols
     instr = [(c["instruction"][i] or None) if use_instructions else None for i in indices]
     queries = [c["query"][i] for i in indices]
     task = records.task
+    if loss == "hmcl":
+        batch = _hmcl_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length, hmcl_levels)
+        batch.max_score = records.max_score
+        return batch
     if task in PAIR_TASKS:
         positives = [c["positives"][i][0] for i in indices]
         scores = [float(c["positive_scores"][i][0]) if c["positive_scores"][i] else 1.0 for i in indices]
         return TaskBatch(task, records.name, {
             "a": TextGroup(queries, instr, query_max_length),
-            "b": TextGroup(positives, instr, query_max_length)}, scores=scores)
+            "b": TextGroup(positives, instr, query_max_length)}, scores=scores, loss=loss,
+            max_score=records.max_score)
 
-    positives = [c["positives"][i][int(rng.integers(len(c["positives"][i])))] for i in indices]
+    picked_pos = [int(rng.integers(len(c["positives"][i]))) for i in indices]
+    positives = [c["positives"][i][j] for i, j in zip(indices, picked_pos)]
     negatives: list[str] = []
     negative_labels: list[int] = []
     side = instr if task in CLS_TASKS else [None] * len(indices)  # documents get no instruction
@@ -94,8 +117,54 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
               "positive": TextGroup(positives, side, passage_max_length)}
     if negatives:
         groups["negative"] = TextGroup(negatives, neg_side, passage_max_length)
-    batch = TaskBatch(task, records.name, groups, num_negatives=len(negatives))
+    batch = TaskBatch(task, records.name, groups, num_negatives=len(negatives), loss=loss, max_score=records.max_score)
+    if loss == "pair_bce":  # relevance of each drawn positive (graded targets, Eq. 4)
+        batch.scores = [float(c["positive_scores"][i][j]) if j < len(c["positive_scores"][i]) else 1.0
+                        for i, j in zip(indices, picked_pos)]
     if task in CLS_TASKS:
         batch.labels = [records.label_ids.get(c["label"][i], -2) for i in indices]  # -2 never equals a negative's -1
         batch.negative_labels = negative_labels
     return batch
+
+
+def _hmcl_batch(records: DatasetRecords, indices: list[int], rng: np.random.Generator, instr: list[str | None],
+                queries: list[str], query_max_length: int, passage_max_length: int,
+                levels: tuple[float, float]) -> TaskBatch:
+    c = records.cols
+    task = records.task
+    pair_task = task in PAIR_TASKS
+    side = instr if pair_task else [None] * len(indices)  # symmetric tasks: instruction on both sides
+    positives, weaks, negatives, negative_rows = [], [], [], []
+    for row, i in enumerate(indices):
+        partner = c["positives"][indices[(row + 1) % len(indices)]][0]  # another record's text, for "mix"
+        pos = weak = neg = None
+        if pair_task:
+            text2 = c["positives"][i][0]
+            score = float(c["positive_scores"][i][0]) / records.max_score if c["positive_scores"][i] else 1.0
+            if score >= levels[0]:
+                pos = text2
+            elif score >= levels[1]:
+                weak = text2
+            else:
+                neg = text2
+        else:
+            pos = c["positives"][i][int(rng.integers(len(c["positives"][i])))]
+            if c["negatives"][i]:
+                neg = c["negatives"][i][int(rng.integers(len(c["negatives"][i])))]
+        if c["weak_positives"][i] and weak is None:
+            weak = c["weak_positives"][i][int(rng.integers(len(c["weak_positives"][i])))]
+        if pos is None:
+            pos, _ = generate_positive(c["query"][i], rng)
+        if weak is None:
+            weak, _ = generate_weak_positive(pos, partner, rng)
+        positives.append(pos)
+        weaks.append(weak)
+        if neg is not None:
+            negatives.append(neg)
+            negative_rows.append(row)
+    length = query_max_length if pair_task else passage_max_length
+    groups = {"query": TextGroup(queries, instr, query_max_length), "positive": TextGroup(positives, side, length),
+              "weak": TextGroup(weaks, side, length)}
+    if negatives:
+        groups["negative"] = TextGroup(negatives, [side[r] for r in negative_rows], length)
+    return TaskBatch(task, records.name, groups, num_negatives=len(negatives), loss="hmcl", negative_rows=negative_rows)

@@ -40,10 +40,12 @@ from torch import Tensor
 
 from embed_core.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError
-from embed_core.losses import classification_infonce, cosent, infonce
+from embed_core.config import DEFAULT_LOSSES
+from embed_core.losses import (HMCLHead, classification_infonce, cosent, graded_targets, hmcl, infonce, pair_bce,
+                               pair_bce_pointwise)
 from embed_core.model.embedder import Embedder
 from embed_core.sampling import GroupedBatchSampler
-from embed_core.training.batches import (CLS_TASKS, INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup,
+from embed_core.training.batches import (CLS_TASKS, INFONCE_TASKS, PAIR_TASKS, DatasetRecords, TaskBatch, TextGroup,
                                          build_batch)
 
 CHECKPOINT_PREFIX = "step-"
@@ -117,6 +119,12 @@ class Trainer:
                               exclude_instruction_from_pooling=train.exclude_instruction_from_pooling,
                               bidirectional=train.bidirectional, gguf_file=train.gguf_file if init_model == train.base_model else None,
                               gradient_checkpointing=stage.gradient_checkpointing).to(self.device)
+        # the loss each dataset trains with (stage.losses overrides QZhou's per task)
+        self.loss_of = {n: stage.losses.get(d.task, DEFAULT_LOSSES.get(d.task, "")) for n, d in datasets.items()}
+        if "hmcl" in self.loss_of.values():
+            # L_e's pair-type head: a submodule, so the optimizer, checkpoints and DeepSpeed carry it;
+            # Embedder.save writes only the encoder, so the saved model does not
+            self.model.hmcl_head = HMCLHead().to(self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(_param_groups(self.model, stage.weight_decay), lr=stage.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(stage))
@@ -171,6 +179,26 @@ class Trainer:
 
     def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
         s = self.stage
+        if batch.loss == "hmcl":
+            q, p, w = emb["query"], emb["positive"], emb["weak"]
+            n = mask = None
+            if batch.negative_rows:
+                rows = torch.tensor(batch.negative_rows, device=q.device)
+                n = q.new_zeros(q.shape).index_copy(0, rows, emb["negative"].to(q.dtype))
+                mask = torch.zeros(q.size(0), dtype=torch.bool, device=q.device).index_fill(0, rows, True)
+            mu_c, mu_l, mu_e, mu_ed = s.hmcl_weights
+            return hmcl(q, p, w, n, mask, head=self.model.hmcl_head, tau=s.hmcl_tau, mu_c=mu_c, mu_l=mu_l,
+                        mu_e=mu_e, mu_ed=mu_ed)["loss"]
+        if batch.loss == "pair_bce":
+            scores = torch.tensor(batch.scores, device=next(iter(emb.values())).device, dtype=torch.float32)
+            z = graded_targets(scores, batch.max_score, s.bce_cutoff)
+            if batch.task in PAIR_TASKS:
+                return pair_bce_pointwise(emb["a"], emb["b"], z, scale=s.bce_scale, bias=s.bce_bias)
+            q, pos, neg = emb["query"], emb["positive"], emb.get("negative")
+            if self.world > 1:
+                q, pos, z = self._gather(q), self._gather(pos), self._gather(z)
+                neg = self._gather(neg) if neg is not None else None
+            return pair_bce(q, pos, neg, scale=s.bce_scale, bias=s.bce_bias, targets=z)
         if batch.task in INFONCE_TASKS:
             q, pos, neg = emb["query"], emb["positive"], emb.get("negative")  # neg: flat [m, d]
             if self.world > 1:  # documents and queries of every rank become negatives
@@ -243,7 +271,8 @@ class Trainer:
             batch = build_batch(records, self._slice(drawn.indices), step=self.step * s.grad_accum + micro,
                                 seed=self.seed, num_negatives=s.num_hard_negatives,
                                 query_max_length=s.query_max_length, passage_max_length=s.passage_max_length,
-                                use_instructions=self.train_cfg.use_instructions)
+                                use_instructions=self.train_cfg.use_instructions,
+                                loss=self.loss_of[drawn.dataset], hmcl_levels=s.hmcl_levels)
             # DeepSpeed scales by its gradient_accumulation_steps itself and steps at the boundary
             loss = self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum)
             rows.append({"dataset": batch.dataset, "task": batch.task, "loss": loss, "examples": batch.size,
