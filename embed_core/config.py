@@ -48,6 +48,9 @@ class SourceSpec(_Strict):
     split: str = Field("train", description="BEIR qrels split (qrels/<split>.tsv).")
     corpus: str | None = Field(None, description="claim_evidence: JSONL corpus (_id,title,text) to look evidence ids up in.")
     num_negatives: int = Field(4, ge=0, description="classification: negatives of other labels per record.")
+    weak_positive_grades: list[float] | None = Field(
+        None, description="beir: relevance grades that make a judged document a weak-positive (HMCL level 2) "
+        "instead of a positive, e.g. [1] for TREC-DL's 'relevant topic, no answer'.")
     both_directions: bool = Field(True, description="sts/entailment/pair_classification: also emit (text2, text1).")
     max_rows: int | None = Field(None, ge=1, description="Read at most this many data rows (for samples).")
     match: Literal["text", "pair"] = Field(
@@ -189,7 +192,8 @@ class TrainStageConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="Stage name: output goes to <run_dir>/train-<name>/.")
     tasks: list[str] | None = Field(None, description="Only datasets of these tasks (stage 1: [retrieval]); None = all.")
     datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a trainable task).")
-    init_from: str | None = Field(None, description="Start from this earlier stage's model (default: the previous stage).")
+    init_from: str | None = Field(None, description="Start from this earlier stage's model, or 'base' for the base "
+                                  "model (default: the previous stage).")
     steps: int = Field(32000, ge=1)
     lr: float = Field(3e-5, gt=0)
     warmup_steps: int = Field(300, ge=0)
@@ -283,18 +287,39 @@ class RunConfig(_Strict):
         return Path(self.run_root) / self.run_name
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Load and validate a YAML run config; errors name the file and the offending key."""
-    path = Path(path)
+def _merge(base: dict, override: dict) -> dict:
+    """Mappings merge key by key; anything else (lists included) in ``override`` replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if not path.exists():
         raise ConfigError(f"{path}: config file not found")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'extends' loops back to itself")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    return parse_config(raw, origin=str(path))
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    return _merge(_read_raw(path.parent / parent, (*seen, path.resolve())), raw)
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Load and validate a YAML run config; errors name the file and the offending key.
+
+    ``extends: other.yaml`` (relative to this file) starts from that config: mappings are merged
+    key by key, lists and scalars here replace the parent's (so a variant states only what differs).
+    """
+    path = Path(path)
+    return parse_config(_read_raw(path), origin=str(path))
 
 
 def parse_config(raw: dict, *, origin: str = "<config>") -> RunConfig:

@@ -59,6 +59,8 @@ def upstream_stage(config: RunConfig) -> str:
 
 def _init_stage(config: RunConfig, index: int, stage: TrainStageConfig) -> TrainStageConfig | None:
     stages = _cfg(config).stages
+    if stage.init_from == "base":  # e.g. loss ablations: every stage from the same base model
+        return None
     if stage.init_from is not None:
         return get_stage(config, stage.init_from)[1]
     return stages[index - 1] if index > 0 else None

@@ -103,3 +103,9 @@ def test_beir_zero_judgments_become_negatives_and_unknown_ids_are_quarantined(tm
         ("beir/qrels/train.tsv", 5, "corpus-id", "unknown_doc"),
         ("beir/qrels/train.tsv", 7, "query-id", "unknown_query")}
     assert manifest["counts"]["totals"]["skipped"] == 1  # q2: no relevant document
+
+    # HMCL levels from graded qrels: grade 1 documents become weak-positives
+    _, _, tables = prepare(tmp_path, [{"name": "b", "kind": "beir", "path": "beir", "weak_positive_grades": [1]}])
+    (rec,) = tables["b.parquet"].to_pylist()
+    assert rec["positives"] == ["T3 highly relevant"] and rec["positive_scores"] == [2.0]
+    assert rec["weak_positives"] == ["T1 relevant"] and rec["negatives"] == ["judged irrelevant"]

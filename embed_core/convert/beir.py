@@ -1,6 +1,7 @@
 """BEIR layout: ``corpus.jsonl`` + ``queries.jsonl`` + ``qrels/<split>.tsv`` → one record per query.
 
-Every judged document with relevance > 0 is a positive, with its graded relevance in
+Every judged document with relevance > 0 is a positive (grades listed in the source's
+``weak_positive_grades`` go to ``weak_positives`` instead: HMCL's level 2), with its graded relevance in
 ``positive_scores`` (highest first), so the graded BCE targets (BCE paper Eq. 4) and CoDiEmb's
 multi-positive InfoNCE can use them. Documents judged 0 are kept as negatives with score 0.
 Documents are "title text", as BEIR and MTEB encode them. A query whose judgments are all 0 is
@@ -99,7 +100,9 @@ def convert_beir(spec: SourceSpec, directory: Path) -> ConvertStream:
     queries_display = files["queries"][1]
     for qid, items in judged.items():
         text, qline = queries[qid]
-        pos = sorted(((corpus[d], s) for d, s, _ in items if s > 0), key=lambda x: -x[1])
+        weak_grades = set(spec.weak_positive_grades or ())
+        pos = sorted(((corpus[d], s) for d, s, _ in items if s > 0 and s not in weak_grades), key=lambda x: -x[1])
+        weak = [corpus[d] for d, s, _ in items if s in weak_grades and s > 0]
         neg = [(corpus[d], s) for d, s, _ in items if s <= 0]
         if not pos:
             yield Skipped(queries_display, qline, "no_relevant_document")
@@ -107,7 +110,7 @@ def convert_beir(spec: SourceSpec, directory: Path) -> ConvertStream:
         yield Record(id=f"{spec.name}:q{qid}", dataset=spec.name, task=spec.task or "retrieval",
                      instruction=spec.instruction, query=text,
                      positives=[p for p, _ in pos], positive_scores=[s for _, s in pos],
-                     negatives=[n for n, _ in neg], negative_scores=[s for _, s in neg],
+                     negatives=[n for n, _ in neg], negative_scores=[s for _, s in neg], weak_positives=weak,
                      origin="original", source_ref=f"{queries_display}:{qline}")
 
 
