@@ -226,6 +226,8 @@ class TrainStageConfig(_Strict):
     bce_scale: float = Field(20.0, gt=0, description="pair_bce: logit scale α (BCE paper: 20 = temperature 0.05).")
     bce_bias: float | None = Field(None, description="pair_bce: logit bias β; None = Eq. 3 from the batch "
                                    "(−log(C−1) in-batch, log(p/(1−p)) pointwise).")
+    bce_bias_warmup_from: float | None = Field(None, description="pair_bce in-batch: start β here (BCE paper, "
+                                               "Qwen2: −25) and move it linearly to its value over warmup_steps.")
     bce_cutoff: float = Field(0.7, ge=0, lt=1, description="pair_bce graded targets z = c + (1−c)·r/R (Eq. 4); "
                               "R = the dataset's highest score.")
     hmcl_tau: float = Field(0.05, gt=0, description="HMCL temperature (all components).")

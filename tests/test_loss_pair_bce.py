@@ -70,3 +70,19 @@ def test_pointwise_graded_bce_by_hand():
 def test_rejects_bad_scale():
     with pytest.raises(ValueError):
         PairBCELoss(scale=0)
+
+
+def test_bias_warmup_moves_linearly_to_the_eq3_value():
+    from types import SimpleNamespace
+
+    from embed_core.config import TrainStageConfig
+    from embed_core.training.trainer import Trainer
+
+    stage = TrainStageConfig(name="s", warmup_steps=4, bce_bias_warmup_from=-25.0)
+    at = lambda step: Trainer._bce_bias(SimpleNamespace(stage=stage, step=step), 9)  # noqa: E731
+    target = -math.log(8)  # 9 candidates per anchor: p = 1/9
+    assert at(0) == pytest.approx(-25.0)
+    assert at(2) == pytest.approx(-25.0 + (target + 25.0) / 2)
+    assert at(4) is None  # after warm-up: the configured β (None = Eq. 3 inside the loss)
+    fixed = TrainStageConfig(name="s", warmup_steps=4, bce_bias=-12.0, bce_bias_warmup_from=-25.0)
+    assert Trainer._bce_bias(SimpleNamespace(stage=fixed, step=1), 9) == pytest.approx(-25.0 + 13.0 / 4)

@@ -41,8 +41,8 @@ from torch import Tensor
 from embed_core.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError
 from embed_core.config import DEFAULT_LOSSES
-from embed_core.losses import (HMCLHead, classification_infonce, cosent, graded_targets, hmcl, infonce, pair_bce,
-                               pair_bce_pointwise)
+from embed_core.losses import (HMCLHead, classification_infonce, cosent, graded_targets, hmcl, infonce, logit_bias,
+                               pair_bce, pair_bce_pointwise)
 from embed_core.model.embedder import Embedder
 from embed_core.sampling import GroupedBatchSampler
 from embed_core.training.batches import (CLS_TASKS, INFONCE_TASKS, PAIR_TASKS, DatasetRecords, TaskBatch, TextGroup,
@@ -198,7 +198,8 @@ class Trainer:
             if self.world > 1:
                 q, pos, z = self._gather(q), self._gather(pos), self._gather(z)
                 neg = self._gather(neg) if neg is not None else None
-            return pair_bce(q, pos, neg, scale=s.bce_scale, bias=s.bce_bias, targets=z)
+            candidates = pos.size(0) + (neg.size(0) if neg is not None else 0)
+            return pair_bce(q, pos, neg, scale=s.bce_scale, bias=self._bce_bias(candidates), targets=z)
         if batch.task in INFONCE_TASKS:
             q, pos, neg = emb["query"], emb["positive"], emb.get("negative")  # neg: flat [m, d]
             if self.world > 1:  # documents and queries of every rank become negatives
@@ -213,6 +214,16 @@ class Trainer:
             return classification_infonce(t, pos, neg, labels, neg_labels, tau=s.tau)
         scores = torch.tensor(batch.scores, device=emb["a"].device, dtype=torch.float32)
         return cosent(emb["a"], emb["b"], scores, tau=s.cosent_tau)
+
+    def _bce_bias(self, candidates: int) -> float | None:
+        """β for in-batch BCE at this step: the configured value (None: Eq. 3, −log(C−1)), reached
+        linearly from ``bce_bias_warmup_from`` over the warm-up steps when that is set."""
+        s = self.stage
+        if s.bce_bias_warmup_from is None or s.warmup_steps == 0 or self.step >= s.warmup_steps:
+            return s.bce_bias
+        target = s.bce_bias if s.bce_bias is not None else logit_bias(1.0 / candidates) if candidates > 1 else 0.0
+        frac = self.step / s.warmup_steps
+        return s.bce_bias_warmup_from + (target - s.bce_bias_warmup_from) * frac
 
     def _forward_backward(self, batch: TaskBatch, scale: float) -> float:
         self._tokens = 0  # non-padding tokens put through the encoder with a graph (throughput)
