@@ -3,8 +3,9 @@ server (``make serve``, then run the pipeline deployment once):
 
     python deployments/screenshots.py [--ui http://127.0.0.1:4200] [--out docs]
 
-Writes ``deployment-form.png`` (the pipeline deployment's run form) and ``run-page.png`` /
-``run-artifacts.png`` (the newest completed pipeline run). Needs Debian's ``chromium`` package.
+Writes ``deployment-form.png`` (the pipeline deployment's run form), ``run-page.png`` (the newest
+completed pipeline run: task graph with artifacts, logs) and that run's stage table and evaluation
+report artifacts (``run-artifact-stages.png``, ``run-artifact-report.png``). Needs Debian's ``chromium`` package.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ def shoot(url: str, out: Path, size: str = "1440,1100", wait_ms: int = 20000) ->
     print(f"{out}  <- {url}")
 
 
-async def _ids(api: str) -> tuple[str, str]:
+async def _ids(api: str) -> tuple[str, str, dict[str, str]]:
     from prefect.client.orchestration import PrefectClient
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterStateType
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterState,
+                                                FlowRunFilterStateType)
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import FlowRunSort
 
@@ -44,11 +46,15 @@ async def _ids(api: str) -> tuple[str, str]:
         dep = await client.read_deployment_by_name("pipeline/embedpipe-pipeline")
         runs = await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[dep.id]),
-                                          state=FlowRunFilterStateType(any_=[StateType.COMPLETED])),
+                                          state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))),
             sort=FlowRunSort.END_TIME_DESC, limit=1)
         if not runs:
             raise SystemExit("no completed run of pipeline/embedpipe-pipeline yet: run it once first")
-        return str(dep.id), str(runs[0].id)
+        from prefect.client.schemas.filters import FlowRunFilterId
+
+        arts = await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
+        keyed = {a.key.rsplit("-", 1)[0] if a.key else "": str(a.id) for a in arts if a.key}
+        return str(dep.id), str(runs[0].id), keyed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,10 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("docs"))
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    deployment_id, run_id = asyncio.run(_ids(f"{args.ui}/api"))
+    deployment_id, run_id, artifacts = asyncio.run(_ids(f"{args.ui}/api"))
     shoot(f"{args.ui}/deployments/deployment/{deployment_id}/run", args.out / "deployment-form.png")
     shoot(f"{args.ui}/runs/flow-run/{run_id}", args.out / "run-page.png")
-    shoot(f"{args.ui}/runs/flow-run/{run_id}?tab=Artifacts", args.out / "run-artifacts.png", size="1440,1600")
+    # the UI's tabs are not addressable by URL: the run's key artifacts have pages of their own
+    for prefix, name in (("pipeline-stages", "run-artifact-stages.png"), ("evaluate-report", "run-artifact-report.png")):
+        if prefix in artifacts:
+            shoot(f"{args.ui}/artifacts/artifact/{artifacts[prefix]}", args.out / name, size="1440,1300")
     return 0
 
 

@@ -84,7 +84,6 @@ class StageWriter:
         self.staging = self.run_dir / f".{stage}.staging-{uuid.uuid4().hex[:8]}"
         self.outputs: dict[str, dict[str, Any]] = {}
         self._committed = False
-        self._t0 = time.time()
 
     def __enter__(self) -> "StageWriter":
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -122,8 +121,6 @@ class StageWriter:
             "schema_version": SCHEMA_VERSION,
             "package_version": __version__,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self._t0)),
-            "duration_s": round(time.time() - self._t0, 3),
             **manifest,
             "outputs": self.outputs,
         }

@@ -120,8 +120,11 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] 
     cfg = _cfg(config)
     resolved = resolve_models(config, Path(run_dir), models)
     specs = select_tasks(cfg, tasks)
-    data = {s.name: {str(f): sha256_file(f) if f.exists() else "missing" for f in _data_files(config, s)}
-            for s in specs}
+    root = Path(config.data_root).expanduser()
+    # keyed by the path under data_root, so the same data keys the same whether data_root is
+    # written relative (a config) or absolute (the run directory's config.yaml)
+    data = {s.name: {(str(f.relative_to(root)) if f.is_relative_to(root) else str(f)): sha256_file(f) if f.exists()
+                     else "missing" for f in _data_files(config, s)} for s in specs}
     fps = {label: _model_fp(path, cfg.precision) for label, path in resolved.items()}
     blob = json.dumps({"models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data,
                        "config": config_hash(cfg), "seed": config.seed, "mteb": mteb.__version__,

@@ -95,7 +95,8 @@ def save_config_snapshot(run_dir: str | Path, config: RunConfig) -> Path:
     """Write the config this run uses to ``<run_dir>/config.yaml``.
 
     ``data_root`` and ``run_root`` are written as absolute paths so the snapshot works from any
-    working directory; no stage fingerprint depends on them, so cache keys are unchanged.
+    working directory; stage fingerprints key files by their path under ``data_root``, so cache
+    keys are the same for the config and its snapshot.
     """
     path = Path(run_dir) / CONFIG_SNAPSHOT
     data = config.model_dump(mode="json")

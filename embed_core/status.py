@@ -30,7 +30,7 @@ class StageStatus:
     current_input: str | None      # fingerprint the stage would have now (None: cannot compute yet)
     recorded_input: str | None     # fingerprint in its manifest
     created_at: str | None
-    duration_s: float | None
+    compute_s: float | None        # how long its last computation took (history.jsonl)
     last_result: str | None        # from history.jsonl: "computed" / "cache hit", and when
     detail: str = ""
 
@@ -65,8 +65,11 @@ def downstream_of(config: RunConfig, stage: str) -> list[str]:
 def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
     run_dir = Path(run_dir)
     last: dict[str, dict[str, Any]] = {}
+    computed: dict[str, dict[str, Any]] = {}
     for entry in read_history(run_dir):
         last[entry.get("stage", "")] = entry
+        if not entry.get("cached"):
+            computed[entry.get("stage", "")] = entry
     out: list[StageStatus] = []
     upstream_pending: str | None = None
     for name, fingerprint_fn in pipeline_stages(config):
@@ -93,7 +96,7 @@ def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
         out.append(StageStatus(
             stage=name, state=state, current_input=current, recorded_input=recorded,
             created_at=manifest.get("created_at") if manifest else None,
-            duration_s=manifest.get("duration_s") if manifest else None,
+            compute_s=computed.get(name, {}).get("seconds") if manifest else None,
             last_result=f"{'cache hit' if h.get('cached') else 'computed'} at {h.get('at')}" if h else None,
             detail=detail))
     return out
@@ -106,7 +109,7 @@ def format_status(rows: list[StageStatus], run_dir: str | Path) -> str:
     head = f"{'stage':<18} {'state':<9} {'input now':<13} {'recorded':<13} {'took':>8}  {'last run':<36} note"
     lines = [f"run dir: {run_dir}", head, "-" * len(head)]
     for r in rows:
-        took = f"{r.duration_s:.1f}s" if r.duration_s is not None else "-"
+        took = f"{r.compute_s:.1f}s" if r.compute_s is not None else "-"
         lines.append(f"{r.stage:<18} {r.state:<9} {short(r.current_input):<13} {short(r.recorded_input):<13} "
                      f"{took:>8}  {(r.last_result or '-'):<36} {r.detail}")
     todo = [r.stage for r in rows if r.state != "fresh"]

@@ -53,6 +53,6 @@ def run_stage(stage: str, run_task, summarize, config: RunConfig, run_dir: str, 
                               stage, manifest["input_fingerprint"][:12], run_dir, stage, summary)
     append_history(run_dir, {"stage": stage, "cached": cached, "seconds": seconds,
                              "input_fingerprint": manifest.get("input_fingerprint")})
-    publish_stage_outputs(stage, manifest, run_dir, cached, summary)
+    publish_stage_outputs(stage, manifest, run_dir, cached, summary, seconds)
     return {"stage": stage, "cached": cached, "seconds": seconds, "run_dir": run_dir, "manifest": manifest,
             "summary": summary}

@@ -36,7 +36,8 @@ def artifact_key(prefix: str, run_name: str) -> str:
     return (prefix + "".join(c if c.isalnum() else "-" for c in run_name.lower()))[:100]
 
 
-def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, cached: bool, summary: str) -> None:
+def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, cached: bool, summary: str,
+                          seconds: float) -> None:
     """A markdown artifact per stage run, cache hit or not, so the UI's run page lists what every
     stage produced (file links, rows, hashes) and whether it was recomputed."""
     from prefect.artifacts import create_markdown_artifact
@@ -50,7 +51,7 @@ def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, ca
                     f"| `{info.get('sha256', '')[:12]}` |")
     if (root / "model").is_dir():
         rows.append(f"| [model/]({(root / 'model').as_uri()}) | model | | |")
-    state = "cache hit — nothing recomputed" if cached else f"computed in {manifest.get('duration_s', '?')} s"
+    state = "cache hit — nothing recomputed" if cached else f"computed in {seconds:.1f} s"
     md = (f"# {stage}: {state}\n\nRun dir `{Path(run_dir).resolve()}` · input fingerprint "
           f"`{manifest.get('input_fingerprint', '')[:12]}` · produced {manifest.get('created_at', '?')}\n\n"
           f"| file | kind | rows | sha256 |\n|---|---|---|---|\n" + "\n".join(rows) +
@@ -67,3 +68,19 @@ def publish_run_summary(run_name: str, run_dir: str, results: dict[str, dict[str
              "path": str(Path(run_dir).resolve() / name)} for name, r in results.items()]
     create_table_artifact(key=artifact_key("pipeline-stages-", run_name), table=rows,
                           description=f"pipeline '{run_name}': what each stage did in this run")
+
+
+def inline_images(markdown: str, base_dir: Path, max_bytes: int = 400_000) -> str:
+    """Replace ``![alt](relative.png)`` by a data URI of the file under ``base_dir``, so the plots
+    show on the Prefect UI's artifact page (a browser cannot load the run directory's files)."""
+    import base64
+    import re
+
+    def embed(match: re.Match) -> str:
+        alt, ref = match.group(1), match.group(2)
+        path = Path(base_dir) / ref
+        if ref.startswith(("data:", "http:", "https:")) or not path.is_file() or path.stat().st_size > max_bytes:
+            return match.group(0)
+        return f"![{alt}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", embed, markdown)

@@ -12,7 +12,7 @@ from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.evaluate import STAGE, format_counts, input_fingerprint, main_scores, run_evaluate
-from tasks.common import artifact_key, call_stage_task, input_key_cache_key
+from tasks.common import artifact_key, call_stage_task, inline_images, input_key_cache_key
 
 
 # log_prints off: `datasets` fingerprints functions with dill, which disassembles code with print()
@@ -28,7 +28,8 @@ def evaluate_task(config: RunConfig, run_dir: str, input_key: str, models: list[
                           description="evaluate stage: main score per model and task (mteb)")
     report = Path(run_dir) / STAGE / "report.md"
     create_markdown_artifact(key=artifact_key("evaluate-report-", config.run_name),
-                             markdown=report.read_text(encoding="utf-8") + f"\n\nReport file: `{report}`\n",
+                             markdown=inline_images(report.read_text(encoding="utf-8"), report.parent)
+                             + f"\n\nReport file: `{report}`\n",
                              description="evaluate stage report")
     return manifest
 

@@ -12,7 +12,7 @@ from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.mine import STAGE, format_counts, input_fingerprint, run_mine
-from tasks.common import artifact_key, call_stage_task, input_key_cache_key
+from tasks.common import artifact_key, call_stage_task, inline_images, input_key_cache_key
 
 
 @task(name="mine", cache_key_fn=input_key_cache_key(STAGE), persist_result=True, cache_expiration=timedelta(days=30),
@@ -25,8 +25,9 @@ def mine_task(config: RunConfig, run_dir: str, input_key: str) -> dict[str, Any]
                "kept_p50": (d.get("kept_score") or {}).get("p50")} for d in manifest["counts"]["datasets"]]
     create_table_artifact(key=artifact_key("mine-stats-", config.run_name), table=rows, description="mine stage: negatives per dataset and score medians")
     plot = Path(run_dir) / STAGE / "score_hist.png"
-    create_markdown_artifact(markdown=f"# mine: {config.run_name}\n\n```\n{format_counts(manifest)}\n```\n\n"
-                                      f"Score histogram: `{plot}`\n", description="mine stage outputs")
+    create_markdown_artifact(markdown=inline_images(f"# mine: {config.run_name}\n\n```\n{format_counts(manifest)}\n```\n\n"
+                                                    f"![score histogram]({plot.name})\n", plot.parent),
+                             description="mine stage outputs")
     return manifest
 
 

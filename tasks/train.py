@@ -12,7 +12,7 @@ from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.train import format_counts, input_fingerprint, run_train_stage, stage_dir_name, get_stage
-from tasks.common import call_stage_task, input_key_cache_key
+from tasks.common import call_stage_task, inline_images, input_key_cache_key
 
 
 @task(name="train", cache_key_fn=input_key_cache_key("train-{stage_name}"), persist_result=True, cache_expiration=timedelta(days=30),
@@ -24,8 +24,8 @@ def train_task(config: RunConfig, run_dir: str, stage_name: str, input_key: str,
     manifest = run_train_stage(config, run_dir, stage_name, resume=resume)
     get_run_logger().info("train %s:\n%s", stage_name, format_counts(manifest))
     out = Path(run_dir) / f"train-{stage_name}"
-    create_markdown_artifact(markdown=f"# train {stage_name}: {config.run_name}\n\n```\n{format_counts(manifest)}\n```\n\n"
-                                      f"Model: `{out / 'model'}`  \nLoss curve: `{out / 'loss.png'}`\n",
+    create_markdown_artifact(markdown=inline_images(f"# train {stage_name}: {config.run_name}\n\n```\n{format_counts(manifest)}"
+                                                    f"\n```\n\nModel: `{out / 'model'}`\n\n![loss curve](loss.png)\n", out),
                              description=f"train stage {stage_name}")
     return manifest
 

@@ -97,3 +97,5 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     assert len(stage_pages) == 4  # one outputs page per stage, with file links
     assert any(f"{(run_dir / 'mine').resolve().as_uri()}/scifact.parquet" in a.data for a in stage_pages)
     assert "prepare-counts-from-api" in by_key and "mine-stats-from-api" in by_key
+    # plots are inlined, so they show on the artifact page (train loss curves, mine histogram)
+    assert sum("data:image/png;base64," in (a.data or "") for a in arts if a.type == "markdown") >= 3

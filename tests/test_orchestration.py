@@ -192,3 +192,18 @@ def test_gpu_kubernetes_template_adds_gpu_job_variables():
 
     used = set(re.findall(r"{{ (\w+) }}", yaml.safe_dump(out["job_configuration"])))
     assert used <= set(out["variables"]["properties"])
+
+
+def test_config_snapshot_keys_every_stage_like_the_original_config(tmp_path):
+    """The run dir's config.yaml (absolute data_root) must not change any stage's cache key."""
+    from embed_core import evaluate, prepare
+    from embed_core.config import load_config
+    from embed_core.rundir import load_config_snapshot, save_config_snapshot
+
+    original = load_config(REPO / "deployments/configs/demo.yaml")  # data_root: data (relative)
+    save_config_snapshot(tmp_path, original)
+    snapshot = load_config_snapshot(tmp_path)
+    assert snapshot.data_root != original.data_root
+    assert prepare.input_fingerprint(snapshot)["key"] == prepare.input_fingerprint(original)["key"]
+    assert (evaluate.input_fingerprint(snapshot, tmp_path, ["base"])["key"]
+            == evaluate.input_fingerprint(original, tmp_path, ["base"])["key"])
