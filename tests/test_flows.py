@@ -1,5 +1,6 @@
 """The Prefect spine against a real (temporary) Prefect server: caching by content hash, artifacts, CLI."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
