@@ -40,12 +40,12 @@ def run_stage(stage: str, run_task, summarize, config: RunConfig, run_dir: str, 
     artifact that links the stage's files."""
     from prefect.logging import get_run_logger
 
-    from tasks.common import publish_stage_outputs
+    from tasks.common import publish_stage_outputs, was_cached
 
     t0 = time.perf_counter()
     state = run_task(config, run_dir, force=force)
     manifest = state.result()
-    cached = state.name == "Cached"
+    cached = was_cached(state, manifest)
     summary = summarize(manifest)
     seconds = round(time.perf_counter() - t0, 3)
     if cached:

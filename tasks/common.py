@@ -7,7 +7,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from embed_core.artifacts import stage_is_intact
+from embed_core.artifacts import read_manifest, stage_is_intact
 
 
 def stage_cache_key(stage: str, fingerprint: str, run_dir: str) -> str:
@@ -28,7 +28,22 @@ def call_stage_task(task_fn, stage: str, fingerprint: str, force: bool = False, 
     stage's artifact is missing, altered, or was produced from other inputs."""
     intact = not force and stage_is_intact(Path(kwargs["run_dir"]), stage, fingerprint)
     fn = task_fn if intact else task_fn.with_options(refresh_cache=True)
-    return fn(**kwargs, input_key=fingerprint, return_state=True)
+    return fn(**kwargs, input_key=fingerprint, reuse=not force, return_state=True)
+
+
+def reuse_intact(stage: str, run_dir: str, input_key: str) -> dict[str, Any] | None:
+    """The stage's manifest when its artifact on disk is intact and was made from ``input_key``.
+
+    Prefect's cache lives in PREFECT_HOME, which differs between `make serve`, the CLI and CI; the
+    run directory is the real record. So a task whose Prefect cache missed still reuses an intact
+    artifact of the same inputs instead of recomputing it (reported as a cache hit)."""
+    if not stage_is_intact(Path(run_dir), stage, input_key):
+        return None
+    return {**read_manifest(Path(run_dir), stage), "reused_from_run_dir": True}
+
+
+def was_cached(state, manifest: dict[str, Any]) -> bool:
+    return state.name == "Cached" or bool(manifest.get("reused_from_run_dir"))
 
 
 def artifact_key(prefix: str, run_name: str) -> str:

@@ -12,15 +12,17 @@ from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.evaluate import STAGE, format_counts, input_fingerprint, main_scores, run_evaluate
-from tasks.common import artifact_key, call_stage_task, inline_images, input_key_cache_key
+from tasks.common import artifact_key, call_stage_task, inline_images, input_key_cache_key, reuse_intact
 
 
 # log_prints off: `datasets` fingerprints functions with dill, which disassembles code with print()
 # while capturing sys.stdout; Prefect's print patch would turn that bytecode into log lines.
 @task(name="evaluate", cache_key_fn=input_key_cache_key(STAGE), persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="evaluate-{config.run_name}", log_prints=False)
-def evaluate_task(config: RunConfig, run_dir: str, input_key: str, models: list[str] | None = None,
+def evaluate_task(config: RunConfig, run_dir: str, input_key: str, reuse: bool = True, models: list[str] | None = None,
                   tasks: list[str] | None = None) -> dict[str, Any]:
+    if reuse and (reused := reuse_intact(STAGE, run_dir, input_key)):
+        return reused
     manifest = run_evaluate(config, run_dir, models=models, tasks=tasks)
     get_run_logger().info("evaluate:\n%s", format_counts(manifest, run_dir))
     create_table_artifact(key=artifact_key("evaluate-scores-", config.run_name),

@@ -12,12 +12,14 @@ from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.mine import STAGE, format_counts, input_fingerprint, run_mine
-from tasks.common import artifact_key, call_stage_task, inline_images, input_key_cache_key
+from tasks.common import artifact_key, call_stage_task, inline_images, input_key_cache_key, reuse_intact
 
 
 @task(name="mine", cache_key_fn=input_key_cache_key(STAGE), persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="mine-{config.run_name}")
-def mine_task(config: RunConfig, run_dir: str, input_key: str) -> dict[str, Any]:
+def mine_task(config: RunConfig, run_dir: str, input_key: str, reuse: bool = True) -> dict[str, Any]:
+    if reuse and (reused := reuse_intact(STAGE, run_dir, input_key)):
+        return reused
     manifest = run_mine(config, run_dir)
     get_run_logger().info("mine counts:\n%s", format_counts(manifest))
     rows = [{k: d.get(k) for k in ("dataset", "records", "mined", "negatives_added", "too_few", "filtered_by_margin")}

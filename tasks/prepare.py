@@ -17,13 +17,15 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
-from tasks.common import artifact_key, call_stage_task, input_key_cache_key
+from tasks.common import artifact_key, call_stage_task, input_key_cache_key, reuse_intact
 from embed_core.prepare import STAGE, counts_table, format_counts, input_fingerprint, run_prepare
 
 
 @task(name="prepare", cache_key_fn=input_key_cache_key(STAGE), persist_result=True,
       cache_expiration=timedelta(days=30), task_run_name="prepare-{config.run_name}")
-def prepare_task(config: RunConfig, run_dir: str, input_key: str) -> dict[str, Any]:
+def prepare_task(config: RunConfig, run_dir: str, input_key: str, reuse: bool = True) -> dict[str, Any]:
+    if reuse and (reused := reuse_intact(STAGE, run_dir, input_key)):
+        return reused
     logger = get_run_logger()
     manifest = run_prepare(config, run_dir)
     logger.info("prepare counts:\n%s", format_counts(manifest))

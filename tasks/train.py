@@ -12,12 +12,14 @@ from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
 from embed_core.train import format_counts, input_fingerprint, run_train_stage, stage_dir_name, get_stage
-from tasks.common import call_stage_task, inline_images, input_key_cache_key
+from tasks.common import call_stage_task, inline_images, input_key_cache_key, reuse_intact
 
 
 @task(name="train", cache_key_fn=input_key_cache_key("train-{stage_name}"), persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="train-{stage_name}-{config.run_name}")
-def train_task(config: RunConfig, run_dir: str, stage_name: str, input_key: str, resume: bool = True) -> dict[str, Any]:
+def train_task(config: RunConfig, run_dir: str, stage_name: str, input_key: str, reuse: bool = True, resume: bool = True) -> dict[str, Any]:
+    if reuse and (reused := reuse_intact(f"train-{stage_name}", run_dir, input_key)):
+        return reused
     import logging
 
     logging.getLogger("embedpipe.train").setLevel(logging.INFO)

@@ -102,6 +102,12 @@ def test_stage_rerun_from_run_dir_marks_only_downstream_out_of_date(prefect_harn
     assert "mine (computed)" in proc.stdout
     assert "downstream now out of date: train-stage1, train-stage2" in proc.stdout
 
+    # Another Prefect home (as between `make serve` and a shell) has no cache records: the intact
+    # artifacts of the same inputs in the run dir are reused, not recomputed.
+    other_home = _cli("prepare", "--run-dir", str(run_dir), env_extra={"PREFECT_HOME": str(tmp_path / "other-home")})
+    assert other_home.returncode == 0, other_home.stderr[-3000:]
+    assert "prepare (cache hit)" in other_home.stdout
+
     status = _cli("status", "--run-dir", str(run_dir))  # no flow runs: fast without a server
     assert status.returncode == 0, status.stderr
     status_out = status.stdout
