@@ -91,6 +91,26 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "") -> Iterator[None]:
         os.close(fd)
 
 
+def lock_holder(run_dir: str | Path) -> str | None:
+    """Who holds the run directory's lock right now (its recorded text), or None when it is free."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.exists():
+        return None
+    key = str(Path(run_dir).resolve())
+    if key in _held:
+        return path.read_text(encoding="utf-8", errors="replace").strip() or "this process"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return path.read_text(encoding="utf-8", errors="replace").strip() or "unknown process"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def save_config_snapshot(run_dir: str | Path, config: RunConfig) -> Path:
     """Write the config this run uses to ``<run_dir>/config.yaml``.
 

@@ -107,7 +107,10 @@ def format_status(rows: list[StageStatus], run_dir: str | Path) -> str:
         return h[:12] if h else "-"
 
     head = f"{'stage':<18} {'state':<9} {'input now':<13} {'recorded':<13} {'took':>8}  {'last run':<36} note"
-    lines = [f"run dir: {run_dir}", head, "-" * len(head)]
+    from embed_core.rundir import lock_holder
+
+    holder = lock_holder(run_dir)
+    lines = [f"run dir: {run_dir}" + (f"   (a run is working in it now: {holder})" if holder else ""), head, "-" * len(head)]
     for r in rows:
         took = f"{r.compute_s:.1f}s" if r.compute_s is not None else "-"
         lines.append(f"{r.stage:<18} {r.state:<9} {short(r.current_input):<13} {short(r.recorded_input):<13} "

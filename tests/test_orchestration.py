@@ -47,11 +47,15 @@ def test_lock_is_reentrant_in_process_and_refuses_another_process(tmp_path):
                              f"with run_dir_lock({str(run_dir)!r}, 'doomed'):\n    print('IN', flush=True)\n    time.sleep(600)"],
                             stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert proc.stdout.readline().strip() == "IN"
+    from embed_core.rundir import lock_holder
+
+    assert '"purpose": "doomed"' in lock_holder(run_dir)  # what `embedpipe status` shows
     with pytest.raises(RunDirBusy):
         with run_dir_lock(run_dir, "while-held"):
             pass
     proc.kill()
     proc.wait()
+    assert lock_holder(run_dir) is None
     with run_dir_lock(run_dir, "after-kill"):
         pass
 
