@@ -177,9 +177,9 @@ class EvaluateConfig(_Strict):
 
 # Losses a train stage can pick per task (embed_core.losses has one module each).
 LOSS_CHOICES: dict[str, tuple[str, ...]] = {
-    "retrieval": ("infonce", "pair_bce", "hmcl"), "classification": ("cls_infonce",),
-    "sts": ("cosent", "pair_bce", "hmcl"), "nli": ("cosent", "pair_bce", "hmcl"),
-    "pair_classification": ("cosent", "pair_bce", "hmcl")}
+    "retrieval": ("infonce", "pair_bce", "hmcl", "codiemb_ir"), "classification": ("cls_infonce",),
+    "sts": ("cosent", "pair_bce", "hmcl", "codiemb_sts"), "nli": ("cosent", "pair_bce", "hmcl", "codiemb_sts"),
+    "pair_classification": ("cosent", "pair_bce", "hmcl", "codiemb_sts")}
 DEFAULT_LOSSES = {"retrieval": "infonce", "classification": "cls_infonce", "sts": "cosent", "nli": "cosent",
                   "pair_classification": "cosent"}
 
@@ -236,6 +236,14 @@ class TrainStageConfig(_Strict):
     hmcl_levels: tuple[float, float] = Field(
         (0.8, 0.4), description="HMCL levels of scored pairs, as fractions of the dataset's highest score: >= first "
         "positive, >= second weak-positive, else negative (STS 0–5: 4 and 2; entailment 2/1/0).")
+
+    num_positives: int = Field(2, ge=1, description="codiemb_ir: positives per query K+ (CoDiEmb: 2; drawn with "
+                               "replacement, as are its num_hard_negatives K−).")
+    codiemb_sts_tau: float = Field(0.05, gt=0, description="codiemb_sts: τ of RankKL and PRO.")
+    codiemb_sts_weights: tuple[float, float, float] = Field((2.0, 5.0, 0.5), description="codiemb_sts: weights of "
+                                                            "Pearson, RankKL, PRO.")
+    alternate_tasks: bool = Field(False, description="Alternate retrieval and non-retrieval batches step by step "
+                                  "(CoDiEmb); off = draw by the sampling weights.")
 
     @field_validator("losses")
     @classmethod

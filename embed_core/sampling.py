@@ -52,8 +52,13 @@ class Batch:
 
 class GroupedBatchSampler:
     def __init__(self, sizes: dict[str, int], batch_size_of: dict[str, int], *, alpha: float = 0.5,
-                 retrieval: set[str] | None = None, eta: float | None = None, seed: int = 42):
-        """``batch_size_of``: dataset -> batch size (the trainer maps each dataset's task to its size)."""
+                 retrieval: set[str] | None = None, eta: float | None = None, seed: int = 42,
+                 alternate: bool = False):
+        """``batch_size_of``: dataset -> batch size (the trainer maps each dataset's task to its size).
+
+        ``alternate`` (CoDiEmb §2.3: "we alternate between L_IR and L_STS"): even draws take a
+        retrieval dataset, odd draws another one, each chosen by its weight within its side;
+        with only one side present it has no effect."""
         self.sizes = {k: v for k, v in sorted(sizes.items()) if v > 0}
         self.batch_size_of = batch_size_of
         self.weights = dataset_weights(self.sizes, alpha, retrieval, eta)
@@ -64,6 +69,10 @@ class GroupedBatchSampler:
         self.epoch = {n: 0 for n in self.names}
         self.position = {n: 0 for n in self.names}
         self._perm_cache: dict[str, tuple[int, np.ndarray]] = {}
+        self.draws = 0
+        ret = retrieval or set()
+        sides = [[n for n in self.names if n in ret], [n for n in self.names if n not in ret]]
+        self.sides = sides if alternate and all(sides) else None
 
     def _permutation(self, name: str) -> np.ndarray:
         epoch = self.epoch[name]
@@ -75,7 +84,13 @@ class GroupedBatchSampler:
         return self._perm_cache[name][1]
 
     def next_batch(self) -> Batch:
-        name = self.names[int(self.rng.choice(len(self.names), p=self.probs))]
+        if self.sides is not None:
+            side = self.sides[self.draws % 2]
+            p = np.array([self.weights[n] for n in side])
+            name = side[int(self.rng.choice(len(side), p=p / p.sum()))]
+        else:
+            name = self.names[int(self.rng.choice(len(self.names), p=self.probs))]
+        self.draws += 1
         size = min(self.batch_size_of[name], self.sizes[name])
         if self.position[name] + size > self.sizes[name]:  # drop the short tail, start a new pass
             self.epoch[name] += 1
@@ -87,7 +102,7 @@ class GroupedBatchSampler:
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "epoch": dict(self.epoch), "position": dict(self.position),
-                "seed": self.seed, "sizes": dict(self.sizes)}
+                "seed": self.seed, "sizes": dict(self.sizes), "draws": self.draws}
 
     def load_state_dict(self, state: dict) -> None:
         if state["sizes"] != self.sizes or state["seed"] != self.seed:
@@ -95,3 +110,4 @@ class GroupedBatchSampler:
         self.rng.bit_generator.state = state["rng"]
         self.epoch = dict(state["epoch"])
         self.position = dict(state["position"])
+        self.draws = int(state.get("draws", 0))

@@ -50,3 +50,19 @@ def test_state_round_trips_through_json_and_resumes_exactly():
     assert [(x.dataset, x.indices) for x in (b.next_batch() for _ in range(80))] == expected
     with pytest.raises(ValueError):
         GroupedBatchSampler({"a": 5}, {"a": 2}, seed=3).load_state_dict(state)
+
+
+def test_alternate_takes_retrieval_and_other_datasets_in_turn():
+    from embed_core.sampling import GroupedBatchSampler
+
+    sizes = {"ret-a": 100, "ret-b": 400, "sts": 300, "nli": 50}
+    sampler = GroupedBatchSampler(sizes, {n: 4 for n in sizes}, retrieval={"ret-a", "ret-b"}, alternate=True, seed=3)
+    names = [sampler.next_batch().dataset for _ in range(400)]
+    assert all(n.startswith("ret") for n in names[0::2]) and not any(n.startswith("ret") for n in names[1::2])
+    # within a side, datasets keep their Eq. 4 proportions (size^0.5): ret-b twice ret-a
+    even = names[0::2]
+    assert 1.6 < even.count("ret-b") / even.count("ret-a") < 2.5
+    state = sampler.state_dict()
+    other = GroupedBatchSampler(sizes, {n: 4 for n in sizes}, retrieval={"ret-a", "ret-b"}, alternate=True, seed=3)
+    other.load_state_dict(state)
+    assert [other.next_batch().dataset for _ in range(6)] == [sampler.next_batch().dataset for _ in range(6)]

@@ -277,3 +277,41 @@ def test_hmcl_batches_map_scores_to_levels_and_fill_missing_ones():
     assert pos[1] != "a dog runs fast" and set("a dog runs fast".split()) <= set(pos[1].split())  # supplied positive
     assert weak[0] != pos[0]                        # supplied weak-positive
     assert build_batch(records, [0, 1, 2], **kwargs).groups["weak"].texts == weak  # deterministic per (seed, step)
+
+
+def test_codiemb_stage_alternates_ir_and_sts_steps(prepared, tiny_model):
+    from embed_core.train import run_train_stage
+
+    tmp, run_dir = prepared
+    cfg = _config_dict(tmp, tiny_model)
+    stage = dict(cfg["train"]["stages"][1], name="codiemb", steps=6, alternate_tasks=True, num_positives=2,
+                 losses={"retrieval": "codiemb_ir", "sts": "codiemb_sts", "nli": "codiemb_sts"},
+                 datasets=["scifact", "flag-toy", "stsb", "sick-e"])
+    cfg["train"]["stages"] = [stage]
+    run_train_stage(parse_config(cfg), run_dir, "codiemb")
+    metrics = pq.read_table(run_dir / "train-codiemb/metrics.parquet").to_pylist()
+    tasks = [r["task"] for r in metrics]
+    assert tasks[0::2] == ["retrieval"] * 3 and all(t in ("sts", "nli") for t in tasks[1::2])
+    assert all(r["loss"] == r["loss"] for r in metrics)
+
+
+def test_codiemb_ir_batches_draw_k_positives_and_negatives_with_replacement():
+    import pyarrow as pa
+
+    from embed_core.schema import RECORD_SCHEMA
+    from embed_core.training.batches import DatasetRecords, build_batch
+
+    rows = [{"id": "r/0", "dataset": "r", "task": "retrieval", "instruction": "", "query": "q0", "positives": ["p0"],
+             "positive_scores": [], "negatives": ["n0a", "n0b", "n0c", "n0d", "n0e"], "negative_scores": [],
+             "negative_labels": [], "weak_positives": [], "label": None, "origin": "original", "source_ref": "f:1"},
+            {"id": "r/1", "dataset": "r", "task": "retrieval", "instruction": "", "query": "q1",
+             "positives": ["p1a", "p1b", "p1c"], "positive_scores": [], "negatives": [], "negative_scores": [],
+             "negative_labels": [], "weak_positives": [], "label": None, "origin": "original", "source_ref": "f:2"}]
+    records = DatasetRecords("r", pa.Table.from_pylist(rows, schema=RECORD_SCHEMA))
+    batch = build_batch(records, [0, 1], step=0, seed=1, num_negatives=4, query_max_length=8, passage_max_length=8,
+                        use_instructions=False, loss="codiemb_ir", num_positives=2)
+    pos = batch.groups["positive"].texts
+    assert pos[:2] == ["p0", "p0"]                               # one positive, drawn twice (replacement)
+    assert len(set(pos[2:])) == 2 and set(pos[2:]) <= {"p1a", "p1b", "p1c"}  # enough: drawn without
+    neg = batch.groups["negative"].texts
+    assert len(neg) == 4 and len(set(neg)) == 4 and all(n.startswith("n0") for n in neg)  # record 1 has none

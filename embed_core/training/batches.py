@@ -9,6 +9,8 @@ Per task (QZhou §3.2–3.3):
 Other objectives a stage can pick per task (``TrainStageConfig.losses``):
 * ``pair_bce`` — retrieval as for InfoNCE plus the relevance of the drawn positive (graded BCE
   targets); scored pairs as for CoSENT (pointwise graded BCE, Eq. 5);
+* ``codiemb_ir`` — K+ positives and K− hard negatives per query, drawn with replacement when the
+  record has fewer (CoDiEmb Eq. 2); ``codiemb_sts`` — scored pairs as for CoSENT;
 * ``hmcl`` — (query, positive, weak-positive, optional hard negative). Retrieval: the record's
   positive and hard negative; its weak-positive from ``weak_positives``, else made by the HMCL
   supplier from the positive (``embed_core.edits``). Scored pairs: the pair's second text takes
@@ -80,7 +82,7 @@ class DatasetRecords:
 
 def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed: int, num_negatives: int,
                 query_max_length: int, passage_max_length: int, use_instructions: bool, loss: str = "",
-                hmcl_levels: tuple[float, float] = (0.8, 0.4)) -> TaskBatch:
+                hmcl_levels: tuple[float, float] = (0.8, 0.4), num_positives: int = 2) -> TaskBatch:
     rng = np.random.Generator(np.random.PCG64([seed, step]))
     c = records.cols
     instr = [(c["instruction"][i] or None) if use_instructions else None for i in indices]
@@ -90,6 +92,9 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
         batch = _hmcl_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length, hmcl_levels)
         batch.max_score = records.max_score
         return batch
+    if loss == "codiemb_ir":
+        return _codiemb_ir_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length,
+                                 num_positives, num_negatives)
     if task in PAIR_TASKS:
         positives = [c["positives"][i][0] for i in indices]
         scores = [float(c["positive_scores"][i][0]) if c["positive_scores"][i] else 1.0 for i in indices]
@@ -168,3 +173,25 @@ def _hmcl_batch(records: DatasetRecords, indices: list[int], rng: np.random.Gene
     if negatives:
         groups["negative"] = TextGroup(negatives, [side[r] for r in negative_rows], length)
     return TaskBatch(task, records.name, groups, num_negatives=len(negatives), loss="hmcl", negative_rows=negative_rows)
+
+
+def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng: np.random.Generator, instr: list[str | None],
+                      queries: list[str], query_max_length: int, passage_max_length: int, k_pos: int,
+                      k_neg: int) -> TaskBatch:
+    c = records.cols
+    positives: list[str] = []
+    negatives: list[str] = []
+    for i in indices:
+        pos = c["positives"][i]
+        # all of them when there are enough, else with replacement (CoDiEmb §2.2)
+        pick = rng.choice(len(pos), size=k_pos, replace=len(pos) < k_pos)
+        positives += [pos[j] for j in pick]
+        neg = c["negatives"][i]
+        if neg and k_neg:
+            negatives += [neg[j] for j in rng.choice(len(neg), size=k_neg, replace=len(neg) < k_neg)]
+    groups = {"query": TextGroup(queries, instr, query_max_length),
+              "positive": TextGroup(positives, [None] * len(positives), passage_max_length)}
+    if negatives:
+        groups["negative"] = TextGroup(negatives, [None] * len(negatives), passage_max_length)
+    return TaskBatch(records.task, records.name, groups, num_negatives=len(negatives), loss="codiemb_ir",
+                     max_score=records.max_score)

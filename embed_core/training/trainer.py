@@ -41,6 +41,8 @@ from torch import Tensor
 from embed_core.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError
 from embed_core.config import DEFAULT_LOSSES
+from embed_core.losses.codiemb_sts import codiemb_sts
+from embed_core.losses.multi_positive_infonce import multi_positive_infonce
 from embed_core.losses import (HMCLHead, classification_infonce, cosent, graded_targets, hmcl, infonce, logit_bias,
                                pair_bce, pair_bce_pointwise)
 from embed_core.model.embedder import Embedder
@@ -135,7 +137,7 @@ class Trainer:
         self.sampler = GroupedBatchSampler(
             {n: d.size for n, d in datasets.items()},
             {n: stage.batch_size.get(d.task, 32) * self.world for n, d in datasets.items()},
-            alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed)
+            alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks)
         self.checkpoint_dir = Path(checkpoint_dir)
         self.step = 0
         self._tokens = 0
@@ -189,6 +191,16 @@ class Trainer:
             mu_c, mu_l, mu_e, mu_ed = s.hmcl_weights
             return hmcl(q, p, w, n, mask, head=self.model.hmcl_head, tau=s.hmcl_tau, mu_c=mu_c, mu_l=mu_l,
                         mu_e=mu_e, mu_ed=mu_ed)["loss"]
+        if batch.loss == "codiemb_ir":
+            q, pos, neg = emb["query"], emb["positive"], emb.get("negative")
+            if self.world > 1:  # IR gathers across ranks (CoDiEmb A.5); STS stays local
+                q, pos = self._gather(q), self._gather(pos)
+                neg = self._gather(neg) if neg is not None else None
+            return multi_positive_infonce(q, pos.view(q.size(0), s.num_positives, -1), neg, tau=s.tau)
+        if batch.loss == "codiemb_sts":
+            gold = torch.tensor(batch.scores, device=emb["a"].device, dtype=torch.float32)
+            return codiemb_sts((emb["a"] * emb["b"]).sum(-1), gold, tau=s.codiemb_sts_tau,
+                               weights=s.codiemb_sts_weights)["loss"]
         if batch.loss == "pair_bce":
             scores = torch.tensor(batch.scores, device=next(iter(emb.values())).device, dtype=torch.float32)
             z = graded_targets(scores, batch.max_score, s.bce_cutoff)
@@ -283,7 +295,8 @@ class Trainer:
                                 seed=self.seed, num_negatives=s.num_hard_negatives,
                                 query_max_length=s.query_max_length, passage_max_length=s.passage_max_length,
                                 use_instructions=self.train_cfg.use_instructions,
-                                loss=self.loss_of[drawn.dataset], hmcl_levels=s.hmcl_levels)
+                                loss=self.loss_of[drawn.dataset], hmcl_levels=s.hmcl_levels,
+                                num_positives=s.num_positives)
             # DeepSpeed scales by its gradient_accumulation_steps itself and steps at the boundary
             loss = self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum)
             rows.append({"dataset": batch.dataset, "task": batch.task, "loss": loss, "examples": batch.size,

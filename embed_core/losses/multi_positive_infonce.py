@@ -1,0 +1,48 @@
+"""Multi-positive, hard-negative InfoNCE for retrieval (CoDiEmb Eq. 2, "L_ENCE").
+
+Query i has K+ positives d_ic+ and K− hard negatives (drawn from its record, with replacement
+when it has fewer). With cos the cosine similarity:
+
+    Z_i+ = Σ_{j≠i} Σ_k exp(cos(q_i, d_jk+)/τ)      other queries' positives
+    Z_i− = Σ_j Σ_k exp(cos(q_i, d_jk−)/τ)          every hard negative of the batch, own included
+    L_IR = −(1/N) Σ_i Σ_c log( exp(cos(q_i, d_ic+)/τ) / (exp(cos(q_i, d_ic+)/τ) + Z_i+ + Z_i−) )
+
+Each positive gets its own softmax term and the query's other positives are in no denominator
+(they are not negatives). The paper takes the expectation of the sum over i and c; here the sum
+over c is kept and the mean is over queries (N). The authors' code differs (one positive slot
+of every other query per term, mean over c); the paper's form is implemented. τ = 0.02 (the
+authors' scripts; the paper does not state it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def multi_positive_infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02) -> Tensor:
+    """q: [N, d]; pos: [N, K+, d]; neg: [N, K−, d] or flat [M, d] (the batch's hard negatives) or None."""
+    n, kp, d = pos.shape
+    pos_flat = pos.reshape(n * kp, d)
+    s_pos = q @ pos_flat.T / tau  # [N, N*K+]; column j*K+ + c is d_jc+
+    owner = torch.arange(n, device=q.device).repeat_interleave(kp)  # query each positive belongs to
+    own = owner[None, :] == torch.arange(n, device=q.device)[:, None]  # [N, N*K+]
+    others = s_pos.masked_fill(own, float("-inf"))  # Z_i+ terms only
+    terms = [torch.logsumexp(others, dim=-1)]
+    if neg is not None and neg.numel():
+        terms.append(torch.logsumexp(q @ neg.reshape(-1, d).T / tau, dim=-1))  # Z_i−
+    log_z = torch.logsumexp(torch.stack(terms), dim=0)  # log(Z_i+ + Z_i−), [N]
+    own_scores = s_pos[own].view(n, kp)  # cos(q_i, d_ic+)/τ
+    loss = torch.logaddexp(own_scores, log_z[:, None]) - own_scores  # −log(e^s / (e^s + Z))
+    return loss.sum(dim=1).mean()
+
+
+class MultiPositiveInfoNCELoss(nn.Module):
+    def __init__(self, tau: float = 0.02):
+        super().__init__()
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        self.tau = tau
+
+    def forward(self, q: Tensor, pos: Tensor, neg: Tensor | None = None) -> Tensor:
+        return multi_positive_infonce(q, pos, neg, tau=self.tau)
