@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from embed_core.errors import ConfigError
 from embed_core.schema import TASKS
@@ -162,6 +162,12 @@ class EvalTaskSpec(_Strict):
     max_rows: int | None = Field(None, ge=1, description="Evaluate only the first N rows/queries (smoke runs).")
 
 
+class GeometryConfig(_Strict):
+    task: str = Field(description="Name of an sts task in evaluate.tasks whose sentences are analysed.")
+    max_texts: int = Field(1000, ge=2, description="Unique sentences analysed (first N of the file).")
+    max_length: int = Field(128, ge=4)
+
+
 class EvaluateConfig(_Strict):
     """Evaluate stage: MTEB on local task data (metrics computed by mteb)."""
 
@@ -173,6 +179,17 @@ class EvaluateConfig(_Strict):
     batch_size: int = Field(64, ge=1)
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "fp32", description="fp32 by default so published scores reproduce on any hardware.")
+    geometry: GeometryConfig | None = Field(None, description="Token-embedding geometry of every evaluated model "
+                                            "(CoDiEmb §4) on the sentences of an STS task; omitted = not computed.")
+
+    @model_validator(mode="after")
+    def _geometry_task(self) -> "EvaluateConfig":
+        if self.geometry is not None:
+            sts = [t.name for t in self.tasks if t.type == "sts"]
+            if self.geometry.task not in sts:
+                raise ValueError(f"geometry.task {self.geometry.task!r} must name an sts task of this section "
+                                 f"(sts tasks: {', '.join(sts) or 'none'})")
+        return self
 
 
 # Losses a train stage can pick per task (embed_core.losses has one module each).

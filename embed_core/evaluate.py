@@ -34,6 +34,7 @@ from embed_core.model.settings import read_model_settings
 log = logging.getLogger("embedpipe.evaluate")
 STAGE = "evaluate"
 RESULTS = "results.parquet"
+GEOMETRY = "geometry.parquet"
 RESULT_SCHEMA = pa.schema([
     ("model", pa.string()), ("model_path", pa.string()), ("fingerprint", pa.string()),
     ("task", pa.string()), ("task_type", pa.string()), ("split", pa.string()), ("subset", pa.string()),
@@ -189,6 +190,26 @@ def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
     return rows, files
 
 
+def model_geometries(config: RunConfig, models: dict[str, str]) -> list[dict[str, Any]]:
+    """Token geometry (CoDiEmb §4) of every model on the configured STS task's sentences."""
+    from embed_core.analysis.geometry import model_geometry
+    from embed_core.evaluation.data import _read_pairs
+
+    geo = _cfg(config).geometry
+    if geo is None:
+        return []
+    spec = next(t for t in _cfg(config).tasks if t.name == geo.task)
+    texts = list(dict.fromkeys(t for row in _read_pairs(spec, config.resolve) for t in (row["sentence1"], row["sentence2"])))
+    texts = texts[:geo.max_texts]
+    out = []
+    for label, path in models.items():
+        t0 = time.perf_counter()
+        stats = model_geometry(path, texts, max_length=geo.max_length)
+        log.info("geometry %s: %s (%.1f s)", label, stats, time.perf_counter() - t0)
+        out.append({"model": label, "task": geo.task, **stats})
+    return out
+
+
 def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
                  tasks: list[str] | None = None) -> dict[str, Any]:
     from embed_core.evaluation.report import build_report
@@ -214,7 +235,9 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
         model_stats.append(stats)
 
     table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
-    report_md, plots = build_report(table, run_dir=run_dir, title=f"embedpipe evaluation: {config.run_name}")
+    geometry = model_geometries(config, resolved)
+    report_md, plots = build_report(table, run_dir=run_dir, title=f"embedpipe evaluation: {config.run_name}",
+                                    geometry=geometry)
     with StageWriter(run_dir, STAGE) as writer:
         writer.write_table(RESULTS, table, kind="results")
         for name, blob in sorted(files.items()):
@@ -222,6 +245,8 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
         for name, png in plots.items():
             writer.write_file(f"plots/{name}", png, kind="plot")
         writer.write_file("report.md", report_md.encode(), kind="report")
+        if geometry:
+            writer.write_table(GEOMETRY, pa.Table.from_pylist(geometry), kind="geometry")
         manifest = writer.commit({
             "run_name": config.run_name,
             "input_fingerprint": fingerprint["key"],

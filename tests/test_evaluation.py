@@ -61,9 +61,13 @@ LOCAL_TASKS = [
 def test_local_tasks_of_every_type_rerun_from_cache_and_accumulate_models(local_data, tmp_path, tiny_model):
     from embed_core.evaluate import run_evaluate
 
-    config = _config(local_data, tmp_path / "runs", LOCAL_TASKS, base_model=str(tiny_model))
+    config = _config(local_data, tmp_path / "runs", LOCAL_TASKS, base_model=str(tiny_model),
+                     geometry={"task": "LocalSTS", "max_texts": 6})
     run_dir = tmp_path / "runs/ev"
     first = run_evaluate(config, run_dir)
+    geometry = pq.read_table(run_dir / "evaluate/geometry.parquet").to_pylist()
+    assert [(g["model"], g["texts"]) for g in geometry] == [("base", 6)]  # first 6 unique sentences of the task
+    assert "## Token geometry (LocalSTS, 6 sentences" in (run_dir / "evaluate/report.md").read_text()
     table = pq.read_table(run_dir / "evaluate/results.parquet").to_pylist()
     main = {r["task"]: (r["metric"], r["value"]) for r in table if r["main"]}
     assert set(main) == {"LocalSTS", "LocalRetrieval", "LocalPairs", "LocalClassification"}
@@ -92,6 +96,13 @@ def test_local_tasks_of_every_type_rerun_from_cache_and_accumulate_models(local_
     report = (run_dir / "evaluate/report.md").read_text()
     assert "| LocalSTS |" in report and "other" in report
     assert (run_dir / "evaluate/plots/deltas.png").exists()
+
+
+def test_geometry_must_name_an_sts_task(local_data, tmp_path):
+    from embed_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="geometry.task 'LocalRetrieval' must name an sts task"):
+        _config(local_data, tmp_path, LOCAL_TASKS, geometry={"task": "LocalRetrieval"})
 
 
 def test_retrieval_keeps_judged_queries_only(local_data):

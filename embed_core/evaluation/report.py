@@ -106,7 +106,17 @@ def markdown_table(models: list[str], tasks: list[str], values: dict[tuple[str, 
     return "\n".join(lines)
 
 
-def build_report(table: pa.Table, *, run_dir: Path, title: str) -> tuple[str, dict[str, bytes]]:
+def geometry_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"## Token geometry ({rows[0]['task']}, {rows[0]['texts']} sentences; CoDiEmb §4)", "",
+             "Token similarity ×100 and condition number: lower is better; rank and SVD entropy: higher is better.", "",
+             "| model | token similarity | rank | condition number | SVD entropy |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {r['token_similarity']:.2f} | {r['rank']:.2f} | {r['condition_number']:.1f} | "
+              f"{r['svd_entropy']:.3f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def build_report(table: pa.Table, *, run_dir: Path, title: str,
+                 geometry: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, bytes]]:
     rows = table.to_pylist()
     models, tasks, values = main_table(rows)
     metric_of = {r["task"]: r["metric"] for r in rows if r["main"]}
@@ -123,6 +133,8 @@ def build_report(table: pa.Table, *, run_dir: Path, title: str) -> tuple[str, di
     md = [f"# {title}", "", "Scores are mteb's main score per task × 100 (metrics computed by mteb).", "",
           markdown_table(models, tasks, values, metric_of), "", "## Models", ""]
     md += [f"- **{m}**: `{paths[m]}` (fingerprint `{fps[m]}`)" for m in models]
+    if geometry:
+        md += ["", geometry_table(geometry)]
     md += ["", "## Plots", ""]
     md += [f"![{name}](plots/{name})" for name in plots]
     return "\n".join(md) + "\n", plots

@@ -1,0 +1,1 @@
+"""Analyses of trained models beyond benchmark scores."""
