@@ -236,6 +236,9 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
 
     table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
     geometry = model_geometries(config, resolved)
+    previous_geo = Path(run_dir) / STAGE / GEOMETRY
+    if geometry and previous_geo.exists():  # like the scores: other models' rows stay
+        geometry = [g for g in pq.read_table(previous_geo).to_pylist() if g["model"] not in evaluated] + geometry
     report_md, plots = build_report(table, run_dir=run_dir, title=f"embedpipe evaluation: {config.run_name}",
                                     geometry=geometry)
     with StageWriter(run_dir, STAGE) as writer:

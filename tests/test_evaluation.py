@@ -95,6 +95,7 @@ def test_local_tasks_of_every_type_rerun_from_cache_and_accumulate_models(local_
     assert len([r for r in rows if r["main"] and r["model"] == "base"]) == 4
     report = (run_dir / "evaluate/report.md").read_text()
     assert "| LocalSTS |" in report and "other" in report
+    assert [g["model"] for g in pq.read_table(run_dir / "evaluate/geometry.parquet").to_pylist()] == ["base", "other"]
     assert (run_dir / "evaluate/plots/deltas.png").exists()
 
 
