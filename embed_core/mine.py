@@ -31,7 +31,11 @@ from embed_core.schema import records_to_table, table_to_records
 
 log = logging.getLogger("embedpipe.mine")
 STAGE = "mine"
-UPSTREAM = "prepare"
+
+
+def upstream_stage(config: RunConfig) -> str:
+    """synthesize when the config has one (mining sees the synthetic records too), else prepare."""
+    return "synthesize" if config.synthesize is not None else "prepare"
 
 
 def _cfg(config: RunConfig) -> MineConfig:
@@ -43,9 +47,10 @@ def _cfg(config: RunConfig) -> MineConfig:
 def input_fingerprint(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
     """Upstream output hashes + mine config + model fingerprint + corpus file hashes."""
     cfg = _cfg(config)
-    upstream = read_manifest(Path(run_dir), UPSTREAM)
+    up = upstream_stage(config)
+    upstream = read_manifest(Path(run_dir), up)
     if upstream is None:
-        raise EmbedpipeError(f"{Path(run_dir) / UPSTREAM}: no manifest.json — run the prepare stage first")
+        raise EmbedpipeError(f"{Path(run_dir) / up}: no manifest.json — run the {up} stage first")
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,7 +97,7 @@ def run_mine(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     fingerprint = input_fingerprint(config, run_dir)
-    tables = read_records(run_dir, UPSTREAM)
+    tables = read_records(run_dir, upstream_stage(config))
     settings = MineSettings.from_config(cfg, config.seed)
 
     encoder = None

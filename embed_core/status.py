@@ -40,10 +40,12 @@ class StageStatus:
 
 def pipeline_stages(config: RunConfig) -> list[tuple[str, Callable[[RunConfig, Path], str]]]:
     """(stage dir name, current-fingerprint function) for every stage the config defines, in order."""
-    from embed_core import evaluate, mine, prepare, train
+    from embed_core import evaluate, mine, prepare, synthesize, train
 
     stages: list[tuple[str, Callable[[RunConfig, Path], str]]] = [
         ("prepare", lambda c, d: prepare.input_fingerprint(c)["key"])]
+    if config.synthesize is not None:
+        stages.append(("synthesize", lambda c, d: synthesize.input_fingerprint(c, d)["key"]))
     if config.mine is not None:
         stages.append(("mine", lambda c, d: mine.input_fingerprint(c, d)["key"]))
     if config.train is not None:

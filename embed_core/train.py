@@ -54,7 +54,9 @@ def get_stage(config: RunConfig, name: str) -> tuple[int, TrainStageConfig]:
 
 
 def upstream_stage(config: RunConfig) -> str:
-    return "mine" if config.mine is not None else "prepare"
+    if config.mine is not None:
+        return "mine"
+    return "synthesize" if config.synthesize is not None else "prepare"
 
 
 def _init_stage(config: RunConfig, index: int, stage: TrainStageConfig) -> TrainStageConfig | None:

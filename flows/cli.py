@@ -1,4 +1,4 @@
-"""``embedpipe`` command line: run the pipeline, one stage (prepare, mine, train, evaluate), the data watch,
+"""``embedpipe`` command line: run the pipeline, one stage (prepare, synthesize, mine, train, evaluate), the data watch,
 the status of a run directory, compare runs, or inspect artifacts.
 
 Errors in the config or input end the command with exit code 2 and a one-line reason.
@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     _run_args(sub.add_parser("run", help="run the whole pipeline (unchanged stages are cache hits)"), force=False)
     _run_args(sub.add_parser("prepare", help="run the prepare stage only"))
-    _run_args(sub.add_parser("mine", help="run the mine stage only (needs the prepare stage's output)"))
+    _run_args(sub.add_parser("synthesize", help="run the synthesize stage only (LLM paraphrase, augmentation, "
+                                                 "hard negatives; needs the prepare stage's output)"))
+    _run_args(sub.add_parser("mine", help="run the mine stage only (needs the prepare or synthesize stage's output)"))
     tr = sub.add_parser("train", help="run the train stages (needs prepare/mine output)")
     _run_args(tr)
     tr.add_argument("--stage", help="one stage: its name or number (1, 2); default all in order")
@@ -138,6 +140,12 @@ def _run_command(args, config, config_path: str, run_dir: str) -> None:
         from flows.prepare import prepare_flow
 
         res = prepare_flow(**common, force=args.force)
+        _print_result(res)
+        _print_downstream(config, res)
+    elif args.command == "synthesize":
+        from flows.synthesize import synthesize_flow
+
+        res = synthesize_flow(**common, force=args.force)
         _print_result(res)
         _print_downstream(config, res)
     elif args.command == "mine":

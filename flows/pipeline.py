@@ -1,8 +1,8 @@
 """The end-to-end pipeline flow: runs the stages that exist, in order.
 
-Stages so far: prepare, mine (when the config has a ``mine`` section), train (its stages in order,
-when it has a ``train`` section) and evaluate (when it has an ``evaluate`` section; the base model
-and every trained stage's model). A later issue adds synthesize.
+Stages: prepare, synthesize (when the config has a ``synthesize`` section), mine (``mine``), train
+(its stages in order, ``train``) and evaluate (``evaluate``; the base model and every trained
+stage's model).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from flows.evaluate import run_evaluate_stage
 from flows.mine import run_mine_stage
 from flows.params import resolve_run, run_context
 from flows.prepare import run_prepare_stage
+from flows.synthesize import run_synthesize_stage
 from flows.train import run_train_stages
 from tasks.common import publish_run_summary
 
-Stage = Literal["prepare", "mine", "train", "evaluate"]
-STAGES: tuple[Stage, ...] = ("prepare", "mine", "train", "evaluate")
+Stage = Literal["prepare", "synthesize", "mine", "train", "evaluate"]
+STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "mine", "train", "evaluate")
 
 
 @flow(name="pipeline", log_prints=True)
@@ -43,6 +44,8 @@ def pipeline_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: s
     with run_context(cfg, rdir, "pipeline"):
         if "prepare" in wanted:
             results["prepare"] = run_prepare_stage(cfg, rdir)
+        if "synthesize" in wanted and cfg.synthesize is not None:
+            results["synthesize"] = run_synthesize_stage(cfg, rdir)
         if "mine" in wanted and cfg.mine is not None:
             results["mine"] = run_mine_stage(cfg, rdir)
         if "train" in wanted and cfg.train is not None:

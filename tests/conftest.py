@@ -39,6 +39,7 @@ def demo_copy(tmp_path):
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     cfg["data_root"] = str(tmp_path / "data")
     cfg["run_root"] = str(tmp_path / "runs")
+    cfg.pop("synthesize", None)  # tests that synthesize start their own LLM server
     cfg.pop("mine", None)  # tests that mine, train or evaluate set a tiny model built in code
     cfg.pop("evaluate", None)
     cfg.pop("train", None)

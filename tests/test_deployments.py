@@ -59,6 +59,7 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
 
             deps, watch, automations = asyncio.run(inspect_deployments())
             assert set(deps) == {"pipeline/embedpipe-pipeline", "prepare/embedpipe-prepare", "mine/embedpipe-mine",
+                                 "synthesize/embedpipe-synthesize",
                                  "train/embedpipe-train", "evaluate/embedpipe-evaluate",
                                  "data-watch/embedpipe-data-watch", "pipeline/embedpipe-pipeline-on-change"}
             assert deps["train/embedpipe-train"].work_pool_name == "gpu"

@@ -1,0 +1,120 @@
+"""A real local HTTP server that speaks the OpenAI completions and chat API, with scripted faults.
+
+It answers ``POST /v1/completions`` and ``POST /v1/chat/completions`` the way an
+OpenAI-compatible server does, except that the first requests consume ``faults`` in order:
+``"429"``, ``"500"``, ``"503"``, ``"timeout"`` (waits longer than the client's timeout, then
+answers) and ``"bad_json"`` (a 200 whose body is not JSON). A prompt containing ``MALFORMED``
+always gets a reply that is not the JSON the prompt asks for. Otherwise the reply is a
+deterministic rewrite of the prompt's last example (good enough to pass the stage's filters), so
+tests can check what the stage does with answers, failures and the cache. ``calls`` counts every
+request by path; ``keys_seen`` records the Authorization headers (to check the key reaches the
+server and nowhere else).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _last(label: str, prompt: str) -> str:
+    found = re.findall(rf"^{label}: (.*)$", prompt, flags=re.M)
+    return found[-1] if found else ""
+
+
+def _answer(prompt: str, chat: bool) -> str:
+    """What a cooperative model would say to the stage's templates (completion: the text after
+    the template's prefix; chat: the whole JSON)."""
+    query = _last("Query", prompt) or _last("Sentence", prompt) or _last("Rewrite this sentence", prompt)
+    passage = _last("Passage", prompt) or _last("Relevant passage", prompt)
+    if '{"negative"' in prompt.splitlines()[-1] or "hard negatives" in prompt:
+        obj = {"negative": f"A study of {query.split()[0] if query else 'this'} topics measured an unrelated outcome "
+                           f"in a different population, with no finding about the claim."}
+    elif "Passage" in prompt and ('{"query"' in prompt.splitlines()[-1] or '"positive"' in prompt):
+        obj = {"query": f"In other words: {query}", "positive": f"Put differently, {passage}"}
+    else:
+        obj = {"text": f"In other words, {query}"}
+    text = json.dumps(obj)
+    if chat:
+        return text
+    prefix = prompt.splitlines()[-1].split("Output: ", 1)[-1]
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+class ScriptedLLMServer:
+    def __init__(self, faults: list[str] | None = None, timeout_sleep: float = 3.0):
+        self.faults = list(faults or [])
+        self.timeout_sleep = timeout_sleep
+        self.calls: Counter = Counter()
+        self.keys_seen: set[str] = set()
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode())
+                else:
+                    self._send(404, b'{"error": "not found"}')
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                chat = self.path.endswith("/chat/completions")
+                with server._lock:
+                    server.calls[self.path] += 1
+                    server.keys_seen.add(self.headers.get("Authorization", ""))
+                    fault = server.faults.pop(0) if server.faults else None
+                if fault in ("429", "500", "503"):
+                    self._send(int(fault), json.dumps({"error": {"message": f"scripted {fault}"}}).encode())
+                    return
+                if fault == "timeout":
+                    time.sleep(server.timeout_sleep)
+                if fault == "bad_json":
+                    self._send(200, b'{"id": "x", "choices": [ this is not json')
+                    return
+                prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+                text = "Sure! Here is a rewrite without JSON." if "MALFORMED" in prompt else _answer(prompt, chat)
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                          if chat else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None})
+                resp = {"id": "cmpl-1", "object": "chat.completion" if chat else "text_completion", "created": 0,
+                        "model": body.get("model", "scripted"), "choices": [choice],
+                        "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()),
+                                  "total_tokens": len(prompt.split()) + len(text.split())}}
+                self._send(200, json.dumps(resp).encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    @property
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+    def __enter__(self) -> "ScriptedLLMServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
