@@ -13,7 +13,8 @@ Strategies and task rules (QZhou §4.1–4.3 and §6.1):
 
 Only datasets with at most ``max_dataset_rows`` records are touched (QZhou: fewer than ~60k).
 Every answer is validated (``embed_core.synth.prompts``), then filtered: length limits, copies of
-the source, duplicates of texts the dataset already has, the prepare stage's contamination sets,
+the source, duplicates of texts the dataset already has, text copied from the prompt's few-shot
+examples, the prepare stage's contamination sets,
 and embedding-similarity bounds (a rewrite stays close to its source, a generated pair's query and
 positive agree, a generated negative scores below the positive and above a floor). Kept records
 have ``origin`` set and ``source_ref`` of the record they came from; ids are ``<source id>~para``
@@ -264,6 +265,8 @@ def filter_candidates(cfg: SynthesizeConfig, candidates: list[Candidate], existi
             drop(c, "copy_of_source")
         elif any(normalize_text(t) in existing[ds] for t in c.generated.values()):
             drop(c, "duplicate")
+        elif _copies_prompt(c):
+            drop(c, "copied_from_prompt")
         elif (fld := contaminated_field(c.record, evals)) is not None:
             drop(c, f"contaminated:{fld}")
         elif s.get("query_rewrite", 1.0) < f.paraphrase_min_sim or s.get("positive_rewrite", 1.0) < f.paraphrase_min_sim:
@@ -280,6 +283,13 @@ def filter_candidates(cfg: SynthesizeConfig, candidates: list[Candidate], existi
             existing[ds].update(normalize_text(t) for t in c.generated.values())
             kept.append(c)
     return kept, filtered
+
+
+def _copies_prompt(c: Candidate) -> bool:
+    """Small base models often repeat a few-shot example instead of answering (seen with Gemma-3-270M)."""
+    tpl = c.outcome.job.template
+    prompt = normalize_text(" ".join([tpl.completion, tpl.chat_system, tpl.chat_user]))
+    return any(len(t) >= 20 and normalize_text(t) in prompt for t in c.generated.values())
 
 
 # ---------------------------------------------------------------- the stage

@@ -19,7 +19,7 @@ from embed_core.config import SynthesizeConfig, parse_config
 from embed_core.prepare import run_prepare
 from embed_core.schema import Record, table_to_records
 from embed_core.synth.prompts import MalformedAnswer, load_templates
-from embed_core.synthesize import Candidate, Job, Outcome, filter_candidates, plan_jobs, run_synthesize, to_candidate
+from embed_core.synthesize import Job, Outcome, filter_candidates, plan_jobs, run_synthesize, to_candidate
 from embed_core.cleaning import EvalTexts, normalize_text
 from tests.llm_server import ScriptedLLMServer
 
@@ -125,13 +125,17 @@ def test_filters_with_hand_made_similarities():
              cand("hard_negative", negative="A dog is a loyal animal."),                        # 0.6 < 0.8: kept
              cand("hard_negative", negative="Cats purr and are mammals."),                      # 0.9 >= 0.8
              cand("hard_negative", negative="far away text"),                                   # below floor
-             cand("augmentation", query="what's a cat", positive="An unrelated line here.")]   # duplicate (kept above)
+             cand("augmentation", query="what's a cat", positive="An unrelated line here."),   # duplicate (kept above)
+             cand("hard_negative", negative="Giant tortoises live on the Galapagos Islands and can weigh more "
+                                            "than 400 kilograms.")]                        # the prompt's example
     vec["An unrelated line here."] = [0, 0, 1]
+    vec["Giant tortoises live on the Galapagos Islands and can weigh more than 400 kilograms."] = [0.6, 0.8, 0]
     kept, filtered = filter_candidates(SynthesizeConfig(), cands, {"d": set()}, EvalTexts(), embed)
     assert [(c.outcome.job.strategy, c.record.origin) for c in kept] == [("paraphrase", "paraphrase"),
                                                                        ("hard_negative", "llm_negative")]
     assert [r["reason"] for r in filtered] == ["too_short", "copy_of_source", "rewrite_drifted",
-                                               "negative_not_below_positive", "negative_below_floor", "duplicate"]
+                                               "negative_not_below_positive", "negative_below_floor", "duplicate",
+                                               "copied_from_prompt"]
     para, neg = kept[0].record, kept[1].record
     assert para.id == "d/0~para" and para.source_ref == "f.csv:0" and para.positives == ["Cats are small mammals."]
     assert neg.id == "d/0" and neg.negatives[0] == "A dog is a loyal animal."
@@ -218,6 +222,9 @@ def test_api_key_reaches_the_server_and_no_file_or_log(demo_copy, tmp_path, pref
         config, run_dir = _prepared(demo_copy, tmp_path, synth)
         res = synthesize_flow(config=config, run_dir=str(run_dir))
         assert f"Bearer {secret}" in server.keys_seen
+        calls = server.total_calls
+        again = synthesize_flow(config=config, run_dir=str(run_dir))   # Prefect task cache: same inputs
+        assert again["cached"] and not res["cached"] and server.total_calls == calls
     assert res["manifest"]["counts"]["kept"] > 0 and res["manifest"]["llm"]["api_key_env"] == "EMBEDPIPE_TEST_LLM_KEY"
     out, err = capfd.readouterr()
     assert secret not in out + err + caplog.text

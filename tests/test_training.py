@@ -26,7 +26,7 @@ def _config_dict(tmp_path, tiny_model, **stage_overrides):
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     cfg["data_root"] = str(REPO / "data")
     cfg["run_root"] = str(tmp_path / "runs")
-    for key in ("mine", "evaluate", "train"):
+    for key in ("synthesize", "mine", "evaluate", "train"):
         cfg.pop(key, None)
     small = {"retrieval": 4, "classification": 4, "sts": 8, "nli": 8}
     common = {"lr": 1e-3, "warmup_steps": 2, "batch_size": small, "num_hard_negatives": 2, "query_max_length": 32,
