@@ -181,7 +181,7 @@ def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int) -
             return cfg.server.base_url or ""
         server = LlamaCppServer(resolve_gguf(cfg.server.gguf), model_alias=cfg.server.model, port=cfg.server.port,
                                 n_ctx=cfg.server.n_ctx, log_path=run_dir / "logs" / "llama-server.log",
-                                startup_timeout_s=cfg.server.startup_timeout_s)
+                                startup_timeout_s=cfg.server.startup_timeout_s, n_threads=cfg.server.n_threads)
         t0 = time.perf_counter()
         url = await asyncio.to_thread(server.start)
         server_info.update(launched=True, startup_s=round(time.perf_counter() - t0, 2), gguf=server.gguf.name,

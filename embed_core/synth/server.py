@@ -77,7 +77,7 @@ class LlamaCppServer:
                               "(pip install -e '.[llm]'; it compiles llama.cpp, ~5 min)") from None
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", self.model_alias,
                "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-               "--n_threads", str(self.n_threads)]
+               "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads)]
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
