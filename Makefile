@@ -56,7 +56,7 @@ test: $(STAMP)
 	EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider || rc=1; \
 	exit $$rc
 
-serve: $(STAMP)
+serve: $(LLM_STAMP)
 	$(PY) deployments/local.py serve
 
 stop:
