@@ -272,6 +272,47 @@ DEFAULT_LOSSES = {"retrieval": "infonce", "classification": "cls_infonce", "sts"
                   "pair_classification": "cosent"}
 
 
+class LoraSettings(_Strict):
+    """LoRA adapters (peft) on the base model's linear layers; the saved model has them merged, so it
+    loads with plain ``transformers``."""
+
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | str = Field("all-linear", description="peft target_modules ('all-linear' = every "
+                                            "linear layer except the output head).")
+
+
+class AutoRegEmbedConfig(_Strict):
+    """AutoRegEmbed (autoregembed.txt §3; methods notes part B): k compression tokens appended after
+    text + instruction, their last hidden states the embedding and a frozen decoder's prefix.
+    Defaults are the paper's (k 5, τ 0.05, β 0.1, sigmoid, one negative, the Table 5 instructions)."""
+
+    compress_tokens: int = Field(5, ge=1, description="k compression tokens <EMBED0..k-1>.")
+    context_max_length: int = Field(128, ge=8, description="Encoder input tokens (text + instruction + k).")
+    target_max_length: int = Field(64, ge=4, description="Decoder target tokens (plus EOS).")
+    decoder: str | None = Field(None, description="Frozen decoder (a causal LM path); None = the base model.")
+    beta: float = Field(0.1, gt=0, description="CDA β (DPO-style scale).")
+    tau: float = Field(0.05, gt=0, description="CDA temperature τ (the public run script uses 0.1).")
+    squash: Literal["sigmoid", "tanh", "logsigmoid"] = Field(
+        "sigmoid", description="CDA bounding function (paper: sigmoid; Appendix B/C: tanh, log-sigmoid).")
+    reference_sign: Literal["paper", "repo"] = Field(
+        "paper", description="CDA S₂'s reference term: 'paper' subtracts β(log p_ref(d⁺) − log p_ref(d⁻)) (DPO), "
+        "'repo' adds it, as the authors' code does.")
+    num_negatives: int = Field(1, ge=1, description="CDA negatives per example (paper's NLI runs: 1).")
+    sts_instruction: str = Field("This sentence means in one word: \u201c", description="I_next = I_self for "
+                                 "symmetric tasks (Table 5).")
+    query_instruction: str = Field("Use one word to represent the query in a retrieval task. The word is: \u201c",
+                                   description="Retrieval I_next (queries).")
+    passage_instruction: str = Field("Use one word to represent the passage in a retrieval task. The word is: "
+                                     "\u201c", description="Retrieval I_self (passages).")
+    instruction_template: str = Field("{text}\n{instruction}\n", description="Encoder text before the k tokens "
+                                      "(the authors' layout: text, newline, instruction, newline).")
+
+
+TrainMode = Literal["contrastive", "autoregembed_ic", "autoregembed_cda"]
+
+
 class TrainStageConfig(_Strict):
     """One training stage. Defaults are QZhou §6.3's where it states them (τ 0.02, 4 hard negatives,
     weight decay 0.01, warm-up 300, lr 3e-5 / 2e-5, batch 256 for InfoNCE data and 768 for CoSENT
@@ -282,6 +323,9 @@ class TrainStageConfig(_Strict):
     datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a trainable task).")
     init_from: str | None = Field(None, description="Start from this earlier stage's model, or 'base' for the base "
                                   "model (default: the previous stage).")
+    mode: TrainMode = Field("contrastive", description="contrastive: the task losses below on pooled embeddings; "
+                            "autoregembed_ic / autoregembed_cda: AutoRegEmbed's information compression / "
+                            "conditional distribution alignment (train.autoregembed).")
     steps: int = Field(32000, ge=1)
     lr: float = Field(3e-5, gt=0)
     warmup_steps: int = Field(300, ge=0)
@@ -356,6 +400,9 @@ class TrainConfig(_Strict):
     exclude_instruction_from_pooling: bool = False
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="bf16 autocast on CUDA; fp32 on CPU.")
     deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage etc.); needs the deepspeed extra.")
+    lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "
+                                      "llm-train extra); None = full fine-tuning.")
+    autoregembed: AutoRegEmbedConfig = Field(default_factory=AutoRegEmbedConfig)
     stages: list[TrainStageConfig] = Field(min_length=1)
 
     @field_validator("stages")

@@ -10,6 +10,12 @@ Checkpoints live in ``<run_dir>/checkpoints/<name>/`` until the stage's artifact
 
 Records come from the mine stage when the run has one, else from prepare. A stage starts from
 the previous stage's model (``init_from`` to choose another), the first from ``base_model``.
+
+A stage in an AutoRegEmbed mode (``mode: autoregembed_ic | autoregembed_cda``) trains the
+compression encoder against a frozen decoder instead (``embed_core.autoregembed``); a CDA stage
+first precomputes its reference scores with its initial model into ``<run_dir>/reference-<name>/``
+(``scores.parquet``), an artifact of its own keyed by that model, the examples and the method's
+settings, so a resumed or re-run stage reuses it.
 """
 
 from __future__ import annotations
@@ -171,8 +177,11 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     marker.write_text(fingerprint["key"])
 
-    trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed,
-                      log=log.info)
+    if stage.mode == "contrastive":
+        trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed,
+                          log=log.info)
+    else:
+        trainer = _autoregembed_trainer(config, run_dir, stage, datasets, init, ckpt_dir)
     metrics = trainer.fit(resume=resume)
     sizes = {n: d.size for n, d in datasets.items()}
     weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta)
@@ -185,11 +194,18 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
             task_instructions.setdefault(d.task, found[0])
     rows = [{k: r.get(k) for k in METRIC_SCHEMA.names} for r in metrics]
     with StageWriter(run_dir, stage_dir_name(stage)) as writer:
-        trainer.model.save(writer.staging / "model", instructions=instructions, task_instructions=task_instructions,
-                           use_instructions=cfg.use_instructions,
-                           extra={"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
-                                               "train": cfg.model_dump(mode="json", exclude={"stages"}),
-                                               "init_model": init, "seed": config.seed}})
+        training = {"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
+                                 "train": cfg.model_dump(mode="json", exclude={"stages"}), "init_model": init,
+                                 "seed": config.seed}}
+        if stage.mode == "contrastive":
+            trainer.model.save(writer.staging / "model", instructions=instructions, task_instructions=task_instructions,
+                               use_instructions=cfg.use_instructions, extra=training)
+        else:
+            arc = cfg.autoregembed
+            trainer.model.save(writer.staging / "model", extra=training, task_instructions={
+                "sts": arc.sts_instruction, "nli": arc.sts_instruction, "classification": arc.sts_instruction,
+                "pair_classification": arc.sts_instruction, "retrieval": arc.query_instruction,
+                "retrieval_passage": arc.passage_instruction})
         writer.register_tree("model", kind="model")
         writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
         writer.write_file("loss.png", _plot(rows), kind="plot")
@@ -216,3 +232,60 @@ def format_counts(manifest: dict[str, Any]) -> str:
     c = manifest["counts"]
     lines.append(f"examples {c['examples']}, tokens {c['tokens']}, final loss {c['final_loss']}")
     return "\n".join(lines)
+
+
+def _autoregembed_trainer(config: RunConfig, run_dir: Path, stage: TrainStageConfig,
+                          datasets: dict[str, DatasetRecords], init: str, ckpt_dir: Path):
+    from embed_core.autoregembed.data import cda_examples, ic_examples
+    from embed_core.autoregembed.trainer import AutoRegEmbedTrainer
+
+    cfg = _cfg(config)
+    arc = cfg.autoregembed
+    decoder = resolve_model_path(arc.decoder or cfg.base_model)
+    if stage.mode == "autoregembed_ic":
+        examples = ic_examples(datasets, arc)
+    else:
+        examples = cda_examples(datasets, arc, positive_level=stage.hmcl_levels[0], seed=config.seed)
+    trainer = AutoRegEmbedTrainer(cfg, stage, examples, init_model=init, decoder_model=decoder,
+                                  checkpoint_dir=ckpt_dir, seed=config.seed, log=log.info)
+    if stage.mode == "autoregembed_cda":
+        trainer.reference = reference_scores(run_dir, stage, trainer, init, decoder, examples, arc)
+        log.info("%s: reference scores for %d examples (%s)", stage.name, len(examples), f"reference-{stage.name}")
+    return trainer
+
+
+REFERENCE_SCHEMA = pa.schema([("example", pa.int64()), ("query", pa.string()), ("positive", pa.string()),
+                              ("ref_pos", pa.float64()), ("ref_neg", pa.list_(pa.float64()))])
+
+
+def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str, decoder: str, examples: list,
+                     arc) -> tuple[Any, Any]:
+    """log p_ref(d⁺|e_q) and log p_ref(d⁻ᵢ|e_q) of every CDA example under the stage's initial encoder:
+    read from ``reference-<stage>/`` when its key matches, else computed and written there."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from embed_core.artifacts import stage_is_intact
+
+    name = f"reference-{stage.name}"
+    blob = json.dumps({"init": model_fingerprint(init, "compress", arc.context_max_length, False),
+                       "decoder": model_fingerprint(decoder, "lm", arc.target_max_length, False),
+                       "examples": hashlib.sha256(json.dumps([list(map(str, e.__dict__.values())) for e in examples])
+                                                  .encode()).hexdigest(),
+                       "autoregembed": config_hash(arc), "version": __version__}, sort_keys=True)
+    key = hashlib.sha256(blob.encode()).hexdigest()
+    if stage_is_intact(run_dir, name, key):
+        table = pq.read_table(run_dir / name / "scores.parquet")
+        return (torch.tensor(table.column("ref_pos").to_pylist(), dtype=torch.float32),
+                torch.tensor(table.column("ref_neg").to_pylist(), dtype=torch.float32))
+    t0 = time.perf_counter()
+    ref_pos, ref_neg = trainer.reference_scores()
+    table = pa.Table.from_pylist([{"example": i, "query": e.query, "positive": e.positive, "ref_pos": float(p),
+                                   "ref_neg": [float(x) for x in n]}
+                                  for i, (e, p, n) in enumerate(zip(examples, ref_pos, ref_neg))], schema=REFERENCE_SCHEMA)
+    with StageWriter(run_dir, name) as writer:
+        writer.write_table("scores.parquet", table, kind="reference_scores")
+        writer.commit({"input_fingerprint": key, "stage_name": stage.name, "init_model": init, "decoder": decoder,
+                       "counts": {"examples": len(examples), "negatives": int(ref_neg.shape[1])},
+                       "timings_s": {"total": round(time.perf_counter() - t0, 3)}})
+    return ref_pos, ref_neg

@@ -24,3 +24,22 @@ def build_tiny_bert(dest: Path) -> Path:
                         intermediate_size=64, max_position_embeddings=128)
     BertModel(config).save_pretrained(dest)
     return dest
+
+
+def build_tiny_gemma(dest: Path) -> Path:
+    """A tiny randomly initialised Gemma-3 causal LM (the packaged Gemma-3-270M's architecture) with
+    the same offline tokenizer, given BOS/EOS so it can serve as a decoder."""
+    import torch
+    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+
+    tok_dir = build_tiny_bert(dest.parent / f"{dest.name}-tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+                              sliding_window=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                              eos_token_id=tokenizer.eos_token_id)
+    Gemma3ForCausalLM(config).save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return dest

@@ -67,11 +67,18 @@ class EvalModel(AbsEncoder):
     def _encode_texts(self, texts: list[str]) -> np.ndarray:
         if self._encoder is None:  # loaded only when something is not cached
             self._encoder = Encoder(self.path, pooling=self.settings.pooling, max_length=self.settings.max_length,
-                                    precision=self.precision, device=self.device)
+                                    precision=self.precision, device=self.device,
+                                    compress_tokens=self.settings.compress_tokens)
         return self._encoder.encode(texts, batch_size=self.batch_size, show_progress=True, desc=self.label)
 
     def instruction_for(self, task_metadata, prompt_type: PromptType | None) -> str:
         """The text put in front of each input (already formatted), or '' for none."""
+        if self.settings.use_instructions and self.settings.instructions_fixed:
+            # AutoRegEmbed: its own instruction per task type, passages included (I_self)
+            kind = MTEB_TO_TASK.get(task_metadata.type, "sts")
+            if task_metadata.type == "Retrieval" and prompt_type == PromptType.document:
+                kind = "retrieval_passage"
+            return self.settings.task_instructions.get(kind, "")
         if self.settings.use_instructions:
             if task_metadata.type == "Retrieval" and prompt_type == PromptType.document:
                 return ""

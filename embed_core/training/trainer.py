@@ -120,7 +120,8 @@ class Trainer:
                               instruction_template=train.instruction_template,
                               exclude_instruction_from_pooling=train.exclude_instruction_from_pooling,
                               bidirectional=train.bidirectional, gguf_file=train.gguf_file if init_model == train.base_model else None,
-                              gradient_checkpointing=stage.gradient_checkpointing).to(self.device)
+                              gradient_checkpointing=stage.gradient_checkpointing,
+                              lora=train.lora.model_dump() if train.lora else None).to(self.device)
         # the loss each dataset trains with (stage.losses overrides QZhou's per task)
         self.loss_of = {n: stage.losses.get(d.task, DEFAULT_LOSSES.get(d.task, "")) for n, d in datasets.items()}
         if "hmcl" in self.loss_of.values():
