@@ -140,18 +140,5 @@ class AutoRegEmbedTrainer(Trainer):
             (loss / s.grad_accum).backward()
             rows.append({"dataset": DATASET, "task": s.mode, "loss": float(loss.detach()), "examples": len(indices),
                          "tokens": self._tokens})
-        if s.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - t0
-        self.step += 1
-        lr = self.scheduler.get_last_lr()[0]
-        tokens = sum(r["tokens"] for r in rows)
-        examples = sum(r["examples"] for r in rows)
-        out = [{"stage": s.name, "step": self.step, **r, "lr": lr, "seconds": seconds,
-                "tokens_per_s": tokens / seconds if seconds else 0.0,
-                "examples_per_s": examples / seconds if seconds else 0.0} for r in rows]
-        self.metrics += out
-        return out
+        self._optimizer_step()
+        return self._record_step(rows, t0)

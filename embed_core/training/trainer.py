@@ -305,11 +305,19 @@ class Trainer:
             if self.engine is not None:
                 self.engine.step()
         if self.engine is None:
-            if s.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self._optimizer_step()
+        return self._record_step(rows, t0)
+
+    def _optimizer_step(self) -> None:
+        if self.stage.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.stage.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _record_step(self, rows: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
+        """Count the finished optimizer step and turn its micro-batch rows into metric rows."""
+        s = self.stage
         seconds = time.perf_counter() - t0
         self.step += 1
         lr = self.scheduler.get_last_lr()[0]
