@@ -263,15 +263,6 @@ class EvaluateConfig(_Strict):
         return self
 
 
-# Losses a train stage can pick per task (embed_core.losses has one module each).
-LOSS_CHOICES: dict[str, tuple[str, ...]] = {
-    "retrieval": ("infonce", "pair_bce", "hmcl", "codiemb_ir"), "classification": ("cls_infonce",),
-    "sts": ("cosent", "pair_bce", "hmcl", "codiemb_sts"), "nli": ("cosent", "pair_bce", "hmcl", "codiemb_sts"),
-    "pair_classification": ("cosent", "pair_bce", "hmcl", "codiemb_sts")}
-DEFAULT_LOSSES = {"retrieval": "infonce", "classification": "cls_infonce", "sts": "cosent", "nli": "cosent",
-                  "pair_classification": "cosent"}
-
-
 class LoraSettings(_Strict):
     """LoRA adapters (peft) on the base model's linear layers; the saved model has them merged, so it
     loads with plain ``transformers``."""
@@ -300,6 +291,8 @@ class AutoRegEmbedConfig(_Strict):
         "paper", description="CDA S₂'s reference term: 'paper' subtracts β(log p_ref(d⁺) − log p_ref(d⁻)) (DPO), "
         "'repo' adds it, as the authors' code does.")
     num_negatives: int = Field(1, ge=1, description="CDA negatives per example (paper's NLI runs: 1).")
+    positive_level: float = Field(0.8, gt=0, le=1, description="CDA: a scored pair is a positive when its score is "
+                                  "at least this share of the dataset's highest score.")
     sts_instruction: str = Field("This sentence means in one word: \u201c", description="I_next = I_self for "
                                  "symmetric tasks (Table 5).")
     query_instruction: str = Field("Use one word to represent the query in a retrieval task. The word is: \u201c",
@@ -311,6 +304,18 @@ class AutoRegEmbedConfig(_Strict):
 
 
 TrainMode = Literal["contrastive", "autoregembed_ic", "autoregembed_cda"]
+
+
+# Flat loss fields of configs before the loss registry: old key -> (task, loss, parameter), for
+# the error that says what to write instead.
+MOVED_LOSS_FIELDS: dict[str, tuple[str, str, str]] = {
+    "tau": ("retrieval", "infonce", "tau"), "query_negatives": ("retrieval", "infonce", "query_negatives"),
+    "cosent_tau": ("sts", "cosent", "tau"), "bce_scale": ("retrieval", "pair_bce", "scale"),
+    "bce_bias": ("retrieval", "pair_bce", "bias"), "bce_bias_warmup_from": ("retrieval", "pair_bce", "bias_warmup_from"),
+    "bce_cutoff": ("retrieval", "pair_bce", "cutoff"), "hmcl_tau": ("retrieval", "hmcl", "tau"),
+    "hmcl_weights": ("retrieval", "hmcl", "mu_c/mu_l/mu_e/mu_ed"), "hmcl_levels": ("sts", "hmcl", "levels"),
+    "num_positives": ("retrieval", "codiemb_ir", "num_positives"), "codiemb_sts_tau": ("sts", "codiemb_sts", "tau"),
+    "codiemb_sts_weights": ("sts", "codiemb_sts", "pearson_weight/rank_kl_weight/pro_weight")}
 
 
 class TrainStageConfig(_Strict):
@@ -340,52 +345,39 @@ class TrainStageConfig(_Strict):
     grad_cache_chunk: int | None = Field(None, ge=1, description="GradCache: embed in chunks of this many texts "
                                          "with cached gradients (memory independent of batch size); None = off.")
     gradient_checkpointing: bool = False
-    tau: float = Field(0.02, gt=0, description="InfoNCE / CLS temperature (QZhou: 0.02).")
-    cosent_tau: float = Field(0.05, gt=0, description="CoSENT temperature (scale 20).")
     alpha: float = Field(0.5, ge=0, description="Dataset sampling exponent (Eq. 4).")
     eta: float | None = Field(None, ge=0, le=1, description="Global retrieval ratio η (stage 2: 0.72); None = Eq. 4 only.")
-    num_hard_negatives: int = Field(4, ge=0)
-    query_negatives: bool = Field(True, description="Eq. 1's query–query term.")
+    num_hard_negatives: int = Field(4, ge=0, description="Hard negatives per query (QZhou: 4).")
     query_max_length: int = Field(256, ge=8)
     passage_max_length: int = Field(512, ge=8, description="QZhou uses 1536 for a 7B decoder.")
     checkpoint_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(10, ge=1)
-    # Other objectives per task (default: QZhou's InfoNCE / CLS InfoNCE / CoSENT).
-    losses: dict[str, str] = Field(default_factory=dict, description=(
-        "Loss per task instead of QZhou's: retrieval infonce|pair_bce|hmcl; sts, nli, pair_classification "
-        "cosent|pair_bce|hmcl; classification cls_infonce."))
-    bce_scale: float = Field(20.0, gt=0, description="pair_bce: logit scale α (BCE paper: 20 = temperature 0.05).")
-    bce_bias: float | None = Field(None, description="pair_bce: logit bias β; None = Eq. 3 from the batch "
-                                   "(−log(C−1) in-batch, log(p/(1−p)) pointwise).")
-    bce_bias_warmup_from: float | None = Field(None, description="pair_bce in-batch: start β here (BCE paper, "
-                                               "Qwen2: −25) and move it linearly to its value over warmup_steps.")
-    bce_cutoff: float = Field(0.7, ge=0, lt=1, description="pair_bce graded targets z = c + (1−c)·r/R (Eq. 4); "
-                              "R = the dataset's highest score.")
-    hmcl_tau: float = Field(0.05, gt=0, description="HMCL temperature (all components).")
-    hmcl_weights: tuple[float, float, float, float] = Field(
-        (2.0, 1.0, 0.2, 0.1), description="HMCL μ_c, μ_l, μ_e, μ_e,d (Eq. 11 standard mode).")
-    hmcl_levels: tuple[float, float] = Field(
-        (0.8, 0.4), description="HMCL levels of scored pairs, as fractions of the dataset's highest score: >= first "
-        "positive, >= second weak-positive, else negative (STS 0–5: 4 and 2; entailment 2/1/0).")
-
-    num_positives: int = Field(2, ge=1, description="codiemb_ir: positives per query K+ (CoDiEmb: 2; drawn with "
-                               "replacement, as are its num_hard_negatives K−).")
-    codiemb_sts_tau: float = Field(0.05, gt=0, description="codiemb_sts: τ of RankKL and PRO.")
-    codiemb_sts_weights: tuple[float, float, float] = Field((2.0, 5.0, 0.5), description="codiemb_sts: weights of "
-                                                            "Pearson, RankKL, PRO.")
+    losses: dict[str, Any] = Field(default_factory=dict, description=(
+        "Loss per task instead of QZhou's (retrieval infonce, classification cls_infonce, sts/nli/"
+        "pair_classification cosent): {task: {name: <loss>, <parameter>: <value>, ...}} or {task: <loss>}; "
+        "the losses and their parameters are listed in docs/configuration.md."))
     alternate_tasks: bool = Field(False, description="Alternate retrieval and non-retrieval batches step by step "
                                   "(CoDiEmb); off = draw by the sampling weights.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_loss_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, (task, loss, param) in MOVED_LOSS_FIELDS.items():
+                if key in data:
+                    raise ValueError(f"'{key}' moved into the loss's parameters: write "
+                                     f"losses: {{{task}: {{name: {loss}, {param}: {data[key]!r}}}}} instead")
+        return data
+
     @field_validator("losses")
     @classmethod
-    def _known_losses(cls, v: dict[str, str]) -> dict[str, str]:
-        for task, loss in v.items():
-            if task not in LOSS_CHOICES:
-                raise ValueError(f"no alternative losses for task {task!r} (tasks: {', '.join(LOSS_CHOICES)})")
-            if loss not in LOSS_CHOICES[task]:
-                raise ValueError(f"loss {loss!r} is not available for {task} (choose from {', '.join(LOSS_CHOICES[task])})")
-        return v
+    def _known_losses(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            return v
+        from embed_core.losses import validate_loss_spec  # torch-heavy: only when a stage names a loss
+
+        return {task: validate_loss_spec(task, spec) for task, spec in v.items()}
 
 
 class TrainConfig(_Strict):

@@ -24,15 +24,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embed_core import __version__
-from embed_core.artifacts import StageWriter, read_manifest, sha256_file, stage_is_intact
+from embed_core.artifacts import StageWriter, read_manifest, stage_is_intact
 from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
+from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.errors import ConfigError
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
 from embed_core.model.settings import read_model_settings
 
 log = logging.getLogger("embedpipe.evaluate")
 STAGE = "evaluate"
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("torch", "transformers", "mteb", "numpy", "scikit-learn")
 RESULTS = "results.parquet"
 GEOMETRY = "geometry.parquet"
 RESULT_SCHEMA = pa.schema([
@@ -65,17 +67,20 @@ def pipeline_models(config: RunConfig) -> list[str] | None:
     return ["base", "trained"] if "trained" not in _cfg(config).models else None
 
 
-def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None) -> dict[str, str]:
-    """label -> local model path for 'base', 'trained' and explicit paths."""
+def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None, *,
+                   materialize: bool = True) -> dict[str, str]:
+    """label -> local model path for 'base', 'trained' and explicit paths (``materialize=False``:
+    model names as given, for fingerprints that must not de-quantise a GGUF model)."""
     cfg = _cfg(config)
+    resolve = resolve_model_path if materialize else str
     out: dict[str, str] = {}
     for item in models or cfg.models:
         if item == "base":
-            out["base"] = resolve_model_path(cfg.base_model)
+            out["base"] = resolve(cfg.base_model)
         elif item == "trained":
             out.update(trained_models(run_dir))
         else:
-            path = resolve_model_path(item)
+            path = resolve(item)
             p = Path(path)
             # a train stage's <run>/train-<stage>/model is labelled by its stage
             out[p.parent.name.removeprefix("train-") if p.name == "model" else (p.name or "model")] = path
@@ -114,12 +119,10 @@ def _model_fp(path: str, precision: str) -> str:
 
 
 def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
-                      tasks: list[str] | None = None) -> dict[str, Any]:
-    """Model fingerprints + task specs + data file hashes + mteb version."""
-    import mteb
-
+                      tasks: list[str] | None = None) -> Fingerprint:
+    """Model fingerprints + task specs + data file hashes + code identity (mteb's version included)."""
     cfg = _cfg(config)
-    resolved = resolve_models(config, Path(run_dir), models)
+    resolved = resolve_models(config, Path(run_dir), models, materialize=False)
     specs = select_tasks(cfg, tasks)
     root = Path(config.data_root).expanduser()
     # keyed by the path under data_root, so the same data keys the same whether data_root is
@@ -127,10 +130,9 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] 
     data = {s.name: {(str(f.relative_to(root)) if f.is_relative_to(root) else str(f)): sha256_file(f) if f.exists()
                      else "missing" for f in _data_files(config, s)} for s in specs}
     fps = {label: _model_fp(path, cfg.precision) for label, path in resolved.items()}
-    blob = json.dumps({"models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data,
-                       "config": config_hash(cfg), "seed": config.seed, "mteb": mteb.__version__,
-                       "version": __version__}, sort_keys=True)
-    return {"key": hashlib.sha256(blob.encode()).hexdigest(), "models": fps}
+    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+        "models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data, "config": config_hash(cfg),
+        "seed": config.seed}, details={"models": fps})
 
 
 def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str) -> list[dict[str, Any]]:
@@ -211,13 +213,13 @@ def model_geometries(config: RunConfig, models: dict[str, str]) -> list[dict[str
 
 
 def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
-                 tasks: list[str] | None = None) -> dict[str, Any]:
+                 tasks: list[str] | None = None, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     from embed_core.evaluation.report import build_report
 
     cfg = _cfg(config)
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    fingerprint = input_fingerprint(config, run_dir, models, tasks)
+    fingerprint = fingerprint or input_fingerprint(config, run_dir, models, tasks)
     resolved = resolve_models(config, run_dir, models)
     specs = select_tasks(cfg, tasks)
 
@@ -252,7 +254,8 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
             writer.write_table(GEOMETRY, pa.Table.from_pylist(geometry), kind="geometry")
         manifest = writer.commit({
             "run_name": config.run_name,
-            "input_fingerprint": fingerprint["key"],
+            "input_fingerprint": fingerprint.key,
+            "code": fingerprint.code,
             "models": model_stats,
             "tasks": [s.name for s in specs],
             "counts": {"texts_encoded": sum(m["texts_encoded"] for m in model_stats), "result_rows": table.num_rows},

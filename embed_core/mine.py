@@ -9,8 +9,6 @@ Embeddings are cached in ``<run_dir>/cache/embeddings/<model fingerprint>/``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
@@ -18,24 +16,22 @@ from typing import Any
 
 import pyarrow as pa
 
-from embed_core import __version__
-from embed_core.artifacts import StageWriter, read_manifest, read_records, sha256_file
+from embed_core.artifacts import StageWriter, read_manifest, read_records
 from embed_core.config import MineConfig, RunConfig, config_hash
 from embed_core.convert.retrieval import load_corpus
 from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mining.cache import EmbeddingCache
 from embed_core.plots import pyplot, to_png
 from embed_core.mining.miner import MineSettings, eligible, mine_records
-from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
+from embed_core.model.encoder import model_fingerprint, uses_bf16
+from embed_core.stages import records_upstream
 from embed_core.schema import records_to_table, table_to_records
 
 log = logging.getLogger("embedpipe.mine")
 STAGE = "mine"
-
-
-def upstream_stage(config: RunConfig) -> str:
-    """synthesize when the config has one (mining sees the synthetic records too), else prepare."""
-    return "synthesize" if config.synthesize is not None else "prepare"
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("torch", "transformers", "faiss-cpu", "faiss-gpu", "numpy")
 
 
 def _cfg(config: RunConfig) -> MineConfig:
@@ -44,26 +40,25 @@ def _cfg(config: RunConfig) -> MineConfig:
     return config.mine
 
 
-def input_fingerprint(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
+def input_fingerprint(config: RunConfig, run_dir: str | Path) -> Fingerprint:
     """Upstream output hashes + mine config + model fingerprint + corpus file hashes."""
     cfg = _cfg(config)
-    up = upstream_stage(config)
+    up = records_upstream(config, STAGE)  # synthesize's records when it runs, else prepare's
     upstream = read_manifest(Path(run_dir), up)
     if upstream is None:
         raise EmbedpipeError(f"{Path(run_dir) / up}: no manifest.json — run the {up} stage first")
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model_fp = model_fingerprint(resolve_model_path(cfg.model), cfg.pooling, cfg.max_length, uses_bf16(cfg.precision, device))
+    model_fp = model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, uses_bf16(cfg.precision, device))
     corpora = {}
     for ds, path in cfg.corpora.items():
         d = config.resolve(path)
         cfile = d / "corpus.jsonl" if (d / "corpus.jsonl").exists() else d / "corpus.jsonl.gz"
         corpora[ds] = sha256_file(cfile) if cfile.exists() else "missing"
-    blob = json.dumps({"upstream": {n: i["sha256"] for n, i in upstream["outputs"].items()},
-                       "config": config_hash(cfg), "model": model_fp, "corpora": corpora, "seed": config.seed,
-                       "version": __version__}, sort_keys=True)
-    return {"key": hashlib.sha256(blob.encode()).hexdigest(), "model_fingerprint": model_fp}
+    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+        "upstream": {n: i["sha256"] for n, i in upstream["outputs"].items()}, "config": config_hash(cfg),
+        "model": model_fp, "corpora": corpora, "seed": config.seed}, details={"model_fingerprint": model_fp})
 
 
 def _corpus_texts(config: RunConfig, path: str) -> list[str]:
@@ -92,12 +87,12 @@ def _plot(scores: list[dict[str, Any]]) -> bytes:
     return to_png(fig)
 
 
-def run_mine(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     cfg = _cfg(config)
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    fingerprint = input_fingerprint(config, run_dir)
-    tables = read_records(run_dir, upstream_stage(config))
+    fingerprint = fingerprint or input_fingerprint(config, run_dir)
+    tables = read_records(run_dir, records_upstream(config, STAGE))
     settings = MineSettings.from_config(cfg, config.seed)
 
     encoder = None
@@ -148,8 +143,9 @@ def run_mine(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
             writer.write_file("score_hist.png", _plot(score_rows), kind="plot")
         manifest = writer.commit({
             "run_name": config.run_name,
-            "input_fingerprint": fingerprint["key"],
-            "model": {"path": cfg.model, "fingerprint": fingerprint["model_fingerprint"], "pooling": cfg.pooling,
+            "input_fingerprint": fingerprint.key,
+            "code": fingerprint.code,
+            "model": {"path": cfg.model, "fingerprint": fingerprint.details["model_fingerprint"], "pooling": cfg.pooling,
                       "max_length": cfg.max_length, "precision": cfg.precision},
             "settings": cfg.model_dump(mode="json"),
             "counts": {"datasets": per_dataset,

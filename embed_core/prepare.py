@@ -20,12 +20,12 @@ from typing import Any
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from embed_core import __version__
-from embed_core.artifacts import StageWriter, sha256_file
+from embed_core.artifacts import StageWriter
 from embed_core.cleaning import EvalTexts, contaminated_field, dedupe, limit_length, normalize_text, pair_key
 from embed_core.config import RunConfig, config_hash
 from embed_core.convert import Skipped, convert_source, source_files, source_pairs, source_texts
 from embed_core.errors import RowError, SchemaError
+from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.schema import SCHEMA_VERSION, Record, records_to_table, validate_row
 
 log = logging.getLogger("embedpipe.prepare")
@@ -38,20 +38,22 @@ QUARANTINE_SCHEMA = pa.schema([
 ])
 
 
-def input_fingerprint(config: RunConfig) -> dict[str, Any]:
-    """Content hashes of every file the stage reads, plus the config and code versions.
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("pyarrow",)
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path | None = None) -> Fingerprint:
+    """Content hashes of every file the stage reads, plus its config and code identity.
 
     ``key`` changes exactly when an input file's bytes, the prepare/seed config, the schema
-    version or the package version change (mtime plays no part).
+    version or the code this stage runs change (mtime plays no part).
     """
-    inputs: dict[str, str] = {}
+    files: dict[str, str] = {}
     for spec in [*config.prepare.sources, *config.prepare.contamination]:
         for display, path in source_files(spec, config):
-            inputs[str(display)] = sha256_file(Path(path)) if Path(path).exists() else "missing"
-    cfg = config_hash(config.prepare)
-    blob = json.dumps({"inputs": inputs, "config": cfg, "seed": config.seed, "schema": SCHEMA_VERSION,
-                       "version": __version__}, sort_keys=True)
-    return {"inputs": inputs, "config_hash": cfg, "key": hashlib.sha256(blob.encode()).hexdigest()}
+            files[str(display)] = sha256_file(Path(path)) if Path(path).exists() else "missing"
+    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+        "files": files, "config": config_hash(config.prepare), "seed": config.seed, "schema": SCHEMA_VERSION})
 
 
 def source_fingerprints(config: RunConfig) -> dict[str, str]:
@@ -85,12 +87,13 @@ def collect_eval_texts(config: RunConfig) -> EvalTexts:
     return evals
 
 
-def run_prepare(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     """Run the prepare stage and return its manifest. Raises ``EmbedpipeError`` on a config or
-    whole-source problem before anything is written."""
+    whole-source problem before anything is written. ``fingerprint``: this run's inputs, when the
+    caller computed them already."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    fingerprint = input_fingerprint(config)
+    fingerprint = fingerprint or input_fingerprint(config)
     cleaning = config.prepare.cleaning
     eval_texts = collect_eval_texts(config)
     t_eval = time.perf_counter()
@@ -170,9 +173,10 @@ def run_prepare(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
         t_end = time.perf_counter()
         manifest = writer.commit({
             "run_name": config.run_name,
-            "input_fingerprint": fingerprint["key"],
-            "inputs": fingerprint["inputs"],
-            "config_hash": fingerprint["config_hash"],
+            "input_fingerprint": fingerprint.key,
+            "code": fingerprint.code,
+            "inputs": fingerprint.inputs["files"],
+            "config_hash": fingerprint.inputs["config"],
             "counts": {"totals": totals, "sources": per_source, "datasets": list(per_dataset.values())},
             "timings_s": {"eval_texts": round(t_eval - t0, 3), "convert": round(t_convert - t_eval, 3),
                           "clean": round(t_clean - t_convert, 3), "write": round(t_end - t_clean, 3),

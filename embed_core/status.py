@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from embed_core.artifacts import read_manifest, stage_is_intact
 from embed_core.config import RunConfig
 from embed_core.errors import EmbedpipeError
-from embed_core.rundir import read_history
+from embed_core.rundir import lock_holder, read_history
+from embed_core.stages import pipeline_instances
 
 
 @dataclass
@@ -38,32 +39,6 @@ class StageStatus:
         return asdict(self)
 
 
-def pipeline_stages(config: RunConfig) -> list[tuple[str, Callable[[RunConfig, Path], str]]]:
-    """(stage dir name, current-fingerprint function) for every stage the config defines, in order."""
-    from embed_core import evaluate, mine, prepare, synthesize, train
-
-    stages: list[tuple[str, Callable[[RunConfig, Path], str]]] = [
-        ("prepare", lambda c, d: prepare.input_fingerprint(c)["key"])]
-    if config.synthesize is not None:
-        stages.append(("synthesize", lambda c, d: synthesize.input_fingerprint(c, d)["key"]))
-    if config.mine is not None:
-        stages.append(("mine", lambda c, d: mine.input_fingerprint(c, d)["key"]))
-    if config.train is not None:
-        for s in config.train.stages:
-            stages.append((train.stage_dir_name(s), lambda c, d, n=s.name: train.input_fingerprint(c, d, n)["key"]))
-    if config.evaluate is not None:
-        stages.append(("evaluate", lambda c, d: evaluate.input_fingerprint(c, d, evaluate.pipeline_models(c))["key"]))
-    return stages
-
-
-def downstream_of(config: RunConfig, stage: str) -> list[str]:
-    """Stages after ``stage`` in pipeline order (every later stage reads, directly or not, its outputs)."""
-    names = [n for n, _ in pipeline_stages(config)]
-    if stage not in names:
-        raise EmbedpipeError(f"no stage {stage!r} in this config (stages: {', '.join(names)})")
-    return names[names.index(stage) + 1:]
-
-
 def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
     run_dir = Path(run_dir)
     last: dict[str, dict[str, Any]] = {}
@@ -74,11 +49,11 @@ def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
             computed[entry.get("stage", "")] = entry
     out: list[StageStatus] = []
     upstream_pending: str | None = None
-    for name, fingerprint_fn in pipeline_stages(config):
+    for stage, name in pipeline_instances(config):
         manifest = read_manifest(run_dir, name)
         recorded = manifest.get("input_fingerprint") if manifest else None
         try:
-            current, detail = fingerprint_fn(config, run_dir), ""
+            current, detail = stage.fingerprint(config, run_dir, name, stage.options_for_pipeline(config)).key, ""
         except EmbedpipeError as exc:
             current, detail = None, str(exc)
         if manifest is None:
@@ -109,8 +84,6 @@ def format_status(rows: list[StageStatus], run_dir: str | Path) -> str:
         return h[:12] if h else "-"
 
     head = f"{'stage':<18} {'state':<9} {'input now':<13} {'recorded':<13} {'took':>8}  {'last run':<36} note"
-    from embed_core.rundir import lock_holder
-
     holder = lock_holder(run_dir)
     lines = [f"run dir: {run_dir}" + (f"   (a run is working in it now: {holder})" if holder else ""), head, "-" * len(head)]
     for r in rows:

@@ -42,11 +42,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from embed_core import __version__
 from embed_core.artifacts import StageWriter, read_manifest, read_records
 from embed_core.cleaning import EvalTexts, contaminated_field, normalize_text
 from embed_core.config import RunConfig, SynthesizeConfig, config_hash
 from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.fingerprint import Fingerprint
+from embed_core.stages import records_upstream
 from embed_core.schema import Record, records_to_table, table_to_records
 from embed_core.synth.cache import RequestCache
 from embed_core.synth.client import LLMClient, RequestFailed
@@ -54,7 +55,8 @@ from embed_core.synth.prompts import MalformedAnswer, PromptTemplate, load_templ
 
 log = logging.getLogger("embedpipe.synthesize")
 STAGE = "synthesize"
-UPSTREAM = "prepare"
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("openai", "torch", "transformers")
 SENTENCE_TASKS = frozenset({"nli", "sts", "pair_classification", "classification"})
 
 
@@ -64,26 +66,26 @@ def _cfg(config: RunConfig) -> SynthesizeConfig:
     return config.synthesize
 
 
-def input_fingerprint(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
+def input_fingerprint(config: RunConfig, run_dir: str | Path) -> Fingerprint:
     """Upstream output hashes + synthesize config + prompt templates (version and bytes) + filter model.
 
     The LLM's weights are not hashed (a remote server's cannot be): the model *name* is in the
     config, and the request cache is keyed by it.
     """
-    from embed_core.model.encoder import model_fingerprint, resolve_model_path
+    from embed_core.model.encoder import model_fingerprint
 
     cfg = _cfg(config)
-    upstream = read_manifest(Path(run_dir), UPSTREAM)
+    up = records_upstream(config, STAGE)
+    upstream = read_manifest(Path(run_dir), up)
     if upstream is None:
-        raise EmbedpipeError(f"{Path(run_dir) / UPSTREAM}: no manifest.json — run the prepare stage first")
+        raise EmbedpipeError(f"{Path(run_dir) / up}: no manifest.json — run the {up} stage first")
     templates = load_templates(cfg.prompt_dir)
-    filter_fp = model_fingerprint(resolve_model_path(cfg.filter.model), "mean", cfg.filter.max_length, False)
-    blob = json.dumps({"upstream": {n: i["sha256"] for n, i in upstream["outputs"].items()},
-                       "config": config_hash(cfg), "prompts": {n: [t.version, t.digest] for n, t in templates.items()},
-                       "filter_model": filter_fp, "contamination": [s.model_dump(mode="json") for s in
-                                                                    config.prepare.contamination],
-                       "seed": config.seed, "version": __version__}, sort_keys=True)
-    return {"key": hashlib.sha256(blob.encode()).hexdigest(), "prompt_versions": template_versions(templates)}
+    filter_fp = model_fingerprint(cfg.filter.model, "mean", cfg.filter.max_length, False)
+    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+        "upstream": {n: i["sha256"] for n, i in upstream["outputs"].items()}, "config": config_hash(cfg),
+        "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp,
+        "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
+        details={"prompt_versions": template_versions(templates)})
 
 
 @dataclass
@@ -294,22 +296,23 @@ def _copies_prompt(c: Candidate) -> bool:
 
 # ---------------------------------------------------------------- the stage
 
-def run_synthesize(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     from embed_core.prepare import collect_eval_texts
 
     cfg = _cfg(config)
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    fingerprint = input_fingerprint(config, run_dir)
+    fingerprint = fingerprint or input_fingerprint(config, run_dir)
     templates = load_templates(cfg.prompt_dir)
-    tables = read_records(run_dir, UPSTREAM)
+    up = records_upstream(config, STAGE)
+    tables = read_records(run_dir, up)
     records = {name.removesuffix(".parquet"): table_to_records(t) for name, t in sorted(tables.items())}
     chosen = [ds for ds, recs in records.items()
               if (cfg.datasets is None or ds in cfg.datasets) and len(recs) <= cfg.max_dataset_rows]
     if cfg.datasets:
         unknown = sorted(set(cfg.datasets) - set(records))
         if unknown:
-            raise ConfigError(f"synthesize.datasets: no dataset named {', '.join(unknown)} in {run_dir / UPSTREAM}")
+            raise ConfigError(f"synthesize.datasets: no dataset named {', '.join(unknown)} in {run_dir / up}")
     jobs = [j for ds in chosen for j in plan_jobs(cfg, ds, records[ds], templates, config.seed)]
     log.info("synthesize: %d requests planned over %d datasets", len(jobs), len(chosen))
 
@@ -369,10 +372,11 @@ def run_synthesize(config: RunConfig, run_dir: str | Path) -> dict[str, Any]:
         writer.write_table("_samples.parquet", _table(samples, SAMPLE_FIELDS), kind="stats")
         manifest = writer.commit({
             "run_name": config.run_name,
-            "input_fingerprint": fingerprint["key"],
+            "input_fingerprint": fingerprint.key,
+            "code": fingerprint.code,
             "llm": {"model": cfg.server.model, "mode": cfg.server.mode, "base_url": cfg.server.base_url,
                     "launch": cfg.server.launch, "api_key_env": cfg.server.api_key_env},
-            "prompt_versions": fingerprint["prompt_versions"],
+            "prompt_versions": fingerprint.details["prompt_versions"],
             "settings": cfg.model_dump(mode="json"),
             "counts": {"datasets": [{"dataset": ds, "records": len(records[ds]), "synthesized": ds in chosen,
                                      "added": sum(1 for c in by_ds.get(ds, []) if c.outcome.job.strategy != "hard_negative"),

@@ -30,16 +30,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from embed_core import __version__
 from embed_core.artifacts import StageWriter, read_manifest, read_records
 from embed_core.config import RunConfig, TrainConfig, TrainStageConfig, config_hash
 from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.fingerprint import Fingerprint, code_identity
 from embed_core.model.encoder import model_fingerprint, resolve_model_path
 from embed_core.plots import pyplot, to_png
+from embed_core.stages import records_upstream
 from embed_core.sampling import dataset_weights
 from embed_core.training.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
 
 log = logging.getLogger("embedpipe.train")
+STAGE = "train"
 
 
 def stage_dir_name(stage: TrainStageConfig) -> str:
@@ -57,12 +59,6 @@ def get_stage(config: RunConfig, name: str) -> tuple[int, TrainStageConfig]:
         if s.name == name:
             return i, s
     raise ConfigError(f"train: no stage named {name!r} (configured: {', '.join(s.name for s in _cfg(config).stages)})")
-
-
-def upstream_stage(config: RunConfig) -> str:
-    if config.mine is not None:
-        return "mine"
-    return "synthesize" if config.synthesize is not None else "prepare"
 
 
 def _init_stage(config: RunConfig, index: int, stage: TrainStageConfig) -> TrainStageConfig | None:
@@ -108,27 +104,31 @@ def _used_outputs(stage_path: Path, manifest: dict[str, Any], stage: TrainStageC
     return used
 
 
-def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str) -> dict[str, Any]:
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("torch", "transformers", "deepspeed", "peft", "numpy")
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str) -> Fingerprint:
     run_dir = Path(run_dir)
     cfg = _cfg(config)
     index, stage = get_stage(config, stage_name)
-    upstream = read_manifest(run_dir, upstream_stage(config))
+    upstream = read_manifest(run_dir, records_upstream(config, STAGE))
     if upstream is None:
-        raise EmbedpipeError(f"{run_dir / upstream_stage(config)}: no manifest.json — run the earlier stages first")
+        raise EmbedpipeError(f"{run_dir / records_upstream(config, STAGE)}: no manifest.json — run the earlier stages first")
     prev = _init_stage(config, index, stage)
     if prev is None:
-        init = {"base": model_fingerprint(resolve_model_path(cfg.base_model), cfg.pooling, cfg.max_length, False)}
+        init = {"base": model_fingerprint(cfg.base_model, cfg.pooling, cfg.max_length, False)}
     else:
         man = read_manifest(run_dir, stage_dir_name(prev))
         init = {"stage": prev.name, "outputs": {n: i["sha256"] for n, i in man["outputs"].items()} if man else "missing"}
-    blob = json.dumps({"upstream": _used_outputs(run_dir / upstream_stage(config), upstream, stage),
-                       "train": config_hash(cfg.model_copy(update={"stages": []})), "stage": config_hash(stage),
-                       "init": init, "seed": config.seed, "version": __version__}, sort_keys=True)
-    return {"key": hashlib.sha256(blob.encode()).hexdigest()}
+    return Fingerprint.of(stage_dir_name(stage), __name__, LIBRARIES, {
+        "upstream": _used_outputs(run_dir / records_upstream(config, STAGE), upstream, stage),
+        "train": config_hash(cfg.model_copy(update={"stages": []})), "stage": config_hash(stage), "init": init,
+        "seed": config.seed})
 
 
 def load_datasets(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, DatasetRecords]:
-    tables = read_records(run_dir, upstream_stage(config))
+    tables = read_records(run_dir, records_upstream(config, STAGE))
     out: dict[str, DatasetRecords] = {}
     for name, table in sorted(tables.items()):
         dataset = name.removesuffix(".parquet")
@@ -160,22 +160,23 @@ METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("datas
                            ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64())])
 
 
-def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, resume: bool = False) -> dict[str, Any]:
+def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, resume: bool = False,
+                    fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     from embed_core.training.trainer import Trainer
 
     cfg = _cfg(config)
     run_dir = Path(run_dir)
     index, stage = get_stage(config, stage_name)
     t0 = time.perf_counter()
-    fingerprint = input_fingerprint(config, run_dir, stage_name)
+    fingerprint = fingerprint or input_fingerprint(config, run_dir, stage_name)
     datasets = load_datasets(config, run_dir, stage)
     init = init_model_path(config, run_dir, index, stage)
     ckpt_dir = run_dir / "checkpoints" / stage.name
     marker = ckpt_dir / "input_fingerprint"
-    if ckpt_dir.exists() and (not marker.exists() or marker.read_text() != fingerprint["key"]):
+    if ckpt_dir.exists() and (not marker.exists() or marker.read_text() != fingerprint.key):
         shutil.rmtree(ckpt_dir)  # checkpoints of other inputs must never be resumed
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text(fingerprint["key"])
+    marker.write_text(fingerprint.key)
 
     if stage.mode == "contrastive":
         trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed,
@@ -212,7 +213,8 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
         tokens = sum(r["tokens"] for r in rows)
         secs = sum({r["step"]: r["seconds"] for r in rows}.values())
         manifest = writer.commit({
-            "run_name": config.run_name, "input_fingerprint": fingerprint["key"], "stage_name": stage.name,
+            "run_name": config.run_name, "input_fingerprint": fingerprint.key, "code": fingerprint.code,
+            "stage_name": stage.name,
             "init_model": init, "steps": trainer.step,
             "datasets": {n: {"task": d.task, "records": d.size, "weight": round(weights.get(n, 0.0), 6)}
                          for n, d in datasets.items()},
@@ -245,7 +247,7 @@ def _autoregembed_trainer(config: RunConfig, run_dir: Path, stage: TrainStageCon
     if stage.mode == "autoregembed_ic":
         examples = ic_examples(datasets, arc)
     else:
-        examples = cda_examples(datasets, arc, positive_level=stage.hmcl_levels[0], seed=config.seed)
+        examples = cda_examples(datasets, arc, positive_level=arc.positive_level, seed=config.seed)
     trainer = AutoRegEmbedTrainer(cfg, stage, examples, init_model=init, decoder_model=decoder,
                                   checkpoint_dir=ckpt_dir, seed=config.seed, log=log.info)
     if stage.mode == "autoregembed_cda":
@@ -272,7 +274,7 @@ def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str,
                        "decoder": model_fingerprint(decoder, "lm", arc.target_max_length, False),
                        "examples": hashlib.sha256(json.dumps([list(map(str, e.__dict__.values())) for e in examples])
                                                   .encode()).hexdigest(),
-                       "autoregembed": config_hash(arc), "version": __version__}, sort_keys=True)
+                       "autoregembed": config_hash(arc), "code": code_identity(__name__, LIBRARIES)}, sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()
     if stage_is_intact(run_dir, name, key):
         table = pq.read_table(run_dir / name / "scores.parquet")

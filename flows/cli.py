@@ -1,5 +1,6 @@
-"""``embedpipe`` command line: run the pipeline, one stage (prepare, synthesize, mine, train, evaluate), the data watch,
-the status of a run directory, compare runs, or inspect artifacts.
+"""``embedpipe`` command line: run the pipeline, one stage (a command per registered stage:
+prepare, synthesize, mine, train, evaluate), the data watch, the status of a run directory,
+compare runs, or inspect artifacts.
 
 Errors in the config or input end the command with exit code 2 and a one-line reason.
 """
@@ -11,6 +12,8 @@ import json
 import logging
 import sys
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from embed_core.errors import EmbedpipeError
 from embed_core.rundir import run_dir_lock
@@ -24,24 +27,30 @@ def _run_args(p: argparse.ArgumentParser, force: bool = True) -> None:
         p.add_argument("--force", action="store_true", help="recompute even when the inputs are unchanged")
 
 
+def _option_args(p: argparse.ArgumentParser, options: type[BaseModel]) -> None:
+    """Command-line flags for a stage's options model: ``--name`` (a list field repeats or takes a
+    comma-separated value; a bool field is ``--name/--no-name``); ``cli_flag`` renames a flag."""
+    for name, f in options.model_fields.items():
+        flag = (f.json_schema_extra or {}).get("cli_flag", f"--{name.replace('_', '-')}")
+        if f.annotation is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=f.default,
+                           help=f.description)
+        elif "list" in str(f.annotation):
+            p.add_argument(flag, dest=name, action="append", help=f"{f.description} (repeatable or comma-separated)")
+        else:
+            p.add_argument(flag, dest=name, help=f.description)
+
+
 def _parser() -> argparse.ArgumentParser:
+    from embed_core import stages
+
     p = argparse.ArgumentParser(prog="embedpipe", description="Text datasets → embedding models, orchestrated by Prefect.")
     sub = p.add_subparsers(dest="command", required=True)
     _run_args(sub.add_parser("run", help="run the whole pipeline (unchanged stages are cache hits)"), force=False)
-    _run_args(sub.add_parser("prepare", help="run the prepare stage only"))
-    _run_args(sub.add_parser("synthesize", help="run the synthesize stage only (LLM paraphrase, augmentation, "
-                                                 "hard negatives; needs the prepare stage's output)"))
-    _run_args(sub.add_parser("mine", help="run the mine stage only (needs the prepare or synthesize stage's output)"))
-    tr = sub.add_parser("train", help="run the train stages (needs prepare/mine output)")
-    _run_args(tr)
-    tr.add_argument("--stage", help="one stage: its name or number (1, 2); default all in order")
-    tr.add_argument("--resume", action="store_true",
-                    help="continue from the newest checkpoint of an interrupted run with the same inputs")
-    ev = sub.add_parser("evaluate", help="run the evaluate stage only (MTEB on the configured local tasks)")
-    _run_args(ev)
-    ev.add_argument("--model", action="append", dest="models", metavar="PATH|base|trained",
-                    help="model to evaluate (repeatable; default: the config's evaluate.models)")
-    ev.add_argument("--tasks", help="comma-separated task names from the config (default: all)")
+    for stage in stages.STAGES:
+        sp = sub.add_parser(stage.name, help=f"run the {stage.name} stage only: {stage.help}")
+        _run_args(sp)
+        _option_args(sp, stage.options)
     wa = sub.add_parser("watch", help="fingerprint the sources, emit change events, run the pipeline (what the "
                                       "scheduled data-watch deployment does)")
     _run_args(wa, force=False)
@@ -73,7 +82,8 @@ def _load(args):
 
 def _print_downstream(config, result: dict) -> None:
     """After one stage recomputed: which later stages no longer match their inputs."""
-    from embed_core.status import downstream_of, run_status
+    from embed_core.stages import downstream_of
+    from embed_core.status import run_status
 
     if result["cached"]:
         return
@@ -132,43 +142,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _stage_options(stage, args):
+    values = {}
+    for name, f in stage.options.model_fields.items():
+        value = getattr(args, name)
+        if isinstance(value, list):  # repeated and/or comma-separated
+            value = [v.strip() for item in value for v in item.split(",") if v.strip()]
+        values[name] = value
+    return stage.options(**values)
+
+
 def _run_command(args, config, config_path: str, run_dir: str) -> None:
     import flows  # noqa: F401  (environment defaults)
+    from embed_core import stages
 
     common = {"config_path": config_path, "run_dir": run_dir, "config": config, "run_name": None}
-    if args.command == "prepare":
-        from flows.prepare import prepare_flow
-
-        res = prepare_flow(**common, force=args.force)
-        _print_result(res)
-        _print_downstream(config, res)
-    elif args.command == "synthesize":
-        from flows.synthesize import synthesize_flow
-
-        res = synthesize_flow(**common, force=args.force)
-        _print_result(res)
-        _print_downstream(config, res)
-    elif args.command == "mine":
-        from flows.mine import mine_flow
-
-        res = mine_flow(**common, force=args.force)
-        _print_result(res)
-        _print_downstream(config, res)
-    elif args.command == "train":
-        from flows.train import train_flow
-
-        results = train_flow(**common, stage=args.stage, resume=args.resume, force=args.force)
-        for res in results:
-            _print_result(res)
-        _print_downstream(config, next((r for r in results if not r["cached"]), results[-1]))
-    elif args.command == "evaluate":
-        from flows.evaluate import evaluate_flow
-
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
-        result = evaluate_flow(**common, models=args.models, tasks=tasks, force=args.force)
-        _print_result(result)
-        print(f"report: {Path(result['run_dir']) / 'evaluate' / 'report.md'}")
-    elif args.command == "run":
+    if args.command == "run":
         from flows.pipeline import pipeline_flow
 
         results = pipeline_flow(**common)
@@ -183,6 +172,16 @@ def _run_command(args, config, config_path: str, run_dir: str) -> None:
         for c in out["changes"]:
             print(f"source {c['source']}: {c['change']}")
         print(f"data-watch: {out['verdict']} ({out['seconds']} s)")
+    else:
+        from flows.stage import stage_flow
+
+        stage = stages.get(args.command)
+        results = list(stage_flow(stage.name)(**common, force=args.force, options=_stage_options(stage, args)).values())
+        for res in results:
+            _print_result(res)
+        _print_downstream(config, next((r for r in results if not r["cached"]), results[-1]))
+        if stage.name == "evaluate":
+            print(f"report: {Path(run_dir) / 'evaluate' / 'report.md'}")
 
 
 if __name__ == "__main__":

@@ -1,34 +1,24 @@
-"""The end-to-end pipeline flow: runs the stages that exist, in order.
-
-Stages: prepare, synthesize (when the config has a ``synthesize`` section), mine (``mine``), train
-(its stages in order, ``train``) and evaluate (``evaluate``; the base model and every trained
-stage's model).
-"""
+"""The end-to-end pipeline flow: every stage the registry lists and the config enables, in order
+(``embed_core.stages``); stages whose inputs did not change are cache hits."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow
 
+from embed_core import stages as registry
 from embed_core.config import RunConfig
-from embed_core.evaluate import pipeline_models
-from flows.evaluate import run_evaluate_stage
-from flows.mine import run_mine_stage
-from flows.params import resolve_run, run_context
-from flows.prepare import run_prepare_stage
-from flows.synthesize import run_synthesize_stage
-from flows.train import run_train_stages
+from embed_core.errors import ConfigError
+from flows.params import DEFAULT_CONFIG, resolve_run, run_context
 from tasks.common import publish_run_summary
-
-Stage = Literal["prepare", "synthesize", "mine", "train", "evaluate"]
-STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "mine", "train", "evaluate")
+from tasks.stage import run_stage_instance
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: str | None = None,
+def pipeline_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None,
                   config: RunConfig | None = None, run_name: str | None = None,
-                  stages: list[Stage] | None = None) -> dict[str, Any]:
+                  stages: list[str] | None = None) -> dict[str, Any]:
     """Run the pipeline end to end; stages whose inputs did not change are cache hits.
 
     Args:
@@ -36,22 +26,17 @@ def pipeline_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: s
         run_dir: output run directory; defaults to ``<run_root>/<run_name>``.
         config: inline run config.
         run_name: overrides the config's ``run_name`` (and so the default run directory).
-        stages: subset of stages to run (default: all that the config defines).
+        stages: subset of stages to run, by name (default: all that the config enables).
     """
     cfg, rdir = resolve_run(config_path, config, run_dir, run_name)
-    wanted = stages or list(STAGES)
+    known = [s.name for s in registry.STAGES]
+    unknown = sorted(set(stages or ()) - set(known))
+    if unknown:
+        raise ConfigError(f"pipeline: unknown stage {unknown[0]!r} (stages: {', '.join(known)})")
     results: dict[str, Any] = {}
     with run_context(cfg, rdir, "pipeline"):
-        if "prepare" in wanted:
-            results["prepare"] = run_prepare_stage(cfg, rdir)
-        if "synthesize" in wanted and cfg.synthesize is not None:
-            results["synthesize"] = run_synthesize_stage(cfg, rdir)
-        if "mine" in wanted and cfg.mine is not None:
-            results["mine"] = run_mine_stage(cfg, rdir)
-        if "train" in wanted and cfg.train is not None:
-            for res in run_train_stages(cfg, rdir):
-                results[res["stage"]] = res
-        if "evaluate" in wanted and cfg.evaluate is not None:
-            results["evaluate"] = run_evaluate_stage(cfg, rdir, pipeline_models(cfg))
+        for stage, instance in registry.pipeline_instances(cfg):
+            if stages is None or stage.name in stages:
+                results[instance] = run_stage_instance(stage, cfg, rdir, instance, stage.options_for_pipeline(cfg))
         publish_run_summary(cfg.run_name, rdir, results)
     return results

@@ -8,27 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from embed_core.artifacts import read_manifest, stage_is_intact
+from embed_core.stages import Report
 
 
 def stage_cache_key(stage: str, fingerprint: str, run_dir: str) -> str:
     return f"{stage}-" + hashlib.sha256(f"{stage}|{fingerprint}|{Path(run_dir).resolve()}".encode()).hexdigest()
-
-
-def input_key_cache_key(stage: str):
-    """Cache-key function for a task that receives its stage's input fingerprint as ``input_key``
-    (computed once by the caller instead of again inside the key function)."""
-    def key(context, parameters: dict[str, Any]) -> str:
-        name = stage.format(**parameters)
-        return stage_cache_key(name, parameters["input_key"], parameters["run_dir"])
-    return key
-
-
-def call_stage_task(task_fn, stage: str, fingerprint: str, force: bool = False, **kwargs):
-    """Run ``task_fn`` and return its state; bypass the cache when asked (``force``) or when the
-    stage's artifact is missing, altered, or was produced from other inputs."""
-    intact = not force and stage_is_intact(Path(kwargs["run_dir"]), stage, fingerprint)
-    fn = task_fn if intact else task_fn.with_options(refresh_cache=True)
-    return fn(**kwargs, input_key=fingerprint, reuse=not force, return_state=True)
 
 
 def reuse_intact(stage: str, run_dir: str, input_key: str) -> dict[str, Any] | None:
@@ -52,10 +36,11 @@ def artifact_key(prefix: str, run_name: str) -> str:
 
 
 def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, cached: bool, summary: str,
-                          seconds: float) -> None:
-    """A markdown artifact per stage run, cache hit or not, so the UI's run page lists what every
-    stage produced (file links, rows, hashes) and whether it was recomputed."""
-    from prefect.artifacts import create_markdown_artifact
+                          seconds: float, report: Report, run_name: str) -> None:
+    """One markdown artifact per stage run, cache hit or not, so the UI's run page lists what every
+    stage produced (file links, rows, hashes), whether it was recomputed, its summary and plots;
+    plus the stage's table, when it has one."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     root = Path(run_dir).resolve() / stage
     rows = []
@@ -70,8 +55,12 @@ def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, ca
     md = (f"# {stage}: {state}\n\nRun dir `{Path(run_dir).resolve()}` · input fingerprint "
           f"`{manifest.get('input_fingerprint', '')[:12]}` · produced {manifest.get('created_at', '?')}\n\n"
           f"| file | kind | rows | sha256 |\n|---|---|---|---|\n" + "\n".join(rows) +
-          f"\n\n```\n{summary}\n```\n")
-    create_markdown_artifact(markdown=md, description=f"{stage} outputs ({'cache hit' if cached else 'computed'})")
+          f"\n\n```\n{summary}\n```\n\n" + inline_images(report.markdown, root) + "\n")
+    create_markdown_artifact(key=artifact_key(report.markdown_key, run_name) if report.markdown_key else None,
+                             markdown=md, description=f"{stage} outputs ({'cache hit' if cached else 'computed'})")
+    if report.table_key and report.table:
+        create_table_artifact(key=artifact_key(report.table_key, run_name), table=report.table,
+                              description=report.table_description)
 
 
 def publish_run_summary(run_name: str, run_dir: str, results: dict[str, dict[str, Any]]) -> None:

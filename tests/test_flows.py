@@ -21,7 +21,7 @@ def test_prepare_flow_caches_on_content_and_recomputes_on_change(prefect_harness
     from prefect.artifacts import Artifact
 
     from flows.pipeline import pipeline_flow
-    from flows.prepare import prepare_flow
+    from flows.stage import prepare_flow
 
     first = pipeline_flow(config_path=str(demo_copy))["prepare"]
     assert not first["cached"]
@@ -36,21 +36,21 @@ def test_prepare_flow_caches_on_content_and_recomputes_on_change(prefect_harness
 
     # touching a file without changing its bytes is still a hit (content hash, not mtime)
     (demo_copy.parent / "data/stsb/train.csv").touch()
-    assert prepare_flow(config_path=str(demo_copy))["cached"]
+    assert prepare_flow(config_path=str(demo_copy))["prepare"]["cached"]
 
     # editing one source row recomputes
     sts = demo_copy.parent / "data/stsb/train.csv"
     lines = sts.read_text().splitlines(keepends=True)
     lines[0] = "A kitten naps in the sun.,A small cat sleeps in sunlight.,4.4\n"
     sts.write_text("".join(lines))
-    third = prepare_flow(config_path=str(demo_copy))
+    third = prepare_flow(config_path=str(demo_copy))["prepare"]
     assert not third["cached"]
     assert _output_hashes(third["manifest"])["stsb.parquet"] != _output_hashes(first["manifest"])["stsb.parquet"]
     assert _output_hashes(third["manifest"])["banking77.parquet"] == _output_hashes(first["manifest"])["banking77.parquet"]
 
     # a deleted artifact is never served from cache
     shutil.rmtree(run_dir / "prepare")
-    fourth = prepare_flow(config_path=str(demo_copy))
+    fourth = prepare_flow(config_path=str(demo_copy))["prepare"]
     assert not fourth["cached"] and (run_dir / "prepare/manifest.json").exists()
 
     assert Artifact.get(key="prepare-counts-demo") is not None

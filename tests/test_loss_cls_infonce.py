@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from embed_core.losses import ClassificationInfoNCELoss, classification_infonce
+from embed_core.losses.cls_infonce import ClassificationInfoNCE, classification_infonce
+from tests.loss_calls import call_loss
 
 
 def _unit(*xs):
@@ -36,7 +37,9 @@ def test_same_label_collision_masks_the_other_text():
     neg_labels = torch.tensor([[2], [3]])
     l0 = -math.log(E(0.8) / (E(0.8) + E(0) + E(1)))  # own neg 0, other row's neg 1; t1 masked
     l1 = -math.log(E(0.8) / (E(0.8) + E(0) + E(1)))  # own neg 0, other row's neg (1,0)·(0,1)... = 1
-    got = ClassificationInfoNCELoss(tau=1.0)(T, POS, NEG, labels, neg_labels).item()
+    got = call_loss(ClassificationInfoNCE(ClassificationInfoNCE.Params(tau=1.0)),
+                    {"query": T, "positive": POS, "negative": NEG}, task="classification",
+                    num_negatives=2, labels=labels.tolist(), negative_labels=neg_labels.flatten().tolist()).item()
     assert got == pytest.approx((l0 + l1) / 2, rel=1e-9)
     unmasked = classification_infonce(T, POS, NEG, torch.tensor([5, 6]), neg_labels, tau=1.0).item()
     assert unmasked > got  # without the collision the other text adds to the denominator

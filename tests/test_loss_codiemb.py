@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-from embed_core.losses.codiemb_sts import (CoDiEmbSTSLoss, average_ranks_desc, codiemb_sts, pearson_loss,
+from embed_core.losses.codiemb_sts import (CoDiEmbSTS, average_ranks_desc, codiemb_sts, pearson_loss,
                                            pro_loss, rank_kl_loss)
-from embed_core.losses.multi_positive_infonce import MultiPositiveInfoNCELoss, multi_positive_infonce
+from embed_core.losses.multi_positive_infonce import MultiPositiveInfoNCE, multi_positive_infonce
+from tests.loss_calls import call_loss
 
 
 def test_multi_positive_infonce_by_hand():
@@ -26,7 +27,10 @@ def test_multi_positive_infonce_by_hand():
     expected = total / 2
     t = torch.tensor
     assert float(multi_positive_infonce(t(q), t(pos), t(neg), tau=tau)) == pytest.approx(expected, rel=1e-6)
-    assert float(MultiPositiveInfoNCELoss(tau=tau)(t(q), t(pos), t(neg))) == pytest.approx(expected, rel=1e-6)
+    loss = MultiPositiveInfoNCE(MultiPositiveInfoNCE.Params(tau=tau, num_positives=2))
+    flat_pos = t(pos).reshape(-1, t(pos).size(-1))  # the batch layout: K+ positives per query, in query order
+    got = call_loss(loss, {"query": t(q), "positive": flat_pos, "negative": t(neg)})
+    assert float(got) == pytest.approx(expected, rel=1e-6)
 
 
 def test_pearson_by_hand():
@@ -81,6 +85,7 @@ def test_sts_combination_uses_the_papers_weights():
     assert float(out["loss"]) == pytest.approx(float(expected))
     a = torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)
     b = torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)
-    assert float(CoDiEmbSTSLoss()(a, b, gold)) == pytest.approx(float(codiemb_sts((a * b).sum(-1), gold)["loss"]))
+    got = call_loss(CoDiEmbSTS(), {"a": a, "b": b}, task="sts", scores=gold.tolist())
+    assert float(got) == pytest.approx(float(codiemb_sts((a * b).sum(-1), gold)["loss"]))
     with pytest.raises(ValueError):
-        CoDiEmbSTSLoss(weights=(1.0, -1.0, 0.0))
+        CoDiEmbSTS.Params(rank_kl_weight=-1.0)

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from embed_core.losses import CoSENTLoss, cosent
+from embed_core.losses.cosent import CoSENT, cosent
+from tests.loss_calls import call_loss
 
 
 def _pairs(cosines):
@@ -25,7 +26,7 @@ def test_cosent_matches_hand_computation():
 
 def test_only_the_order_of_gold_scores_matters_and_ties_add_nothing():
     a, b = _pairs([0.9, 0.5, 0.1])
-    loss = CoSENTLoss(0.05)
-    assert loss(a, b, torch.tensor([3.0, 1.0, 2.0])).item() == pytest.approx(
-        loss(a, b, torch.tensor([30.0, 0.0, 7.0])).item(), rel=1e-12)
-    assert loss(a, b, torch.tensor([1.0, 1.0, 1.0])).item() == pytest.approx(0.0, abs=1e-12)  # log(1 + 0)
+    loss = lambda scores: call_loss(CoSENT(CoSENT.Params(tau=0.05)), {"a": a, "b": b}, task="sts",  # noqa: E731
+                                    scores=scores).item()
+    assert loss([3.0, 1.0, 2.0]) == pytest.approx(loss([30.0, 0.0, 7.0]), rel=1e-6)
+    assert loss([1.0, 1.0, 1.0]) == pytest.approx(0.0, abs=1e-12)  # log(1 + 0)

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from embed_core.losses import HMCLHead, HMCLLoss, hmcl, listmle
+from embed_core.losses.hmcl import HMCL, HMCLHead, hmcl, listmle
+from tests.loss_calls import call_loss
 
 
 def test_listmle_is_the_negative_log_permutation_likelihood():
@@ -53,7 +54,9 @@ def test_hmcl_total_with_the_papers_weights_by_hand():
     assert float(out["L_l"]) == pytest.approx(ll, rel=1e-5)
     assert float(out["L_e"].detach()) == pytest.approx(le, rel=1e-5)
     assert float(out["loss"].detach()) == pytest.approx(expected, rel=1e-5)
-    loss = HMCLLoss(tau=tau)(t(q), t(p), t(w), t(n), torch.tensor(has_neg)).detach()
+    rows = [i for i, has in enumerate(has_neg) if has]  # the batch carries only the rows' real negatives
+    emb = {"query": t(q), "positive": t(p), "weak": t(w), "negative": t(n)[rows]}
+    loss = call_loss(HMCL(HMCL.Params(tau=tau)), emb, negative_rows=rows).detach()
     assert float(loss) == pytest.approx(expected, rel=1e-5)
 
 
@@ -70,6 +73,6 @@ def test_hmcl_prefers_the_three_level_order():
 
 def test_rejects_bad_arguments():
     with pytest.raises(ValueError):
-        HMCLLoss(tau=0)
+        HMCL.Params(tau=0)
     with pytest.raises(ValueError):
-        HMCLLoss(mu_c=-1)
+        HMCL.Params(mu_c=-1)

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from embed_core.losses import InfoNCELoss, infonce
+from embed_core.losses.infonce import InfoNCE, infonce
+from tests.loss_calls import call_loss
 
 
 def _unit(*xs):
@@ -32,12 +33,13 @@ def test_query_negatives_term_can_be_switched_off():
     tau = 1.0
     l1 = -math.log(math.exp(1) / (math.exp(1) + math.exp(0.6)))
     l2 = -math.log(math.exp(0.8) / (math.exp(0) + math.exp(0.8)))
-    assert InfoNCELoss(tau, query_negatives=False)(q, pos).item() == pytest.approx((l1 + l2) / 2, rel=1e-9)
+    loss = InfoNCE(InfoNCE.Params(tau=tau, query_negatives=False))
+    assert call_loss(loss, {"query": q, "positive": pos}).item() == pytest.approx((l1 + l2) / 2, rel=1e-9)
 
 
 def test_bad_tau_is_rejected():
     with pytest.raises(ValueError):
-        InfoNCELoss(tau=0)
+        InfoNCE.Params(tau=0)
 
 
 def test_flat_negatives_of_uneven_rows_equal_the_per_row_layout():

@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from embed_core.losses import PairBCELoss, graded_targets, logit_bias, pair_bce, pair_bce_pointwise
+from embed_core.losses import LossContext
+from embed_core.losses.pair_bce import PairBCE, graded_targets, logit_bias, pair_bce, pair_bce_pointwise
+from tests.loss_calls import call_loss
 
 
 def _log_sigmoid(t):
@@ -42,7 +44,9 @@ def test_in_batch_bce_by_hand():
             total -= z * _log_sigmoid(s) + (1 - z) * _log_sigmoid(-s)
     expected = total / 2  # summed over candidates, divided by the number of anchors
     assert float(pair_bce(q, pos, neg, scale=scale)) == pytest.approx(expected, rel=1e-6)
-    assert float(PairBCELoss(scale=scale, bias=bias)(q, pos, neg)) == pytest.approx(expected, rel=1e-6)
+    loss = PairBCE(PairBCE.Params(scale=scale, bias=bias, cutoff=0.0))  # relevance 1 of 1: z = 1
+    got = call_loss(loss, {"query": q, "positive": pos, "negative": neg}, scores=[1.0] * q.size(0))
+    assert float(got) == pytest.approx(expected, rel=1e-6)
 
     # graded own-positive targets: z = 0.8 for anchor 0, 1.0 for anchor 1
     total = 0.0
@@ -69,20 +73,15 @@ def test_pointwise_graded_bce_by_hand():
 
 def test_rejects_bad_scale():
     with pytest.raises(ValueError):
-        PairBCELoss(scale=0)
+        PairBCE.Params(scale=0)
 
 
 def test_bias_warmup_moves_linearly_to_the_eq3_value():
-    from types import SimpleNamespace
-
-    from embed_core.config import TrainStageConfig
-    from embed_core.training.trainer import Trainer
-
-    stage = TrainStageConfig(name="s", warmup_steps=4, bce_bias_warmup_from=-25.0)
-    at = lambda step: Trainer._bce_bias(SimpleNamespace(stage=stage, step=step), 9)  # noqa: E731
+    loss = PairBCE(PairBCE.Params(bias_warmup_from=-25.0))
+    at = lambda step: loss.bias_at(LossContext(step=step, warmup_steps=4), 9)  # noqa: E731
     target = -math.log(8)  # 9 candidates per anchor: p = 1/9
     assert at(0) == pytest.approx(-25.0)
     assert at(2) == pytest.approx(-25.0 + (target + 25.0) / 2)
     assert at(4) is None  # after warm-up: the configured β (None = Eq. 3 inside the loss)
-    fixed = TrainStageConfig(name="s", warmup_steps=4, bce_bias=-12.0, bce_bias_warmup_from=-25.0)
-    assert Trainer._bce_bias(SimpleNamespace(stage=fixed, step=1), 9) == pytest.approx(-25.0 + 13.0 / 4)
+    fixed = PairBCE(PairBCE.Params(bias=-12.0, bias_warmup_from=-25.0))
+    assert fixed.bias_at(LossContext(step=1, warmup_steps=4), 9) == pytest.approx(-25.0 + 13.0 / 4)

@@ -214,6 +214,6 @@ def test_config_snapshot_keys_every_stage_like_the_original_config(tmp_path):
     save_config_snapshot(tmp_path, original)
     snapshot = load_config_snapshot(tmp_path)
     assert snapshot.data_root != original.data_root
-    assert prepare.input_fingerprint(snapshot)["key"] == prepare.input_fingerprint(original)["key"]
-    assert (evaluate.input_fingerprint(snapshot, tmp_path, ["base"])["key"]
-            == evaluate.input_fingerprint(original, tmp_path, ["base"])["key"])
+    assert prepare.input_fingerprint(snapshot).key == prepare.input_fingerprint(original).key
+    assert (evaluate.input_fingerprint(snapshot, tmp_path, ["base"]).key
+            == evaluate.input_fingerprint(original, tmp_path, ["base"]).key)

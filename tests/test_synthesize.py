@@ -213,17 +213,17 @@ def test_budget_stops_cleanly_and_a_bigger_budget_resumes_from_the_cache(demo_co
 
 def test_api_key_reaches_the_server_and_no_file_or_log(demo_copy, tmp_path, prefect_harness, capfd, caplog,
                                                        monkeypatch):
-    from flows.synthesize import synthesize_flow
+    from flows.stage import synthesize_flow
 
     secret = "sk-embedpipe-test-4f1c2b9e77d0"
     monkeypatch.setenv("EMBEDPIPE_TEST_LLM_KEY", secret)
     with ScriptedLLMServer(faults=["500"]) as server:
         synth = _server_cfg(server.base_url, server={"mode": "chat", "api_key_env": "EMBEDPIPE_TEST_LLM_KEY"})
         config, run_dir = _prepared(demo_copy, tmp_path, synth)
-        res = synthesize_flow(config=config, run_dir=str(run_dir))
+        res = synthesize_flow(config=config, run_dir=str(run_dir))["synthesize"]
         assert f"Bearer {secret}" in server.keys_seen
         calls = server.total_calls
-        again = synthesize_flow(config=config, run_dir=str(run_dir))   # Prefect task cache: same inputs
+        again = synthesize_flow(config=config, run_dir=str(run_dir))["synthesize"]   # Prefect task cache: same inputs
         assert again["cached"] and not res["cached"] and server.total_calls == calls
     assert res["manifest"]["counts"]["kept"] > 0 and res["manifest"]["llm"]["api_key_env"] == "EMBEDPIPE_TEST_LLM_KEY"
     out, err = capfd.readouterr()

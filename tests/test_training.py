@@ -247,9 +247,11 @@ def test_stage_with_bce_and_hmcl_losses_trains_and_saves(prepared, tiny_model):
     assert len(metrics) == 8 and all(r["loss"] == r["loss"] and r["loss"] > 0 for r in metrics)
     assert {"retrieval", "sts", "nli"} & {r["task"] for r in metrics}
     saved = _weights(run_dir / "train-alt/model")
-    assert not any("hmcl_head" in k for k in saved)  # the L_e head is a training-only part
+    assert not any("loss_heads" in k for k in saved)  # the L_e head is a training-only part
     settings = json.loads((run_dir / "train-alt/model/embedpipe.json").read_text())
-    assert settings["training"]["stage"]["losses"] == {"retrieval": "hmcl", "nli": "hmcl", "sts": "pair_bce"}
+    losses = settings["training"]["stage"]["losses"]  # recorded with every parameter filled in
+    assert {task: spec["name"] for task, spec in losses.items()} == {"retrieval": "hmcl", "nli": "hmcl", "sts": "pair_bce"}
+    assert losses["sts"]["scale"] == 20.0 and losses["retrieval"]["levels"] == [0.8, 0.4]
     assert manifest["input_fingerprint"]
 
 
@@ -267,9 +269,9 @@ def test_hmcl_batches_map_scores_to_levels_and_fill_missing_ones():
                      "weak_positives": [], "label": None, "origin": "original", "source_ref": f"f:{i}"})
     records = DatasetRecords("s", pa.Table.from_pylist(rows, schema=RECORD_SCHEMA))
     kwargs = dict(step=3, seed=7, num_negatives=1, query_max_length=16, passage_max_length=16, use_instructions=False,
-                  loss="hmcl", hmcl_levels=(0.8, 0.4))
+                  layout="hmcl", hmcl_levels=(0.8, 0.4))
     batch = build_batch(records, [0, 1, 2], **kwargs)
-    assert batch.loss == "hmcl" and batch.max_score == pytest.approx(4.6)
+    assert batch.layout == "hmcl" and batch.max_score == pytest.approx(4.6)
     pos, weak = batch.groups["positive"].texts, batch.groups["weak"].texts
     assert pos[0] == "a cat is sitting"            # 4.6/4.6 >= 0.8: the pair's text is the positive
     assert weak[1] == "a dog walks"                 # 2.5/4.6 in [0.4, 0.8): weak-positive
@@ -284,8 +286,9 @@ def test_codiemb_stage_alternates_ir_and_sts_steps(prepared, tiny_model):
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
-    stage = dict(cfg["train"]["stages"][1], name="codiemb", steps=6, alternate_tasks=True, num_positives=2,
-                 losses={"retrieval": "codiemb_ir", "sts": "codiemb_sts", "nli": "codiemb_sts"},
+    stage = dict(cfg["train"]["stages"][1], name="codiemb", steps=6, alternate_tasks=True,
+                 losses={"retrieval": {"name": "codiemb_ir", "num_positives": 2}, "sts": "codiemb_sts",
+                         "nli": "codiemb_sts"},
                  datasets=["scifact", "flag-toy", "stsb", "sick-e"])
     cfg["train"]["stages"] = [stage]
     run_train_stage(parse_config(cfg), run_dir, "codiemb")
@@ -309,7 +312,7 @@ def test_codiemb_ir_batches_draw_k_positives_and_negatives_with_replacement():
              "negative_labels": [], "weak_positives": [], "label": None, "origin": "original", "source_ref": "f:2"}]
     records = DatasetRecords("r", pa.Table.from_pylist(rows, schema=RECORD_SCHEMA))
     batch = build_batch(records, [0, 1], step=0, seed=1, num_negatives=4, query_max_length=8, passage_max_length=8,
-                        use_instructions=False, loss="codiemb_ir", num_positives=2)
+                        use_instructions=False, layout="multi_positive", num_positives=2)
     pos = batch.groups["positive"].texts
     assert pos[:2] == ["p0", "p0"]                               # one positive, drawn twice (replacement)
     assert len(set(pos[2:])) == 2 and set(pos[2:]) <= {"p1a", "p1b", "p1c"}  # enough: drawn without

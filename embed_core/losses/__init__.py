@@ -1,22 +1,63 @@
-"""Training losses, one module each (formula and source in each docstring).
+"""Training losses, one module each (formula and source in each docstring), and their registry.
 
-Every loss is a plain function of L2-normalised embeddings plus a thin ``torch.nn.Module`` whose
-``__init__`` checks its arguments, so the trainer, GradCache and tests call the same code.
+Every module under this package that defines a subclass of ``Loss`` with a ``name`` is found
+here: a stage config names the loss per task (``losses: {retrieval: {name: pair_bce, scale:
+20.0}}``), ``loss_for`` builds it with validated parameters, and ``DEFAULT_LOSSES`` gives QZhou's
+choice for every task a stage does not name.
 """
 
-from embed_core.losses.cls_infonce import ClassificationInfoNCELoss, classification_infonce
-from embed_core.losses.cosent import CoSENTLoss, cosent
-from embed_core.losses.codiemb_sts import CoDiEmbSTSLoss, codiemb_sts, pearson_loss, pro_loss, rank_kl_loss
-from embed_core.losses.hmcl import HMCLHead, HMCLLoss, hmcl, listmle
-from embed_core.losses.infonce import InfoNCELoss, infonce
-from embed_core.losses.multi_positive_infonce import MultiPositiveInfoNCELoss, multi_positive_infonce
-from embed_core.losses.pair_bce import PairBCELoss, graded_targets, logit_bias, pair_bce, pair_bce_pointwise
+from __future__ import annotations
 
-from embed_core.config import DEFAULT_LOSSES as LOSSES_BY_TASK  # noqa: E402
-from embed_core.config import LOSS_CHOICES as ALTERNATIVE_LOSSES  # noqa: E402
+import importlib
+import pkgutil
+from typing import Any
 
-__all__ = ["InfoNCELoss", "infonce", "CoSENTLoss", "cosent", "ClassificationInfoNCELoss",
-           "classification_infonce", "LOSSES_BY_TASK", "ALTERNATIVE_LOSSES", "PairBCELoss", "pair_bce",
-           "pair_bce_pointwise", "graded_targets", "logit_bias", "HMCLLoss", "HMCLHead", "hmcl", "listmle",
-           "MultiPositiveInfoNCELoss", "multi_positive_infonce", "CoDiEmbSTSLoss", "codiemb_sts", "pearson_loss",
-           "rank_kl_loss", "pro_loss"]
+from pydantic import ValidationError
+
+from embed_core.losses.base import Loss, LossContext, LossParams
+
+__all__ = ["Loss", "LossContext", "LossParams", "LOSSES", "DEFAULT_LOSSES", "loss_for", "validate_loss_spec"]
+
+
+def _discover() -> dict[str, type[Loss]]:
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    found: dict[str, type[Loss]] = {}
+    todo = list(Loss.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if getattr(cls, "name", None):
+            if cls.name in found and found[cls.name] is not cls:
+                raise RuntimeError(f"two losses are named {cls.name!r}: {found[cls.name]} and {cls}")
+            found[cls.name] = cls
+    return dict(sorted(found.items()))
+
+
+LOSSES: dict[str, type[Loss]] = _discover()
+DEFAULT_LOSSES: dict[str, str] = {task: cls.name for cls in LOSSES.values() for task in cls.default_for}
+
+
+def validate_loss_spec(task: str, spec: str | dict[str, Any]) -> dict[str, Any]:
+    """``{name, **params}`` with every parameter filled in; ``ValueError`` says what is wrong."""
+    if task not in DEFAULT_LOSSES:
+        raise ValueError(f"no losses for task {task!r} (tasks: {', '.join(DEFAULT_LOSSES)})")
+    spec = {"name": spec} if isinstance(spec, str) else dict(spec)
+    name = spec.pop("name", None)
+    choices = [n for n, cls in LOSSES.items() if task in cls.tasks]
+    if name not in LOSSES or task not in LOSSES[name].tasks:
+        raise ValueError(f"loss {name!r} is not available for {task} (choose from {', '.join(choices)})")
+    try:
+        params = LOSSES[name].Params.model_validate(spec)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"{task} ({name}): {'.'.join(map(str, first['loc']))}: {first['msg']} "
+                         f"(parameters: {', '.join(LOSSES[name].Params.model_fields)})") from None
+    return {"name": name, **params.model_dump(mode="json")}
+
+
+def loss_for(task: str, spec: dict[str, Any] | None) -> Loss:
+    """The loss a stage trains ``task`` with (its config's choice, else QZhou's)."""
+    spec = validate_loss_spec(task, spec or DEFAULT_LOSSES[task])
+    cls = LOSSES[spec.pop("name")]
+    return cls(cls.Params.model_validate(spec))

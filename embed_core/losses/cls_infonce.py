@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from pydantic import Field
+from torch import Tensor
+
+from embed_core.losses.base import Loss, LossContext, LossParams
 
 
 def classification_infonce(t: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, neg_labels: Tensor, *,
@@ -35,12 +38,19 @@ def classification_infonce(t: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, 
     return F.cross_entropy(logits, torch.zeros(n, dtype=torch.long, device=t.device))
 
 
-class ClassificationInfoNCELoss(nn.Module):
-    def __init__(self, tau: float = 0.02):
-        super().__init__()
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        self.tau = tau
+class ClassificationInfoNCE(Loss):
+    """QZhou's classification loss (per-rank: labels are dataset-local)."""
 
-    def forward(self, t: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, neg_labels: Tensor) -> Tensor:
-        return classification_infonce(t, pos, neg, labels, neg_labels, tau=self.tau)
+    name = "cls_infonce"
+    tasks = ("classification",)
+    default_for = ("classification",)
+
+    class Params(LossParams):
+        tau: float = Field(0.02, gt=0, description="Temperature τ (QZhou: 0.02).")
+
+    def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
+        t, pos = emb["query"], emb["positive"]
+        neg = emb["negative"] if batch.num_negatives else t.new_zeros(0, t.size(1))
+        labels = torch.tensor(batch.labels, device=t.device)
+        neg_labels = torch.tensor(batch.negative_labels, device=t.device, dtype=torch.long)
+        return classification_infonce(t, pos, neg, labels, neg_labels, tau=self.params.tau)

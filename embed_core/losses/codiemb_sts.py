@@ -19,7 +19,10 @@ against gold scores y_i of a batch of pairs, and their combination
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from pydantic import Field
+from torch import Tensor
+
+from embed_core.losses.base import Loss, LossContext, LossParams
 
 
 def pearson_loss(pred: Tensor, gold: Tensor) -> Tensor:
@@ -79,15 +82,21 @@ def codiemb_sts(pred: Tensor, gold: Tensor, *, tau: float = 0.05, weights: tuple
     return {"loss": a * parts["pearson"] + b * parts["rank_kl"] + c * parts["pro"], **parts}
 
 
-class CoDiEmbSTSLoss(nn.Module):
-    def __init__(self, tau: float = 0.05, weights: tuple[float, float, float] = (2.0, 5.0, 0.5)):
-        super().__init__()
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        if len(weights) != 3 or min(weights) < 0:
-            raise ValueError(f"weights must be three numbers >= 0, got {weights}")
-        self.tau, self.weights = tau, tuple(weights)
+class CoDiEmbSTS(Loss):
+    """CoDiEmb's STS objective (per-rank: CoDiEmb keeps STS batches local)."""
 
-    def forward(self, a: Tensor, b: Tensor, gold: Tensor) -> Tensor:
-        """a, b: [N, d] L2-normalised pair embeddings; gold: [N] scores."""
-        return codiemb_sts((a * b).sum(-1), gold, tau=self.tau, weights=self.weights)["loss"]
+    name = "codiemb_sts"
+    tasks = ("sts", "nli", "pair_classification")
+
+    class Params(LossParams):
+        tau: float = Field(0.05, gt=0, description="τ of RankKL and PRO.")
+        pearson_weight: float = Field(2.0, ge=0, description="Weight of the Pearson term (CoDiEmb: 2).")
+        rank_kl_weight: float = Field(5.0, ge=0, description="Weight of the RankKL term (CoDiEmb: 5).")
+        pro_weight: float = Field(0.5, ge=0, description="Weight of the PRO term (CoDiEmb: 0.5).")
+
+    def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
+        """a, b: [N, d] L2-normalised pair embeddings; gold: the batch's scores."""
+        p = self.params
+        gold = torch.tensor(batch.scores, device=emb["a"].device, dtype=torch.float32)
+        return codiemb_sts((emb["a"] * emb["b"]).sum(-1), gold, tau=p.tau,
+                           weights=(p.pearson_weight, p.rank_kl_weight, p.pro_weight))["loss"]

@@ -11,7 +11,10 @@ CoSENT's and sentence-transformers' default.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from pydantic import Field
+from torch import Tensor
+
+from embed_core.losses.base import Loss, LossContext, LossParams
 
 
 def cosent(a: Tensor, b: Tensor, scores: Tensor, *, tau: float = 0.05) -> Tensor:
@@ -24,12 +27,16 @@ def cosent(a: Tensor, b: Tensor, scores: Tensor, *, tau: float = 0.05) -> Tensor
     return torch.logsumexp(torch.cat([zero, diff.flatten()]), dim=0)
 
 
-class CoSENTLoss(nn.Module):
-    def __init__(self, tau: float = 0.05):
-        super().__init__()
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        self.tau = tau
+class CoSENT(Loss):
+    """QZhou's loss for scored pairs (STS, NLI, pair classification; per-rank)."""
 
-    def forward(self, a: Tensor, b: Tensor, scores: Tensor) -> Tensor:
-        return cosent(a, b, scores, tau=self.tau)
+    name = "cosent"
+    tasks = ("sts", "nli", "pair_classification")
+    default_for = ("sts", "nli", "pair_classification")
+
+    class Params(LossParams):
+        tau: float = Field(0.05, gt=0, description="Temperature τ (0.05 = scale 20, CoSENT's default).")
+
+    def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
+        scores = torch.tensor(batch.scores, device=emb["a"].device, dtype=torch.float32)
+        return cosent(emb["a"], emb["b"], scores, tau=self.params.tau)

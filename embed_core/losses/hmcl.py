@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
+
+from embed_core.losses.base import Loss, LossContext, LossParams
 
 POSITIVE, WEAK_POSITIVE, NEGATIVE = 0, 1, 2
 
@@ -96,17 +99,40 @@ def hmcl(q: Tensor, p: Tensor, w: Tensor, n: Tensor | None = None, neg_mask: Ten
     return {"loss": mu_c * l_c + mu_l * l_l + mu_e * l_e, "L_c": l_c, "L_l": l_l, "L_e": l_e}
 
 
-class HMCLLoss(nn.Module):
-    def __init__(self, tau: float = 0.05, mu_c: float = 2.0, mu_l: float = 1.0, mu_e: float = 0.2, mu_ed: float = 0.1):
-        super().__init__()
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        if min(mu_c, mu_l, mu_e, mu_ed) < 0:
-            raise ValueError("loss weights must be >= 0")
-        self.tau, self.mu = tau, (mu_c, mu_l, mu_e, mu_ed)
+class HMCL(Loss):
+    """HMCL (Eq. 11 standard mode) on (query, positive, weak positive, optional negative) batches."""
+
+    name = "hmcl"
+    tasks = ("retrieval",) + ("sts", "nli", "pair_classification")
+    layout = "hmcl"
+
+    class Params(LossParams):
+        tau: float = Field(0.05, gt=0, description="Temperature of all components.")
+        mu_c: float = Field(2.0, ge=0, description="Weight μ_c of the contrastive term L_c.")
+        mu_l: float = Field(1.0, ge=0, description="Weight μ_l of the ListMLE term L_l.")
+        mu_e: float = Field(0.2, ge=0, description="Weight μ_e of the pair-type term L_e.")
+        mu_ed: float = Field(0.1, ge=0, description="Weight μ_e,d of L_e's negative class.")
+        levels: tuple[float, float] = Field((0.8, 0.4), description="Levels of scored pairs, as fractions of the "
+                                            "dataset's highest score: >= first positive, >= second weak-positive, "
+                                            "else negative (STS 0–5: 4 and 2; entailment 2/1/0).")
+
+    def __init__(self, params: LossParams | None = None):
+        super().__init__(params)
         self.head = HMCLHead()
 
-    def forward(self, q: Tensor, p: Tensor, w: Tensor, n: Tensor | None = None, neg_mask: Tensor | None = None) -> Tensor:
-        mu_c, mu_l, mu_e, mu_ed = self.mu
-        return hmcl(q, p, w, n, neg_mask, head=self.head, tau=self.tau, mu_c=mu_c, mu_l=mu_l, mu_e=mu_e,
-                    mu_ed=mu_ed)["loss"]
+    def batch_options(self) -> dict:
+        return {"hmcl_levels": self.params.levels}
+
+    def trainable_module(self) -> nn.Module:
+        return self.head
+
+    def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
+        p = self.params
+        q, pos, weak = emb["query"], emb["positive"], emb["weak"]
+        n = mask = None
+        if batch.negative_rows:
+            rows = torch.tensor(batch.negative_rows, device=q.device)
+            n = q.new_zeros(q.shape).index_copy(0, rows, emb["negative"].to(q.dtype))
+            mask = torch.zeros(q.size(0), dtype=torch.bool, device=q.device).index_fill(0, rows, True)
+        return hmcl(q, pos, weak, n, mask, head=self.head, tau=p.tau, mu_c=p.mu_c, mu_l=p.mu_l, mu_e=p.mu_e,
+                    mu_ed=p.mu_ed)["loss"]

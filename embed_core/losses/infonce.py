@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from pydantic import Field
+from torch import Tensor
+
+from embed_core.losses.base import Loss, LossContext, LossParams
 
 
 def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02,
@@ -32,13 +35,19 @@ def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0
     return F.cross_entropy(logits, target)
 
 
-class InfoNCELoss(nn.Module):
-    def __init__(self, tau: float = 0.02, query_negatives: bool = True):
-        super().__init__()
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        self.tau = tau
-        self.query_negatives = query_negatives
+class InfoNCE(Loss):
+    """QZhou's retrieval loss: documents and queries of every rank are negatives (all-gathered)."""
 
-    def forward(self, q: Tensor, pos: Tensor, neg: Tensor | None = None) -> Tensor:
-        return infonce(q, pos, neg, tau=self.tau, query_negatives=self.query_negatives)
+    name = "infonce"
+    tasks = ("retrieval",)
+    default_for = ("retrieval",)
+
+    class Params(LossParams):
+        tau: float = Field(0.02, gt=0, description="Temperature τ (QZhou: 0.02).")
+        query_negatives: bool = Field(True, description="Eq. 1's query–query term.")
+
+    def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
+        neg = emb.get("negative")  # flat [m, d]
+        return infonce(ctx.gather(emb["query"]), ctx.gather(emb["positive"]),
+                       ctx.gather(neg) if neg is not None else None, tau=self.params.tau,
+                       query_negatives=self.params.query_negatives)

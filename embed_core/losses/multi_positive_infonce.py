@@ -17,7 +17,10 @@ authors' scripts; the paper does not state it).
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from pydantic import Field
+from torch import Tensor
+
+from embed_core.losses.base import Loss, LossContext, LossParams
 
 
 def multi_positive_infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02) -> Tensor:
@@ -37,12 +40,22 @@ def multi_positive_infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *,
     return loss.sum(dim=1).mean()
 
 
-class MultiPositiveInfoNCELoss(nn.Module):
-    def __init__(self, tau: float = 0.02):
-        super().__init__()
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        self.tau = tau
+class MultiPositiveInfoNCE(Loss):
+    """CoDiEmb's retrieval loss: K+ positives per query; gathered across ranks (CoDiEmb A.5)."""
 
-    def forward(self, q: Tensor, pos: Tensor, neg: Tensor | None = None) -> Tensor:
-        return multi_positive_infonce(q, pos, neg, tau=self.tau)
+    name = "codiemb_ir"
+    tasks = ("retrieval",)
+    layout = "multi_positive"
+
+    class Params(LossParams):
+        tau: float = Field(0.02, gt=0, description="Temperature τ.")
+        num_positives: int = Field(2, ge=1, description="Positives per query K+ (CoDiEmb: 2; drawn with replacement "
+                                   "when a record has fewer, as are the stage's num_hard_negatives K−).")
+
+    def batch_options(self) -> dict:
+        return {"num_positives": self.params.num_positives}
+
+    def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
+        q, pos, neg = ctx.gather(emb["query"]), ctx.gather(emb["positive"]), emb.get("negative")
+        neg = ctx.gather(neg) if neg is not None else None
+        return multi_positive_infonce(q, pos.view(q.size(0), self.params.num_positives, -1), neg, tau=self.params.tau)

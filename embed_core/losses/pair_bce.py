@@ -24,7 +24,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from pydantic import Field
+from torch import Tensor
+
+from embed_core.losses.base import Loss, LossContext, LossParams
 
 
 def logit_bias(positive_share: float) -> float:
@@ -71,12 +74,37 @@ def pair_bce_pointwise(a: Tensor, b: Tensor, z: Tensor, *, scale: float = 20.0, 
     return F.binary_cross_entropy_with_logits(logits, z.to(logits.dtype), reduction="sum") / n
 
 
-class PairBCELoss(nn.Module):
-    def __init__(self, scale: float = 20.0, bias: float | None = None):
-        super().__init__()
-        if not scale > 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
-        self.scale, self.bias = scale, bias
+class PairBCE(Loss):
+    """In-batch BCE for retrieval (all-gathered across ranks), pointwise graded BCE for scored pairs."""
 
-    def forward(self, q: Tensor, pos: Tensor, neg: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
-        return pair_bce(q, pos, neg, scale=self.scale, bias=self.bias, targets=targets)
+    name = "pair_bce"
+    tasks = ("retrieval",) + ("sts", "nli", "pair_classification")
+
+    class Params(LossParams):
+        scale: float = Field(20.0, gt=0, description="Logit scale α (BCE paper: 20 = temperature 0.05).")
+        bias: float | None = Field(None, description="Logit bias β; None = Eq. 3 from the batch (−log(C−1) "
+                                   "in-batch, log(p/(1−p)) pointwise).")
+        bias_warmup_from: float | None = Field(None, description="In-batch: start β here (BCE paper, Qwen2: −25) and "
+                                               "move it linearly to its value over the stage's warmup_steps.")
+        cutoff: float = Field(0.7, ge=0, lt=1, description="Graded targets z = c + (1−c)·r/R (Eq. 4); R = the "
+                              "dataset's highest score.")
+
+    def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
+        p = self.params
+        scores = torch.tensor(batch.scores, device=next(iter(emb.values())).device, dtype=torch.float32)
+        z = graded_targets(scores, batch.max_score, p.cutoff)
+        if "a" in emb:  # scored pairs
+            return pair_bce_pointwise(emb["a"], emb["b"], z, scale=p.scale, bias=p.bias)
+        q, pos, z, neg = ctx.gather(emb["query"]), ctx.gather(emb["positive"]), ctx.gather(z), emb.get("negative")
+        neg = ctx.gather(neg) if neg is not None else None
+        candidates = pos.size(0) + (neg.size(0) if neg is not None else 0)
+        return pair_bce(q, pos, neg, scale=p.scale, bias=self.bias_at(ctx, candidates), targets=z)
+
+    def bias_at(self, ctx: LossContext, candidates: int) -> float | None:
+        """β at this step: the configured value (None: Eq. 3, −log(C−1)), reached linearly from
+        ``bias_warmup_from`` over the warm-up steps when that is set."""
+        p = self.params
+        if p.bias_warmup_from is None or ctx.warmup_steps == 0 or ctx.step >= ctx.warmup_steps:
+            return p.bias
+        target = p.bias if p.bias is not None else logit_bias(1.0 / candidates) if candidates > 1 else 0.0
+        return p.bias_warmup_from + (target - p.bias_warmup_from) * ctx.step / ctx.warmup_steps

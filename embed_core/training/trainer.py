@@ -1,7 +1,8 @@
 """The trainer: task-routed steps over dataset-grouped batches, with exact resume.
 
 One optimizer step = ``grad_accum`` micro-batches, each drawn by the grouped sampler from one
-dataset; the batch's task picks its loss (InfoNCE, CLS InfoNCE or CoSENT). AdamW with weight decay
+dataset; the batch's task picks its loss (``embed_core.losses``: QZhou's InfoNCE, CLS InfoNCE or
+CoSENT unless the stage names another per task). AdamW with weight decay
 (not on biases / LayerNorm), linear warm-up then cosine / linear decay, gradient clipping, bf16
 autocast on CUDA (fp32 on CPU), optional gradient checkpointing and GradCache.
 
@@ -12,8 +13,9 @@ size, not the contrastive batch size; dropout masks match because each chunk's R
 replayed.
 
 Under ``torch.distributed`` every rank draws the same dataset at a step and takes its own slice;
-retrieval embeddings are all-gathered with gradients (``torch.distributed.nn.all_gather``) so
-every rank's queries see all ranks' documents; CLS and CoSENT batches stay local.
+each loss all-gathers (with gradients, ``torch.distributed.nn.all_gather``) what it wants shared:
+retrieval losses gather queries and documents so every rank's queries see all ranks' documents;
+CLS and CoSENT batches stay local.
 
 Checkpoints (``<run_dir>/checkpoints/<stage>/step-N/``) hold model, optimizer, scheduler, sampler
 and RNG states plus the metrics so far; ``resume`` continues from the newest complete one and
@@ -30,7 +32,6 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,10 @@ from torch import Tensor
 
 from embed_core.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError
-from embed_core.config import DEFAULT_LOSSES
-from embed_core.losses.codiemb_sts import codiemb_sts
-from embed_core.losses.multi_positive_infonce import multi_positive_infonce
-from embed_core.losses import (HMCLHead, classification_infonce, cosent, graded_targets, hmcl, infonce, logit_bias,
-                               pair_bce, pair_bce_pointwise)
+from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.model.embedder import Embedder
 from embed_core.sampling import GroupedBatchSampler
-from embed_core.training.batches import (CLS_TASKS, INFONCE_TASKS, PAIR_TASKS, DatasetRecords, TaskBatch, TextGroup,
-                                         build_batch)
+from embed_core.training.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup, build_batch
 
 CHECKPOINT_PREFIX = "step-"
 # Test hook: hard-kill the process (SIGKILL, no cleanup) right after this optimizer step, so the
@@ -98,13 +94,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-@dataclass
-class StepResult:
-    loss: float
-    examples: int
-    tokens: int
-
-
 class Trainer:
     def __init__(self, train: TrainConfig, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], *,
                  init_model: str, checkpoint_dir: Path, seed: int = 42, log: Callable[[str], None] = print):
@@ -122,12 +111,20 @@ class Trainer:
                               bidirectional=train.bidirectional, gguf_file=train.gguf_file if init_model == train.base_model else None,
                               gradient_checkpointing=stage.gradient_checkpointing,
                               lora=train.lora.model_dump() if train.lora else None).to(self.device)
-        # the loss each dataset trains with (stage.losses overrides QZhou's per task)
-        self.loss_of = {n: stage.losses.get(d.task, DEFAULT_LOSSES.get(d.task, "")) for n, d in datasets.items()}
-        if "hmcl" in self.loss_of.values():
-            # L_e's pair-type head: a submodule, so the optimizer, checkpoints and DeepSpeed carry it;
-            # Embedder.save writes only the encoder, so the saved model does not
-            self.model.hmcl_head = HMCLHead().to(self.device)
+        # the loss each task trains with (stage.losses overrides QZhou's); tasks with the same loss
+        # and parameters share one instance (and so one HMCL pair-type head)
+        self.losses: dict[str, Loss] = {}
+        shared: dict[str, Loss] = {}
+        for task in sorted({d.task for d in datasets.values()}):
+            loss = loss_for(task, stage.losses.get(task))
+            key = json.dumps([loss.name, loss.params.model_dump(mode="json")], sort_keys=True)
+            self.losses[task] = shared.setdefault(key, loss)
+        heads = {f"{i}-{loss.name}": m for i, loss in enumerate(shared.values())
+                 if (m := loss.trainable_module()) is not None}
+        if heads:
+            # e.g. HMCL's pair-type head: a submodule, so the optimizer, checkpoints and DeepSpeed
+            # carry it; Embedder.save writes only the encoder, so the saved model does not
+            self.model.loss_heads = torch.nn.ModuleDict(heads).to(self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(_param_groups(self.model, stage.weight_decay), lr=stage.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(stage))
@@ -181,62 +178,8 @@ class Trainer:
         return torch.cat(torch.distributed.nn.all_gather(x), dim=0)
 
     def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
-        s = self.stage
-        if batch.loss == "hmcl":
-            q, p, w = emb["query"], emb["positive"], emb["weak"]
-            n = mask = None
-            if batch.negative_rows:
-                rows = torch.tensor(batch.negative_rows, device=q.device)
-                n = q.new_zeros(q.shape).index_copy(0, rows, emb["negative"].to(q.dtype))
-                mask = torch.zeros(q.size(0), dtype=torch.bool, device=q.device).index_fill(0, rows, True)
-            mu_c, mu_l, mu_e, mu_ed = s.hmcl_weights
-            return hmcl(q, p, w, n, mask, head=self.model.hmcl_head, tau=s.hmcl_tau, mu_c=mu_c, mu_l=mu_l,
-                        mu_e=mu_e, mu_ed=mu_ed)["loss"]
-        if batch.loss == "codiemb_ir":
-            q, pos, neg = emb["query"], emb["positive"], emb.get("negative")
-            if self.world > 1:  # IR gathers across ranks (CoDiEmb A.5); STS stays local
-                q, pos = self._gather(q), self._gather(pos)
-                neg = self._gather(neg) if neg is not None else None
-            return multi_positive_infonce(q, pos.view(q.size(0), s.num_positives, -1), neg, tau=s.tau)
-        if batch.loss == "codiemb_sts":
-            gold = torch.tensor(batch.scores, device=emb["a"].device, dtype=torch.float32)
-            return codiemb_sts((emb["a"] * emb["b"]).sum(-1), gold, tau=s.codiemb_sts_tau,
-                               weights=s.codiemb_sts_weights)["loss"]
-        if batch.loss == "pair_bce":
-            scores = torch.tensor(batch.scores, device=next(iter(emb.values())).device, dtype=torch.float32)
-            z = graded_targets(scores, batch.max_score, s.bce_cutoff)
-            if batch.task in PAIR_TASKS:
-                return pair_bce_pointwise(emb["a"], emb["b"], z, scale=s.bce_scale, bias=s.bce_bias)
-            q, pos, neg = emb["query"], emb["positive"], emb.get("negative")
-            if self.world > 1:
-                q, pos, z = self._gather(q), self._gather(pos), self._gather(z)
-                neg = self._gather(neg) if neg is not None else None
-            candidates = pos.size(0) + (neg.size(0) if neg is not None else 0)
-            return pair_bce(q, pos, neg, scale=s.bce_scale, bias=self._bce_bias(candidates), targets=z)
-        if batch.task in INFONCE_TASKS:
-            q, pos, neg = emb["query"], emb["positive"], emb.get("negative")  # neg: flat [m, d]
-            if self.world > 1:  # documents and queries of every rank become negatives
-                q, pos = self._gather(q), self._gather(pos)
-                neg = self._gather(neg) if neg is not None else None
-            return infonce(q, pos, neg, tau=s.tau, query_negatives=s.query_negatives)
-        if batch.task in CLS_TASKS:
-            t, pos = emb["query"], emb["positive"]
-            neg = emb["negative"] if batch.num_negatives else t.new_zeros(0, t.size(1))
-            labels = torch.tensor(batch.labels, device=t.device)
-            neg_labels = torch.tensor(batch.negative_labels, device=t.device, dtype=torch.long)
-            return classification_infonce(t, pos, neg, labels, neg_labels, tau=s.tau)
-        scores = torch.tensor(batch.scores, device=emb["a"].device, dtype=torch.float32)
-        return cosent(emb["a"], emb["b"], scores, tau=s.cosent_tau)
-
-    def _bce_bias(self, candidates: int) -> float | None:
-        """β for in-batch BCE at this step: the configured value (None: Eq. 3, −log(C−1)), reached
-        linearly from ``bce_bias_warmup_from`` over the warm-up steps when that is set."""
-        s = self.stage
-        if s.bce_bias_warmup_from is None or s.warmup_steps == 0 or self.step >= s.warmup_steps:
-            return s.bce_bias
-        target = s.bce_bias if s.bce_bias is not None else logit_bias(1.0 / candidates) if candidates > 1 else 0.0
-        frac = self.step / s.warmup_steps
-        return s.bce_bias_warmup_from + (target - s.bce_bias_warmup_from) * frac
+        ctx = LossContext(step=self.step, warmup_steps=self.stage.warmup_steps, gather=self._gather)
+        return self.losses[batch.task](emb, batch, ctx)
 
     def _forward_backward(self, batch: TaskBatch, scale: float) -> float:
         self._tokens = 0  # non-padding tokens put through the encoder with a graph (throughput)
@@ -292,15 +235,15 @@ class Trainer:
         for micro in range(s.grad_accum):
             drawn = self.sampler.next_batch()
             records = self.datasets[drawn.dataset]
+            loss = self.losses[records.task]
             batch = build_batch(records, self._slice(drawn.indices), step=self.step * s.grad_accum + micro,
                                 seed=self.seed, num_negatives=s.num_hard_negatives,
                                 query_max_length=s.query_max_length, passage_max_length=s.passage_max_length,
                                 use_instructions=self.train_cfg.use_instructions,
-                                loss=self.loss_of[drawn.dataset], hmcl_levels=s.hmcl_levels,
-                                num_positives=s.num_positives)
+                                layout=loss.layout, **loss.batch_options())
             # DeepSpeed scales by its gradient_accumulation_steps itself and steps at the boundary
-            loss = self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum)
-            rows.append({"dataset": batch.dataset, "task": batch.task, "loss": loss, "examples": batch.size,
+            value = self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum)
+            rows.append({"dataset": batch.dataset, "task": batch.task, "loss": value, "examples": batch.size,
                          "tokens": self._tokens})
             if self.engine is not None:
                 self.engine.step()

@@ -1,0 +1,77 @@
+"""The stage registry is the one place the pipeline's shape is written: a stage registered there
+shows up in status, the pipeline flow and the CLI without touching any of them."""
+
+from pathlib import Path
+
+import pytest
+
+from embed_core import stages
+from embed_core.artifacts import StageWriter, read_manifest
+from embed_core.config import SynthesizeConfig, load_config
+from embed_core.fingerprint import Fingerprint
+from embed_core.stages import Stage, register, unregister
+
+
+def _count_lines_stage() -> Stage:
+    """A stage that counts the rows of prepare's outputs (reads an upstream, writes through StageWriter)."""
+
+    def fingerprint(config, run_dir, instance, options):
+        up = read_manifest(Path(run_dir), "prepare")
+        return Fingerprint.of(instance, __name__, (), {"upstream": {n: i["sha256"] for n, i in up["outputs"].items()}
+                                                       if up else "missing"})
+
+    def run(config, run_dir, instance, options, fp):
+        rows = sum(i.get("rows") or 0 for i in read_manifest(Path(run_dir), "prepare")["outputs"].values())
+        with StageWriter(Path(run_dir), instance) as writer:
+            writer.write_file("rows.txt", str(rows).encode(), kind="count")
+            return writer.commit({"input_fingerprint": fp.key, "run_name": config.run_name, "counts": {"rows": rows}})
+
+    return Stage(name="count-rows", help="count prepare's rows", module=__name__, enabled=lambda c: True,
+                 fingerprint=fingerprint, run=run, summarize=lambda m, d: f"{m['counts']['rows']} rows")
+
+
+@pytest.fixture
+def count_stage():
+    stage = register(_count_lines_stage(), after="prepare")
+    yield stage
+    unregister(stage.name)
+
+
+def test_the_registry_lists_the_built_in_stages_in_pipeline_order():
+    assert [s.name for s in stages.STAGES] == ["prepare", "synthesize", "mine", "train", "evaluate"]
+
+
+def test_a_registered_stage_appears_in_pipeline_order_status_and_the_cli(count_stage, demo_copy, tmp_path):
+    from embed_core.status import run_status
+    from flows.cli import _parser
+
+    config = load_config(demo_copy)
+    assert [inst for _, inst in stages.pipeline_instances(config)] == ["prepare", "count-rows"]
+    assert [r.stage for r in run_status(config, tmp_path / "run")] == ["prepare", "count-rows"]
+    assert "count-rows" in _parser()._subparsers._group_actions[0].choices
+    assert stages.downstream_of(config, "prepare") == ["count-rows"]
+
+
+@pytest.mark.prefect
+def test_a_registered_stage_runs_in_the_pipeline_and_from_the_cli(count_stage, prefect_harness, demo_copy, tmp_path,
+                                                                   capsys):
+    from flows.cli import main
+    from flows.pipeline import pipeline_flow
+
+    run_dir = tmp_path / "run"
+    results = pipeline_flow(config_path=str(demo_copy), run_dir=str(run_dir))
+    assert list(results) == ["prepare", "count-rows"]
+    rows = int((run_dir / "count-rows" / "rows.txt").read_text())
+    assert rows == sum(i["rows"] for i in read_manifest(run_dir, "prepare")["outputs"].values() if i.get("rows"))
+    assert main(["count-rows", "--config", str(demo_copy), "--run-dir", str(run_dir)]) == 0
+    assert "count-rows (cache hit)" in capsys.readouterr().out
+    assert main(["count-rows", "--config", str(demo_copy), "--run-dir", str(run_dir), "--force"]) == 0
+    assert "count-rows (computed)" in capsys.readouterr().out
+
+
+def test_records_flow_from_the_nearest_enabled_stage_that_produces_them(demo_copy):
+    config = load_config(demo_copy)
+    assert stages.records_upstream(config, "mine") == "prepare"
+    with_synth = config.model_copy(update={"synthesize": SynthesizeConfig()})
+    assert stages.records_upstream(with_synth, "mine") == "synthesize"
+    assert stages.records_upstream(with_synth, "train") == "synthesize"
