@@ -38,7 +38,7 @@ class SourceSpec(_Strict):
         None, description="File format; inferred from the extension when omitted.")
     delimiter: str | None = Field(None, description="Field delimiter for format 'delimited' (e.g. ';').")
     header: bool = Field(True, description="Whether the first line names the columns.")
-    quoting: Literal["auto", "none", "minimal"] = "auto"
+    quoting: Literal["auto", "none", "minimal"] = Field("auto", description="CSV/TSV quoting: auto (sniffed), none (quotes are text), minimal (RFC 4180).")
     columns: dict[str, str | int] = Field(
         default_factory=dict,
         description="Logical field -> column name (or 0-based index when header is false).")
@@ -46,7 +46,8 @@ class SourceSpec(_Strict):
     instruction: str = Field("", description="Task instruction stored with every record.")
     label_map: dict[str, Any] | None = Field(None, description="Raw label -> value; replaces the kind's default.")
     split: str = Field("train", description="BEIR qrels split (qrels/<split>.tsv).")
-    corpus: str | None = Field(None, description="claim_evidence: JSONL corpus (_id,title,text) to look evidence ids up in.")
+    corpus: str | None = Field(None,
+                               description="claim_evidence: JSONL corpus (_id,title,text) to look evidence ids up in.")
     num_negatives: int = Field(4, ge=0, description="classification: negatives of other labels per record.")
     weak_positive_grades: list[float] | None = Field(
         None, description="beir: relevance grades that make a judged document a weak-positive (HMCL level 2) "
@@ -74,14 +75,14 @@ class SourceSpec(_Strict):
 
 class CleaningConfig(_Strict):
     max_chars: int = Field(8000, ge=1, description="Texts longer than this are truncated or quarantined.")
-    over_long: Literal["truncate", "quarantine"] = "truncate"
+    over_long: Literal["truncate", "quarantine"] = Field("truncate", description="Texts over max_chars: truncate them, or quarantine the row.")
     dedupe: Literal["none", "exact", "normalized"] = Field(
         "normalized", description="'normalized' removes exact duplicates, then duplicates after text normalisation.")
 
 
 class PrepareConfig(_Strict):
-    sources: list[SourceSpec] = Field(min_length=1)
-    cleaning: CleaningConfig = Field(default_factory=CleaningConfig)
+    sources: list[SourceSpec] = Field(min_length=1, description="Raw sources to convert, each into one dataset.")
+    cleaning: CleaningConfig = Field(default_factory=CleaningConfig, description="Length limits and deduplication.")
     contamination: list[SourceSpec] = Field(
         default_factory=list,
         description="Evaluation sets whose texts must not appear in training records (QZhou §6.1).")
@@ -108,17 +109,17 @@ class LLMServerConfig(_Strict):
     n_ctx: int = Field(2048, ge=256, description="launch: context length.")
     n_threads: int | None = Field(None, ge=1, description="launch: CPU threads (None = all cores). llama.cpp's "
                                   "threads spin at barriers: on a machine busy with other work, 1 is much faster.")
-    startup_timeout_s: float = Field(300.0, gt=0)
+    startup_timeout_s: float = Field(300.0, gt=0, description="launch: seconds to wait for the server's health check.")
     timeout_s: float = Field(60.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(4, ge=0, description="Retries of a request on timeouts, 429, 5xx and connection errors.")
     backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per retry, with full jitter.")
-    max_backoff_s: float = Field(20.0, ge=0)
+    max_backoff_s: float = Field(20.0, ge=0, description="Longest retry delay.")
     max_concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
 
 
 class SamplingConfig(_Strict):
-    temperature: float = Field(0.7, ge=0)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass.")
     max_tokens: int = Field(192, ge=1, description="Max generated tokens per request.")
     seed: int | None = Field(None, description="Sent to servers that honour it (per attempt: seed + attempt).")
 
@@ -126,22 +127,28 @@ class SamplingConfig(_Strict):
 class SynthFilterConfig(_Strict):
     """Quality filters (QZhou §6.1: dedupe, drop low query–positive scores; NV-style easiness bounds)."""
 
-    model: str = Field("default", description="Embedding model that scores generated text ('default': packaged MiniLM).")
-    max_length: int = Field(256, ge=8)
+    model: str = Field("default",
+                       description="Embedding model that scores generated text ('default': packaged MiniLM).")
+    max_length: int = Field(256, ge=8, description="Tokens the filter model reads per text.")
     paraphrase_min_sim: float = Field(0.7, ge=-1, le=1, description="A rewrite must stay this close to its source.")
-    pair_min_sim: float = Field(0.3, ge=-1, le=1, description="Generated (query, positive) pairs below this are dropped.")
-    negative_min_sim: float = Field(0.2, ge=-1, le=1, description="A generated hard negative must score above this floor …")
+    pair_min_sim: float = Field(0.3, ge=-1, le=1,
+                                description="Generated (query, positive) pairs below this are dropped.")
+    negative_min_sim: float = Field(0.2, ge=-1, le=1,
+                                    description="A generated hard negative must score above this floor …")
     negative_margin: float = Field(0.0, ge=0, description="… and below sim(query, positive) − margin.")
-    min_chars: int = Field(8, ge=1)
-    max_chars: int = Field(2000, ge=1)
+    min_chars: int = Field(8, ge=1, description="Generated texts shorter than this are dropped.")
+    max_chars: int = Field(2000, ge=1, description="Generated texts longer than this are dropped.")
 
 
 class SynthesizeConfig(_Strict):
     """LLM data synthesis (QZhou §4, §6.1): paraphrase, augmentation, hard-negative generation."""
 
-    server: LLMServerConfig = Field(default_factory=LLMServerConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    filter: SynthFilterConfig = Field(default_factory=SynthFilterConfig)
+    server: LLMServerConfig = Field(default_factory=LLMServerConfig,
+                                    description="The OpenAI-compatible server (or the local llama.cpp one to launch).")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig,
+                                     description="Generation parameters sent with every request.")
+    filter: SynthFilterConfig = Field(default_factory=SynthFilterConfig,
+                                      description="Quality filters on generated text (embedding similarity, length).")
     strategies: list[SynthStrategy] = Field(default_factory=lambda: ["paraphrase", "augmentation", "hard_negative"],
                                             description="Task rules: retrieval gets all three; nli/sts/pair "
                                             "classification and classification only paraphrase (single sentences).")
@@ -171,10 +178,12 @@ class MineConfig(_Strict):
     """Hard-negative mining (QZhou §6.1: ranks 10–30; NV-Retriever TopK-PercPos positive-aware filter)."""
 
     model: str = Field("default", description="Local model path, or 'default' (packaged all-MiniLM-L6-v2).")
-    pooling: Literal["mean", "cls", "last_token"] = "mean"
-    max_length: int = Field(256, ge=8)
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on CUDA or CPUs with native bf16.")
-    batch_size: int = Field(64, ge=1)
+    pooling: Literal["mean", "cls", "last_token"] = Field("mean",
+                                                          description="Pooling of the mining model's token states.")
+    max_length: int = Field(256, ge=8, description="Tokens per text when encoding.")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto",
+                                                       description="auto: bf16 on CUDA or CPUs with native bf16.")
+    batch_size: int = Field(64, ge=1, description="Texts per encoding batch.")
     tasks: list[str] = Field(default_factory=lambda: ["retrieval", "classification"],
                              description="Tasks whose records get mined negatives.")
     datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a mined task).")
@@ -186,12 +195,14 @@ class MineConfig(_Strict):
     num_negatives: int = Field(4, ge=1, description="Negatives per record (QZhou §6.3: 4).")
     relative_margin: float | None = Field(0.95, gt=0, le=1, description="Keep a candidate only if score < margin × lowest positive score.")
     absolute_margin: float | None = Field(None, ge=0, description="Keep a candidate only if score < lowest positive score − margin.")
-    sampling: Literal["top", "random"] = "top"
+    sampling: Literal["top", "random"] = Field("top", description="top: the best-ranked candidates of the window; random: a seeded sample of it.")
     only_missing: bool = Field(True, description="Leave records that already have num_negatives negatives alone.")
     pad_random: bool = Field(False, description="Pad records with too few negatives with random pool texts (off: report them).")
-    index: IndexConfig = Field(default_factory=IndexConfig)
-    query_chunk_size: int = Field(2048, ge=1, description="Queries searched at once (memory stays flat in the query count).")
-    cache_dtype: Literal["float16", "float32"] = "float16"
+    index: IndexConfig = Field(default_factory=IndexConfig, description="FAISS index for the search.")
+    query_chunk_size: int = Field(2048, ge=1,
+                                  description="Queries searched at once (memory stays flat in the query count).")
+    cache_dtype: Literal["float16", "float32"] = Field("float16",
+                                                       description="Precision of the embedding cache on disk.")
 
     @field_validator("range_max")
     @classmethod
@@ -211,15 +222,15 @@ class EvalTaskSpec(_Strict):
     data comes from here; any other name defines a local task of ``type``."""
 
     name: str = Field(description="Task name; an MTEB name reuses MTEB's task definition.")
-    type: EvalTaskType
+    type: EvalTaskType = Field(description="Task type (decides the file layout and the MTEB evaluator).")
     path: str | list[str] = Field(description="sts / pair_classification / classification: the evaluated file "
                                   "(a list is read in order as one split, e.g. SICK-R's three files); "
                                   "retrieval: a BEIR directory (corpus.jsonl[.gz], queries.jsonl, qrels/<split>.tsv).")
     train_path: str | None = Field(None, description="classification: file the classifier is fitted on.")
-    format: Literal["csv", "tsv", "delimited", "jsonl", "parquet"] | None = None
-    delimiter: str | None = None
-    header: bool = True
-    quoting: Literal["auto", "none", "minimal"] = "auto"
+    format: Literal["csv", "tsv", "delimited", "jsonl", "parquet"] | None = Field(None, description="File format; None = from the file extension.")
+    delimiter: str | None = Field(None, description="Field delimiter for format 'delimited'.")
+    header: bool = Field(True, description="Whether the first line names the columns.")
+    quoting: Literal["auto", "none", "minimal"] = Field("auto", description="CSV/TSV quoting: auto (sniffed), none (quotes are text), minimal (RFC 4180).")
     columns: dict[str, str | int] = Field(
         default_factory=dict,
         description="sts: text1, text2, score; pair_classification: text1, text2, label; classification: text, label.")
@@ -236,7 +247,7 @@ class EvalTaskSpec(_Strict):
 class GeometryConfig(_Strict):
     task: str = Field(description="Name of an sts task in evaluate.tasks whose sentences are analysed.")
     max_texts: int = Field(1000, ge=2, description="Unique sentences analysed (first N of the file).")
-    max_length: int = Field(128, ge=4)
+    max_length: int = Field(128, ge=4, description="Tokens per sentence.")
 
 
 class EvaluateConfig(_Strict):
@@ -246,8 +257,8 @@ class EvaluateConfig(_Strict):
                               description="'base' (the run's base model), 'trained' (every train-stage checkpoint "
                                           "in the run), or local model directories.")
     base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
-    tasks: list[EvalTaskSpec] = Field(min_length=1)
-    batch_size: int = Field(64, ge=1)
+    tasks: list[EvalTaskSpec] = Field(min_length=1, description="Tasks to evaluate every model on.")
+    batch_size: int = Field(64, ge=1, description="Texts per encoding batch.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "fp32", description="fp32 by default so published scores reproduce on any hardware.")
     geometry: GeometryConfig | None = Field(None, description="Token-embedding geometry of every evaluated model "
@@ -267,9 +278,9 @@ class LoraSettings(_Strict):
     """LoRA adapters (peft) on the base model's linear layers; the saved model has them merged, so it
     loads with plain ``transformers``."""
 
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.05, ge=0, lt=1)
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA scaling α (the update is scaled by α / r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA path.")
     target_modules: list[str] | str = Field("all-linear", description="peft target_modules ('all-linear' = every "
                                             "linear layer except the output head).")
 
@@ -324,19 +335,21 @@ class TrainStageConfig(_Strict):
     data, η 0.72 in stage 2); α = 0.5 is gte's (QZhou cites gte and does not give α)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="Stage name: output goes to <run_dir>/train-<name>/.")
-    tasks: list[str] | None = Field(None, description="Only datasets of these tasks (stage 1: [retrieval]); None = all.")
+    tasks: list[str] | None = Field(None,
+                                    description="Only datasets of these tasks (stage 1: [retrieval]); None = all.")
     datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a trainable task).")
     init_from: str | None = Field(None, description="Start from this earlier stage's model, or 'base' for the base "
                                   "model (default: the previous stage).")
     mode: TrainMode = Field("contrastive", description="contrastive: the task losses below on pooled embeddings; "
                             "autoregembed_ic / autoregembed_cda: AutoRegEmbed's information compression / "
                             "conditional distribution alignment (train.autoregembed).")
-    steps: int = Field(32000, ge=1)
-    lr: float = Field(3e-5, gt=0)
-    warmup_steps: int = Field(300, ge=0)
-    scheduler: Literal["cosine", "linear", "constant"] = "cosine"
-    weight_decay: float = Field(0.01, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
+    steps: int = Field(32000, ge=1, description="Optimizer steps (QZhou: 32k stage 1, 8k stage 2).")
+    lr: float = Field(3e-5, gt=0, description="Peak learning rate (QZhou: 3e-5 stage 1, 2e-5 stage 2).")
+    warmup_steps: int = Field(300, ge=0, description="Linear warm-up steps.")
+    scheduler: Literal["cosine", "linear", "constant"] = Field("cosine",
+                                                               description="Learning-rate decay after warm-up.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on biases and norms).")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm; None = off.")
     batch_size: dict[str, int] = Field(
         default_factory=lambda: {"retrieval": 256, "classification": 256, "sts": 768, "nli": 768,
                                  "pair_classification": 768},
@@ -344,15 +357,16 @@ class TrainStageConfig(_Strict):
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     grad_cache_chunk: int | None = Field(None, ge=1, description="GradCache: embed in chunks of this many texts "
                                          "with cached gradients (memory independent of batch size); None = off.")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (less memory, more time).")
     alpha: float = Field(0.5, ge=0, description="Dataset sampling exponent (Eq. 4).")
-    eta: float | None = Field(None, ge=0, le=1, description="Global retrieval ratio η (stage 2: 0.72); None = Eq. 4 only.")
+    eta: float | None = Field(None, ge=0, le=1,
+                              description="Global retrieval ratio η (stage 2: 0.72); None = Eq. 4 only.")
     num_hard_negatives: int = Field(4, ge=0, description="Hard negatives per query (QZhou: 4).")
-    query_max_length: int = Field(256, ge=8)
+    query_max_length: int = Field(256, ge=8, description="Tokens per query (and per text of a scored pair).")
     passage_max_length: int = Field(512, ge=8, description="QZhou uses 1536 for a 7B decoder.")
-    checkpoint_every: int = Field(500, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    log_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(500, ge=1, description="Save a resumable checkpoint every this many steps.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (the newest).")
+    log_every: int = Field(10, ge=1, description="Log a progress line every this many steps.")
     losses: dict[str, Any] = Field(default_factory=dict, description=(
         "Loss per task instead of QZhou's (retrieval infonce, classification cls_infonce, sts/nli/"
         "pair_classification cosent): {task: {name: <loss>, <parameter>: <value>, ...}} or {task: <loss>}; "
@@ -383,19 +397,21 @@ class TrainStageConfig(_Strict):
 class TrainConfig(_Strict):
     base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
     gguf_file: str | None = Field(None, description="GGUF weights file inside base_model (decoder LMs).")
-    pooling: Literal["mean", "cls", "last_token"] = "mean"
+    pooling: Literal["mean", "cls", "last_token"] = Field("mean",
+                                                          description="Pooling of the token states into one embedding.")
     bidirectional: bool = Field(False, description="Make a decoder's causal attention bidirectional (QZhou §3.1).")
     max_length: int = Field(256, ge=8, description="Max tokens recorded in the saved model (inference).")
     use_instructions: bool = Field(True, description="Prepend each dataset's instruction (query side for "
                                    "retrieval, both sides for symmetric tasks).")
-    instruction_template: str = "Instruct: {instruction}\nQuery: {text}"
-    exclude_instruction_from_pooling: bool = False
+    instruction_template: str = Field("Instruct: {instruction}\nQuery: {text}",
+                                      description="How an instruction is put before a text ({instruction}, {text}).")
+    exclude_instruction_from_pooling: bool = Field(False, description="Pool over the text's tokens only, not the instruction's.")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="bf16 autocast on CUDA; fp32 on CPU.")
     deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage etc.); needs the deepspeed extra.")
     lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "
                                       "llm-train extra); None = full fine-tuning.")
-    autoregembed: AutoRegEmbedConfig = Field(default_factory=AutoRegEmbedConfig)
-    stages: list[TrainStageConfig] = Field(min_length=1)
+    autoregembed: AutoRegEmbedConfig = Field(default_factory=AutoRegEmbedConfig, description="Settings of the AutoRegEmbed modes (stages with mode autoregembed_*).")
+    stages: list[TrainStageConfig] = Field(min_length=1, description="Training stages, run in order (QZhou: retrieval only, then all tasks).")
 
     @field_validator("stages")
     @classmethod
@@ -407,11 +423,11 @@ class TrainConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    run_name: str = "run"
+    run_name: str = Field("run", description="Name of the run: its directory under run_root.")
     run_root: str = Field("runs", description="Runs are written to <run_root>/<run_name>/<stage>/.")
     data_root: str = Field(".", description="Base directory for relative source paths.")
-    seed: int = 42
-    prepare: PrepareConfig
+    seed: int = Field(42, description="Seed of every random choice (sampling, mining, synthesis, training).")
+    prepare: PrepareConfig = Field(description="Raw sources and their cleaning.")
     synthesize: SynthesizeConfig | None = Field(None, description="LLM data synthesis; omitted = stage skipped.")
     mine: MineConfig | None = Field(None, description="Hard-negative mining; omitted = stage skipped.")
     train: TrainConfig | None = Field(None, description="Training stages; omitted = stage skipped.")

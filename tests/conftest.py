@@ -32,6 +32,14 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny randomly initialised BERT built in code (one per test session)."""
+    from tests.tiny_model import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny") / "model")
+
+
 @pytest.fixture
 def demo_copy(tmp_path):
     """The demo config on a private copy of data/ (so a test can edit a source)."""

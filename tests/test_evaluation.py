@@ -13,13 +13,6 @@ from embed_core.errors import RowError
 from tests.conftest import REPO
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from tests.tiny_model import build_tiny_bert
-
-    return build_tiny_bert(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def _config(data_root, run_root, tasks, **evaluate):
     return parse_config({
         "run_name": "ev", "run_root": str(run_root), "data_root": str(data_root),

@@ -8,7 +8,6 @@ from embed_core.mine import run_mine
 from embed_core.mining import EmbeddingCache, MineSettings, mine_records
 from embed_core.prepare import run_prepare
 from embed_core.schema import Record
-from tests.tiny_model import build_tiny_bert
 
 
 def unit(*xs):
@@ -86,16 +85,11 @@ def test_embedding_cache_persists_and_encodes_each_text_once(tmp_path):
     assert np.allclose(np.linalg.norm(b, axis=1), 1.0)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return str(build_tiny_bert(tmp_path_factory.mktemp("tiny-bert")))
-
-
 @pytest.mark.shared_data
 def test_scifact_mined_negatives_never_contain_a_qrel_positive(shared_data, tiny_model, tmp_path):
     cfg = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
         {"name": "scifact", "kind": "beir", "path": "beir/scifact", "split": "train"}]}})
-    cfg = cfg.model_copy(update={"mine": MineConfig(model=tiny_model, max_length=64, relative_margin=None,
+    cfg = cfg.model_copy(update={"mine": MineConfig(model=str(tiny_model), max_length=64, relative_margin=None,
                                                     corpora={"scifact": "beir/scifact"}, batch_size=128)})
     run_prepare(cfg, tmp_path)
     manifest = run_mine(cfg, tmp_path)

@@ -4,6 +4,7 @@ GradCache equivalence, saved-model format."""
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -13,13 +14,6 @@ import yaml
 
 from embed_core.config import parse_config
 from tests.conftest import REPO
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from tests.tiny_model import build_tiny_bert
-
-    return build_tiny_bert(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _config_dict(tmp_path, tiny_model, **stage_overrides):
@@ -48,8 +42,11 @@ def prepared(tmp_path_factory, tiny_model):
     return tmp, run_dir
 
 
-def _train_in_subprocess(cfg: dict, prepared_run: Path, tmp_path: Path, stage: str, env: dict):
-    """Train ``stage`` of ``cfg`` in a fresh Python process on a copy of ``prepared_run``'s records."""
+def _train_in_subprocess(cfg: dict, prepared_run: Path, tmp_path: Path, stage: str, env: dict | None = None,
+                         kill_after_step: int | None = None):
+    """Train ``stage`` of ``cfg`` in a fresh Python process on a copy of ``prepared_run``'s records;
+    ``kill_after_step``: the process SIGKILLs itself right after that optimizer step (a real crash:
+    no cleanup, no exception handlers)."""
     import os
     import shutil
 
@@ -58,10 +55,26 @@ def _train_in_subprocess(cfg: dict, prepared_run: Path, tmp_path: Path, stage: s
     other = tmp_path / "run"
     other.mkdir()
     shutil.copytree(prepared_run / "prepare", other / "prepare")
-    code = ("import sys; from embed_core.config import load_config; from embed_core.train import run_train_stage; "
-            "run_train_stage(load_config(sys.argv[1]), sys.argv[2], sys.argv[3])")
-    proc = subprocess.run([sys.executable, "-c", code, str(cfg_path), str(other), stage], cwd=REPO,
-                          capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+    code = textwrap.dedent("""
+        import os, signal, sys
+        from embed_core.config import load_config
+        from embed_core.train import run_train_stage
+        from embed_core.training.trainer import Trainer
+
+        kill_after = int(sys.argv[4])
+        step = Trainer.train_step
+
+        def train_step_then_die(self):
+            rows = step(self)
+            if self.step == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return rows
+
+        Trainer.train_step = train_step_then_die
+        run_train_stage(load_config(sys.argv[1]), sys.argv[2], sys.argv[3])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg_path), str(other), stage, str(kill_after_step or 0)],
+                          cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
     return proc, other
 
 
@@ -125,7 +138,7 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_
     ref_weights = _weights(run_dir / "train-resume/model")
 
     # a separate process trains the same stage and is SIGKILLed right after step 7 (checkpoint at 6)
-    proc, other = _train_in_subprocess(cfg, run_dir, tmp_path, "resume", {"EMBEDPIPE_TEST_KILL_AFTER_STEP": "7"})
+    proc, other = _train_in_subprocess(cfg, run_dir, tmp_path, "resume", kill_after_step=7)
     assert proc.returncode == -9, proc.stderr[-2000:]  # killed, not finished
     assert not (other / "train-resume").exists()
     assert [p.name for p in sorted((other / "checkpoints/resume").glob("step-*"))] == ["step-0000003", "step-0000006"]

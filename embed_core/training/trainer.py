@@ -29,7 +29,6 @@ import math
 import os
 import random
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,9 +46,6 @@ from embed_core.sampling import GroupedBatchSampler
 from embed_core.training.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup, build_batch
 
 CHECKPOINT_PREFIX = "step-"
-# Test hook: hard-kill the process (SIGKILL, no cleanup) right after this optimizer step, so the
-# resume test exercises a real crash rather than a polite stop.
-KILL_ENV = "EMBEDPIPE_TEST_KILL_AFTER_STEP"
 
 
 def _dist() -> tuple[int, int]:
@@ -318,7 +314,6 @@ class Trainer:
             latest = self.checkpoints()[-1]
             self.load_checkpoint(latest)
             self.log(f"resumed from {latest} (step {self.step})")
-        kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
         while self.step < self.stage.steps:
             rows = self.train_step()
             if self.step % self.stage.log_every == 0 or self.step == self.stage.steps:
@@ -327,8 +322,6 @@ class Trainer:
                          f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s")
             if self.step % self.stage.checkpoint_every == 0 and self.rank == 0:
                 self.save_checkpoint()
-            if kill_at and self.step == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
         return self.metrics
 
 
