@@ -14,7 +14,6 @@ fingerprint in ``<run_dir>/cache/eval-embeddings/`` so a rerun encodes nothing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -24,10 +23,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embed_core.artifacts import StageWriter, read_manifest, stage_is_intact
+from embed_core.artifacts import StageWriter, stage_is_intact
 from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
-from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.errors import ConfigError
+from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
 from embed_core.model.settings import read_model_settings
 

@@ -22,11 +22,11 @@ from embed_core.convert.retrieval import load_corpus
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mining.cache import EmbeddingCache
-from embed_core.plots import pyplot, to_png
 from embed_core.mining.miner import MineSettings, eligible, mine_records
 from embed_core.model.encoder import model_fingerprint, uses_bf16
-from embed_core.stages import records_upstream
+from embed_core.plots import pyplot, to_png
 from embed_core.schema import records_to_table, table_to_records
+from embed_core.stages import records_upstream
 
 log = logging.getLogger("embedpipe.mine")
 STAGE = "mine"

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from tqdm.auto import tqdm
 
 from embed_core.artifacts import StageWriter
 from embed_core.cleaning import EvalTexts, contaminated_field, dedupe, limit_length, normalize_text, pair_key
@@ -26,6 +25,7 @@ from embed_core.config import RunConfig, config_hash
 from embed_core.convert import Skipped, convert_source, source_files, source_pairs, source_texts
 from embed_core.errors import RowError, SchemaError
 from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.progress import iterate
 from embed_core.schema import SCHEMA_VERSION, Record, records_to_table, validate_row
 
 log = logging.getLogger("embedpipe.prepare")
@@ -104,8 +104,7 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
     for spec in config.prepare.sources:
         counts: Counter = Counter()
         reasons: Counter = Counter()
-        for item in tqdm(convert_source(spec, config), desc=f"prepare {spec.name}", unit=" rec", leave=False,
-                         disable=None):
+        for item in iterate(convert_source(spec, config), f"prepare {spec.name}", unit="rows", logger=log):
             if isinstance(item, Skipped):
                 counts["skipped"] += 1
                 continue

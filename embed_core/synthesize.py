@@ -47,8 +47,9 @@ from embed_core.cleaning import EvalTexts, contaminated_field, normalize_text
 from embed_core.config import RunConfig, SynthesizeConfig, config_hash
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint
-from embed_core.stages import records_upstream
+from embed_core.progress import Progress
 from embed_core.schema import Record, records_to_table, table_to_records
+from embed_core.stages import records_upstream
 from embed_core.synth.cache import RequestCache
 from embed_core.synth.client import LLMClient, RequestFailed
 from embed_core.synth.prompts import MalformedAnswer, PromptTemplate, load_templates, template_versions
@@ -151,9 +152,7 @@ async def _run_job(client: LLMClient, job: Job, mode: str, max_parse_retries: in
 
 
 async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_retries: int) -> list[Outcome]:
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(jobs), desc="synthesize", unit=" req", leave=False, disable=None)
+    bar = Progress("synthesize", total=len(jobs), unit="requests", logger=log)
 
     async def one(job: Job) -> Outcome:
         try:

@@ -36,8 +36,8 @@ from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, code_identity
 from embed_core.model.encoder import model_fingerprint, resolve_model_path
 from embed_core.plots import pyplot, to_png
-from embed_core.stages import records_upstream
 from embed_core.sampling import dataset_weights
+from embed_core.stages import records_upstream
 from embed_core.training.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
 
 log = logging.getLogger("embedpipe.train")

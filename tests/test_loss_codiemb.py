@@ -5,8 +5,14 @@ import math
 import pytest
 import torch
 
-from embed_core.losses.codiemb_sts import (CoDiEmbSTS, average_ranks_desc, codiemb_sts, pearson_loss,
-                                           pro_loss, rank_kl_loss)
+from embed_core.losses.codiemb_sts import (
+    CoDiEmbSTS,
+    average_ranks_desc,
+    codiemb_sts,
+    pearson_loss,
+    pro_loss,
+    rank_kl_loss,
+)
 from embed_core.losses.multi_positive_infonce import MultiPositiveInfoNCE, multi_positive_infonce
 from tests.loss_calls import call_loss
 

@@ -12,13 +12,11 @@ The frozen decoder is not a submodule of the model, so it is neither optimised n
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,7 +26,7 @@ from embed_core.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError
 from embed_core.losses.autoregembed import cda_loss, ic_loss
 from embed_core.sampling import GroupedBatchSampler
-from embed_core.training.trainer import Trainer, _dist, _param_groups, lr_lambda
+from embed_core.training.trainer import Trainer
 
 DATASET = "autoregembed"
 
@@ -39,32 +37,19 @@ class AutoRegEmbedTrainer(Trainer):
                  log: Callable[[str], None] = print, reference: tuple[Tensor, Tensor] | None = None):
         if train.deepspeed is not None:
             raise ConfigError(f"train stage {stage.name}: AutoRegEmbed modes run without DeepSpeed (unset train.deepspeed)")
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed)
-        self.train_cfg, self.stage, self.seed, self.log = train, stage, seed, log
+        self._init_run(train, stage, seed, log)
         self.cfg = train.autoregembed
         self.examples = examples
         self.reference = reference
-        self.rank, self.world = _dist()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.bf16 = train.precision == "bf16" or (train.precision == "auto" and self.device.type == "cuda")
-        self.model = CompressionEncoder(init_model, compress_tokens=self.cfg.compress_tokens,
+        model = CompressionEncoder(init_model, compress_tokens=self.cfg.compress_tokens,
                                         max_length=self.cfg.context_max_length,
                                         instruction_template=self.cfg.instruction_template,
                                         lora=train.lora.model_dump() if train.lora else None,
-                                        gradient_checkpointing=stage.gradient_checkpointing).to(self.device)
+                                        gradient_checkpointing=stage.gradient_checkpointing)
         self.decoder = FrozenDecoder(decoder_model, target_max_length=self.cfg.target_max_length).to(self.device)
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(_param_groups(self.model, stage.weight_decay), lr=stage.lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(stage))
-        self.engine = None
         batch = stage.batch_size.get("autoregembed", 32)  # the paper's batch size 32
-        self.sampler = GroupedBatchSampler({DATASET: len(examples)}, {DATASET: batch * self.world}, seed=seed)
-        self.checkpoint_dir = Path(checkpoint_dir)
-        self.step = 0
-        self._tokens = 0
-        self.metrics: list[dict[str, Any]] = []
+        sampler = GroupedBatchSampler({DATASET: len(examples)}, {DATASET: batch * self.world}, seed=seed)
+        self._init_optimization(model, sampler, checkpoint_dir)
 
     # -- passes --------------------------------------------------------------------------------
     def _compress(self, texts: list[str], instructions: list[str]) -> Tensor:

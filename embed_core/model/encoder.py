@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import sha256_file
+from embed_core.progress import Progress
+
+log = logging.getLogger("embedpipe.encode")
 
 POOLINGS = ("mean", "cls", "last_token", "compress")
 COMPRESS_TOKEN = "<EMBED{}>"
@@ -176,7 +179,7 @@ class Encoder:
                                  return_attention_mask=False)["input_ids"]
         order = np.argsort([-len(x) for x in ids], kind="stable")
         pad_id = self.tokenizer.pad_token_id or 0
-        bar = tqdm(total=len(texts), desc=desc, unit=" txt", disable=not show_progress or None, leave=False)
+        bar = Progress(desc, total=len(texts), unit="texts", logger=log)
         start = 0
         while start < len(order):
             longest = len(ids[order[start]])

@@ -25,6 +25,7 @@ reproduces the uninterrupted run's losses and weights exactly.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -42,6 +43,7 @@ from embed_core.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError
 from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.model.embedder import Embedder
+from embed_core.progress import Progress
 from embed_core.sampling import GroupedBatchSampler
 from embed_core.training.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup, build_batch
 
@@ -93,20 +95,14 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 class Trainer:
     def __init__(self, train: TrainConfig, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], *,
                  init_model: str, checkpoint_dir: Path, seed: int = 42, log: Callable[[str], None] = print):
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed)
-        self.train_cfg, self.stage, self.seed, self.log = train, stage, seed, log
+        self._init_run(train, stage, seed, log)
         self.datasets = datasets
-        self.rank, self.world = _dist()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.bf16 = train.precision == "bf16" or (train.precision == "auto" and self.device.type == "cuda")
-        self.model = Embedder(init_model, pooling=train.pooling, max_length=train.max_length,
+        model = Embedder(init_model, pooling=train.pooling, max_length=train.max_length,
                               instruction_template=train.instruction_template,
                               exclude_instruction_from_pooling=train.exclude_instruction_from_pooling,
                               bidirectional=train.bidirectional, gguf_file=train.gguf_file if init_model == train.base_model else None,
                               gradient_checkpointing=stage.gradient_checkpointing,
-                              lora=train.lora.model_dump() if train.lora else None).to(self.device)
+                              lora=train.lora.model_dump() if train.lora else None)
         # the loss each task trains with (stage.losses overrides QZhou's); tasks with the same loss
         # and parameters share one instance (and so one HMCL pair-type head)
         self.losses: dict[str, Loss] = {}
@@ -120,18 +116,36 @@ class Trainer:
         if heads:
             # e.g. HMCL's pair-type head: a submodule, so the optimizer, checkpoints and DeepSpeed
             # carry it; Embedder.save writes only the encoder, so the saved model does not
-            self.model.loss_heads = torch.nn.ModuleDict(heads).to(self.device)
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(_param_groups(self.model, stage.weight_decay), lr=stage.lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(stage))
-        self.engine = None
-        if train.deepspeed is not None:
-            self.engine = self._deepspeed(train.deepspeed, stage)
+            model.loss_heads = torch.nn.ModuleDict(heads)
         ret = {n for n, d in datasets.items() if d.task in INFONCE_TASKS}
-        self.sampler = GroupedBatchSampler(
+        sampler = GroupedBatchSampler(
             {n: d.size for n, d in datasets.items()},
             {n: stage.batch_size.get(d.task, 32) * self.world for n, d in datasets.items()},
             alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks)
+        self._init_optimization(model, sampler, checkpoint_dir)
+
+    # -- set-up shared with the AutoRegEmbed trainer ---------------------------------------------
+    def _init_run(self, train: TrainConfig, stage: TrainStageConfig, seed: int, log: Callable[[str], None]) -> None:
+        """Seeds, process group position, device and precision (before any model is built)."""
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        self.train_cfg, self.stage, self.seed, self.log = train, stage, seed, log
+        self.rank, self.world = _dist()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.bf16 = train.precision == "bf16" or (train.precision == "auto" and self.device.type == "cuda")
+
+    def _init_optimization(self, model: torch.nn.Module, sampler: GroupedBatchSampler, checkpoint_dir: Path) -> None:
+        """The trained model on its device, AdamW, the schedule, DeepSpeed when configured, the
+        sampler and the step counters."""
+        self.model = model.to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(_param_groups(self.model, self.stage.weight_decay), lr=self.stage.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.stage))
+        self.engine = None
+        if self.train_cfg.deepspeed is not None:
+            self.engine = self._deepspeed(self.train_cfg.deepspeed, self.stage)
+        self.sampler = sampler
         self.checkpoint_dir = Path(checkpoint_dir)
         self.step = 0
         self._tokens = 0
@@ -314,14 +328,18 @@ class Trainer:
             latest = self.checkpoints()[-1]
             self.load_checkpoint(latest)
             self.log(f"resumed from {latest} (step {self.step})")
+        progress = Progress(f"train {self.stage.name}", total=self.stage.steps - self.step, unit="steps",
+                            logger=logging.getLogger("embedpipe.train"))
         while self.step < self.stage.steps:
             rows = self.train_step()
+            progress.update()
             if self.step % self.stage.log_every == 0 or self.step == self.stage.steps:
                 r = rows[-1]
                 self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
                          f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s")
             if self.step % self.stage.checkpoint_every == 0 and self.rank == 0:
                 self.save_checkpoint()
+        progress.close()
         return self.metrics
 
 
