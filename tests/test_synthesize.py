@@ -211,6 +211,7 @@ def test_budget_stops_cleanly_and_a_bigger_budget_resumes_from_the_cache(demo_co
         assert m2["counts"]["failed"] == 0
 
 
+@pytest.mark.slow
 def test_api_key_reaches_the_server_and_no_file_or_log(demo_copy, tmp_path, prefect_harness, capfd, caplog,
                                                        monkeypatch):
     from flows.stage import synthesize_flow

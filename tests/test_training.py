@@ -126,6 +126,7 @@ def test_two_stages_train_and_save_a_loadable_model(prepared, tiny_model):
     assert list(trained_models(run_dir)) == ["stage1", "stage2"]
 
 
+@pytest.mark.slow
 def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_model, tmp_path):
     from embed_core.train import run_train_stage
 
@@ -176,6 +177,7 @@ def test_grad_cache_gives_the_same_gradients_as_a_full_batch(prepared, tiny_mode
         assert torch.allclose(full[name], cached[name], atol=1e-5, rtol=1e-4), name
 
 
+@pytest.mark.slow
 def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, tmp_path):
     """The same stage under deepspeed.initialize (ZeRO-2, DS_ACCELERATOR=cpu, gloo) in a subprocess:
     its losses follow the plain trainer's."""
