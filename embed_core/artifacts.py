@@ -8,7 +8,6 @@ up by the next run). Readers go through the manifest and refuse outputs whose ha
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,17 +22,10 @@ import pyarrow.parquet as pq
 
 from embed_core import __version__
 from embed_core.errors import EmbedpipeError
+from embed_core.fingerprint import sha256_file
 from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, check_table
 
 MANIFEST = "manifest.json"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fsync_replace(tmp: Path, final: Path) -> None:
@@ -99,20 +91,20 @@ class StageWriter:
     def write_table(self, name: str, table: pa.Table, kind: str) -> Path:
         path = self.staging / name
         atomic_write_parquet(path, table)
-        self.outputs[name] = {"kind": kind, "rows": table.num_rows, "sha256": sha256_file(path)}
+        self.outputs[name] = {"kind": kind, "rows": table.num_rows, "sha256": sha256_file(path, remember=False)}
         return self.final / name
 
     def write_file(self, name: str, data: bytes, kind: str) -> Path:
         path = self.staging / name
         atomic_write_bytes(path, data)
-        self.outputs[name] = {"kind": kind, "sha256": sha256_file(path)}
+        self.outputs[name] = {"kind": kind, "sha256": sha256_file(path, remember=False)}
         return self.final / name
 
     def register_tree(self, name: str, kind: str) -> Path:
         """Record every file a caller wrote under ``staging/<name>/`` (e.g. a saved model) as outputs."""
         root = self.staging / name
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            self.outputs[str(path.relative_to(self.staging))] = {"kind": kind, "sha256": sha256_file(path)}
+            self.outputs[str(path.relative_to(self.staging))] = {"kind": kind, "sha256": sha256_file(path, remember=False)}
         return self.final / name
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -76,9 +76,12 @@ def _stream_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def sha256_file(path: str | Path) -> str:
-    """SHA-256 of a file's bytes, streamed (memory stays flat), remembered by file identity."""
+def sha256_file(path: str | Path, *, remember: bool = True) -> str:
+    """SHA-256 of a file's bytes, streamed (memory stays flat), remembered by file identity
+    (``remember=False``: a file about to move, e.g. in a stage's staging directory)."""
     path = Path(path)
+    if not remember:
+        return _stream_sha256(path)
     ident = _identity(path)
     if ident in _memo:
         return _memo[ident]

@@ -132,8 +132,10 @@ def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy,
     _run_cli(src, *run, env=env)
     assert _last_results(run_dir, 5) == dict.fromkeys(stages, True)
 
-    cosent = src / "embed_core" / "losses" / "cosent.py"
-    cosent.write_text(cosent.read_text().replace("sim = (a * b).sum(dim=-1) / tau", "sim = 1.5 * (a * b).sum(dim=-1) / tau"))
+    infonce = src / "embed_core" / "losses" / "infonce.py"  # the retrieval loss both stages train with
+    edited = infonce.read_text().replace("logits = q @ docs.T / tau", "logits = 1.5 * (q @ docs.T) / tau")
+    assert edited != infonce.read_text()
+    infonce.write_text(edited)
     _run_cli(src, *run, env=env)
     assert _last_results(run_dir, 5) == {"prepare": False, "mine": False, "train-stage1": True, "train-stage2": True,
                                          "evaluate": True}
