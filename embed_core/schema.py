@@ -32,7 +32,7 @@ source_ref       ``<file>:<row>`` the record came from
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -164,16 +164,6 @@ def validate_row(row: dict, *, file: str, row_number: int | None) -> None:
         fail("label", "wrong_type", f"expected a string or null, got {type(label).__name__}")
     if row["task"] == "classification" and not (label and label.strip()):
         fail("label", "missing_label", "classification records need a label")
-
-
-def validate_records(records: Iterable[Record], *, file: str) -> None:
-    """Validate records and check ``id`` uniqueness; raises on the first problem."""
-    seen: dict[str, int] = {}
-    for i, rec in enumerate(records):
-        validate_row(rec.to_row(), file=file, row_number=i)
-        if rec.id in seen:
-            raise SchemaError(file, i, "id", "duplicate_id", f"duplicate id {rec.id!r} (first at row {seen[rec.id]})")
-        seen[rec.id] = i
 
 
 def records_to_table(records: list[Record]) -> pa.Table:

@@ -138,24 +138,24 @@ def records_upstream(config: RunConfig, stage: str) -> str:
 
 def _prepare() -> Stage:
     def report(config: RunConfig, run_dir: Path, manifest: dict) -> Report:
-        from embed_core.prepare import counts_table
+        from embed_core.prepare.stage import counts_table
 
         return Report(table=counts_table(manifest), table_key="prepare-counts-",
                       table_description=f"prepare stage counts for run '{manifest.get('run_name')}'")
 
     def fingerprint(c, d, i, o):
-        from embed_core.prepare import input_fingerprint
+        from embed_core.prepare.stage import input_fingerprint
         return input_fingerprint(c)
 
     def run(c, d, i, o, fp):
-        from embed_core.prepare import run_prepare
+        from embed_core.prepare.stage import run_prepare
         return run_prepare(c, d, fp)
 
     def summarize(m, d):
-        from embed_core.prepare import format_counts
+        from embed_core.prepare.stage import format_counts
         return format_counts(m)
 
-    return Stage(name="prepare", help="raw sources → unified records", module="embed_core.prepare",
+    return Stage(name="prepare", help="raw sources → unified records", module="embed_core.prepare.stage",
                  enabled=lambda c: True, fingerprint=fingerprint, run=run, summarize=summarize, report=report,
                  produces_records=True)
 
@@ -169,21 +169,21 @@ def _synthesize() -> Stage:
                       table_description="synthesize stage: requests, failures and filters per strategy")
 
     def fingerprint(c, d, i, o):
-        from embed_core.synthesize import input_fingerprint
+        from embed_core.synthesize.stage import input_fingerprint
         return input_fingerprint(c, d)
 
     def run(c, d, i, o, fp):
-        from embed_core.synthesize import run_synthesize
+        from embed_core.synthesize.stage import run_synthesize
         return run_synthesize(c, d, fp)
 
     def summarize(m, d):
-        from embed_core.synthesize import format_counts
+        from embed_core.synthesize.stage import format_counts
         return format_counts(m)
 
     # One task-level retry on top of the client's per-request retries: the request cache makes a
     # retry repeat only the calls that had not finished.
     return Stage(name="synthesize", help="LLM paraphrase, augmentation and hard negatives (needs prepare's output)",
-                 module="embed_core.synthesize", enabled=lambda c: c.synthesize is not None,
+                 module="embed_core.synthesize.stage", enabled=lambda c: c.synthesize is not None,
                  fingerprint=fingerprint, run=run, summarize=summarize, report=report, produces_records=True,
                  retries=1)
 
@@ -198,19 +198,19 @@ def _mine() -> Stage:
                       table_description="mine stage: negatives per dataset and score medians")
 
     def fingerprint(c, d, i, o):
-        from embed_core.mine import input_fingerprint
+        from embed_core.mine.stage import input_fingerprint
         return input_fingerprint(c, d)
 
     def run(c, d, i, o, fp):
-        from embed_core.mine import run_mine
+        from embed_core.mine.stage import run_mine
         return run_mine(c, d, fp)
 
     def summarize(m, d):
-        from embed_core.mine import format_counts
+        from embed_core.mine.stage import format_counts
         return format_counts(m)
 
     return Stage(name="mine", help="FAISS hard-negative mining (needs prepare's or synthesize's output)",
-                 module="embed_core.mine", enabled=lambda c: c.mine is not None, fingerprint=fingerprint, run=run,
+                 module="embed_core.mine.stage", enabled=lambda c: c.mine is not None, fingerprint=fingerprint, run=run,
                  summarize=summarize, report=report, produces_records=True)
 
 
@@ -234,26 +234,26 @@ def _train() -> Stage:
                                "![loss curve](loss.png)")
 
     def fingerprint(c, d, i, o):
-        from embed_core.train import input_fingerprint
+        from embed_core.train.stage import input_fingerprint
         return input_fingerprint(c, d, i.removeprefix("train-"))
 
     def run(c, d, i, o, fp):
-        from embed_core.train import run_train_stage
+        from embed_core.train.stage import run_train_stage
         return run_train_stage(c, d, i.removeprefix("train-"), resume=o.resume, fingerprint=fp)
 
     def summarize(m, d):
-        from embed_core.train import format_counts
+        from embed_core.train.stage import format_counts
         return format_counts(m)
 
     return Stage(name="train", help="the training stages in order (needs prepare/synthesize/mine output)",
-                 module="embed_core.train", enabled=lambda c: c.train is not None, fingerprint=fingerprint, run=run,
+                 module="embed_core.train.stage", enabled=lambda c: c.train is not None, fingerprint=fingerprint, run=run,
                  summarize=summarize, report=report, options=TrainOptions,
                  instances=lambda c, o: train_stage_names(c, o.stage))
 
 
 def _evaluate() -> Stage:
     def report(config: RunConfig, run_dir: Path, manifest: dict) -> Report:
-        from embed_core.evaluate import main_scores
+        from embed_core.evaluate.stage import main_scores
 
         report_md = (run_dir / "evaluate" / "report.md").read_text(encoding="utf-8")
         return Report(markdown=report_md, markdown_key="evaluate-report-",
@@ -261,25 +261,25 @@ def _evaluate() -> Stage:
                       table_key="evaluate-scores-", table_description="evaluate stage: main score per model and task (mteb)")
 
     def fingerprint(c, d, i, o):
-        from embed_core.evaluate import input_fingerprint
+        from embed_core.evaluate.stage import input_fingerprint
         return input_fingerprint(c, d, o.models, o.tasks)
 
     def run(c, d, i, o, fp):
-        from embed_core.evaluate import run_evaluate
+        from embed_core.evaluate.stage import run_evaluate
         return run_evaluate(c, d, o.models, o.tasks, fingerprint=fp)
 
     def summarize(m, d):
-        from embed_core.evaluate import format_counts
+        from embed_core.evaluate.stage import format_counts
         return format_counts(m, d)
 
     def pipeline_options(config: RunConfig) -> EvaluateOptions:
-        from embed_core.evaluate import pipeline_models
+        from embed_core.evaluate.stage import pipeline_models
         return EvaluateOptions(models=pipeline_models(config))
 
     # log_prints off: `datasets` fingerprints functions with dill, which disassembles code with
     # print() while capturing sys.stdout; Prefect's print patch would turn that into log lines.
     return Stage(name="evaluate", help="MTEB on the configured tasks for the base and trained models",
-                 module="embed_core.evaluate", enabled=lambda c: c.evaluate is not None, fingerprint=fingerprint,
+                 module="embed_core.evaluate.stage", enabled=lambda c: c.evaluate is not None, fingerprint=fingerprint,
                  run=run, summarize=summarize, report=report, options=EvaluateOptions,
                  pipeline_options=pipeline_options, log_prints=False)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from embed_core.artifacts import atomic_write_json
 from embed_core.config import RunConfig
-from embed_core.prepare import source_fingerprints
+from embed_core.prepare.stage import source_fingerprints
 
 SOURCES_FILE = "sources.json"
 

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             print(inspect_path(args.path, samples=args.samples))
             return 0
         if args.command == "compare":
-            from embed_core.evaluation.report import compare_runs
+            from embed_core.evaluate.report import compare_runs
 
             try:
                 path = compare_runs(args.sources, args.out)

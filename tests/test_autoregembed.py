@@ -77,8 +77,8 @@ def test_ic_loss_is_mean_token_nll():
 
 # -- the two networks -----------------------------------------------------------------------------
 def test_compression_encoder_layout_and_inference_embedding(tiny_gemma, tmp_path):
-    from embed_core.autoregembed.model import CompressionEncoder
     from embed_core.model.encoder import Encoder
+    from embed_core.train.autoregembed.model import CompressionEncoder
 
     enc = CompressionEncoder(str(tiny_gemma), compress_tokens=3, max_length=16).eval()
     texts = ["a short one", "a much longer sentence with many more words than the first"]
@@ -103,7 +103,7 @@ def test_compression_encoder_layout_and_inference_embedding(tiny_gemma, tmp_path
 
 
 def test_frozen_decoder_scores_targets_from_the_prefix_only(tiny_gemma):
-    from embed_core.autoregembed.model import FrozenDecoder
+    from embed_core.train.autoregembed.model import FrozenDecoder
 
     dec = FrozenDecoder(str(tiny_gemma), target_max_length=8)
     assert not any(p.requires_grad for p in dec.parameters())
@@ -130,8 +130,8 @@ def _stage(**kw) -> TrainStageConfig:
 
 
 def test_information_compression_trains_the_encoder_and_leaves_the_decoder_frozen(tiny_gemma, tmp_path):
-    from embed_core.autoregembed.data import ICExample
-    from embed_core.autoregembed.trainer import AutoRegEmbedTrainer
+    from embed_core.train.autoregembed.data import ICExample
+    from embed_core.train.autoregembed.trainer import AutoRegEmbedTrainer
 
     stage = _stage(mode="autoregembed_ic")
     train = TrainConfig(base_model=str(tiny_gemma), stages=[stage],
@@ -155,8 +155,8 @@ def test_autoregembed_stages_run_through_the_pipeline_and_reuse_reference_scores
     from embed_core.artifacts import read_manifest
     from embed_core.model.encoder import Encoder
     from embed_core.model.settings import read_model_settings
-    from embed_core.prepare import run_prepare
-    from embed_core.train import run_train_stage
+    from embed_core.prepare.stage import run_prepare
+    from embed_core.train.stage import run_train_stage
 
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     for key in ("synthesize", "mine", "evaluate"):

@@ -8,7 +8,7 @@ import pytest
 from embed_core.artifacts import read_manifest, read_records
 from embed_core.config import parse_config
 from embed_core.errors import ConfigError, SourceError
-from embed_core.prepare import run_prepare
+from embed_core.prepare.stage import run_prepare
 
 
 def prepare(tmp_path, sources, **extra):
@@ -83,7 +83,7 @@ def test_missing_file_and_bad_config_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown column key"):
         cfg = parse_config({"data_root": str(tmp_path), "prepare": {"sources": [
             {"name": "x", "kind": "sts", "path": "a.csv", "columns": {"txt1": "a"}}]}})
-        list(__import__("embed_core.convert", fromlist=["x"]).convert_source(cfg.prepare.sources[0], cfg))
+        list(__import__("embed_core.prepare.convert", fromlist=["x"]).convert_source(cfg.prepare.sources[0], cfg))
 
 
 def test_beir_zero_judgments_become_negatives_and_unknown_ids_are_quarantined(tmp_path):

@@ -2,9 +2,9 @@ import json
 
 import pyarrow.parquet as pq
 
-from embed_core.cleaning import EvalTexts, contaminated_field, dedupe, limit_length, normalize_text, pair_key
 from embed_core.config import parse_config
-from embed_core.prepare import run_prepare
+from embed_core.prepare.cleaning import EvalTexts, contaminated_field, dedupe, limit_length, normalize_text, pair_key
+from embed_core.prepare.stage import run_prepare
 from embed_core.schema import Record
 
 

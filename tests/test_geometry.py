@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from embed_core.analysis.geometry import matrix_geometry, model_geometry
+from embed_core.evaluate.geometry import matrix_geometry, model_geometry
 
 
 def test_measures_of_known_matrices():

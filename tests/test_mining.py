@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from embed_core.config import MineConfig, parse_config
-from embed_core.mine import run_mine
-from embed_core.mining import EmbeddingCache, MineSettings, mine_records
-from embed_core.prepare import run_prepare
+from embed_core.mine.miner import MineSettings, mine_records
+from embed_core.mine.stage import run_mine
+from embed_core.model.embedding_cache import EmbeddingCache
+from embed_core.prepare.stage import run_prepare
 from embed_core.schema import Record
 
 

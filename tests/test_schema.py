@@ -4,8 +4,16 @@ import pyarrow as pa
 import pytest
 
 from embed_core.errors import SchemaError
-from embed_core.schema import (RECORD_SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY, Record, check_table,
-                               records_to_table, table_to_records, validate_row)
+from embed_core.schema import (
+    RECORD_SCHEMA,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    Record,
+    check_table,
+    records_to_table,
+    table_to_records,
+    validate_row,
+)
 
 
 def good(**kw) -> dict:

@@ -16,11 +16,11 @@ import yaml
 
 from embed_core.artifacts import read_records
 from embed_core.config import SynthesizeConfig, parse_config
-from embed_core.prepare import run_prepare
+from embed_core.prepare.cleaning import EvalTexts, normalize_text
+from embed_core.prepare.stage import run_prepare
 from embed_core.schema import Record, table_to_records
-from embed_core.synth.prompts import MalformedAnswer, load_templates
-from embed_core.synthesize import Job, Outcome, filter_candidates, plan_jobs, run_synthesize, to_candidate
-from embed_core.cleaning import EvalTexts, normalize_text
+from embed_core.synthesize.prompts import MalformedAnswer, load_templates
+from embed_core.synthesize.stage import Job, Outcome, filter_candidates, plan_jobs, run_synthesize, to_candidate
 from tests.llm_server import ScriptedLLMServer
 
 MALFORMED_ROW = "A MALFORMED sentence about a cat on a mat.,A cat sits on a mat.,4.0\n"

@@ -33,7 +33,7 @@ def _config_dict(tmp_path, tiny_model, **stage_overrides):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, tiny_model):
-    from embed_core.prepare import run_prepare
+    from embed_core.prepare.stage import run_prepare
 
     tmp = tmp_path_factory.mktemp("train")
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -58,8 +58,8 @@ def _train_in_subprocess(cfg: dict, prepared_run: Path, tmp_path: Path, stage: s
     code = textwrap.dedent("""
         import os, signal, sys
         from embed_core.config import load_config
-        from embed_core.train import run_train_stage
-        from embed_core.training.trainer import Trainer
+        from embed_core.train.stage import run_train_stage
+        from embed_core.train.trainer import Trainer
 
         kill_after = int(sys.argv[4])
         step = Trainer.train_step
@@ -85,7 +85,7 @@ def _weights(model_dir):
 
 
 def test_two_stages_train_and_save_a_loadable_model(prepared, tiny_model):
-    from embed_core.train import run_train_stage
+    from embed_core.train.stage import run_train_stage
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -121,14 +121,14 @@ def test_two_stages_train_and_save_a_loadable_model(prepared, tiny_model):
         mine = ours(ours.tokenize(["a test sentence", "another one"])).numpy()
     assert abs(mine - emb).max() < 1e-5
 
-    from embed_core.evaluate import trained_models
+    from embed_core.evaluate.stage import trained_models
 
     assert list(trained_models(run_dir)) == ["stage1", "stage2"]
 
 
 @pytest.mark.slow
 def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_model, tmp_path):
-    from embed_core.train import run_train_stage
+    from embed_core.train.stage import run_train_stage
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
@@ -154,9 +154,9 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_
 
 def test_grad_cache_gives_the_same_gradients_as_a_full_batch(prepared, tiny_model):
     from embed_core.config import TrainStageConfig
-    from embed_core.train import load_datasets
-    from embed_core.training.batches import build_batch
-    from embed_core.training.trainer import Trainer
+    from embed_core.train.batches import build_batch
+    from embed_core.train.stage import load_datasets
+    from embed_core.train.trainer import Trainer
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -182,7 +182,7 @@ def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, 
     """The same stage under deepspeed.initialize (ZeRO-2, DS_ACCELERATOR=cpu, gloo) in a subprocess:
     its losses follow the plain trainer's."""
     pytest.importorskip("deepspeed")
-    from embed_core.train import run_train_stage
+    from embed_core.train.stage import run_train_stage
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
@@ -203,7 +203,7 @@ def test_records_short_of_negatives_still_get_the_batch_hard_negatives():
     import pyarrow as pa
 
     from embed_core.schema import Record, records_to_table
-    from embed_core.training.batches import DatasetRecords, build_batch
+    from embed_core.train.batches import DatasetRecords, build_batch
 
     base = {"dataset": "d", "task": "retrieval", "instruction": "Find it", "positive_scores": [], "negative_scores": [],
             "negative_labels": [], "weak_positives": [], "label": None, "origin": "original", "source_ref": "x:1"}
@@ -250,7 +250,7 @@ def test_bidirectional_switch_makes_a_decoder_see_later_tokens(tmp_path, tiny_mo
 
 def test_stage_with_bce_and_hmcl_losses_trains_and_saves(prepared, tiny_model):
     """A stage can swap QZhou's losses per task: pair BCE for STS, HMCL for retrieval and NLI."""
-    from embed_core.train import run_train_stage
+    from embed_core.train.stage import run_train_stage
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
@@ -274,7 +274,7 @@ def test_hmcl_batches_map_scores_to_levels_and_fill_missing_ones():
     import pyarrow as pa
 
     from embed_core.schema import RECORD_SCHEMA
-    from embed_core.training.batches import DatasetRecords, build_batch
+    from embed_core.train.batches import DatasetRecords, build_batch
 
     rows = []
     for i, (t1, t2, score) in enumerate([("a cat sits", "a cat is sitting", 4.6), ("a dog runs fast", "a dog walks", 2.5),
@@ -297,7 +297,7 @@ def test_hmcl_batches_map_scores_to_levels_and_fill_missing_ones():
 
 
 def test_codiemb_stage_alternates_ir_and_sts_steps(prepared, tiny_model):
-    from embed_core.train import run_train_stage
+    from embed_core.train.stage import run_train_stage
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
@@ -317,7 +317,7 @@ def test_codiemb_ir_batches_draw_k_positives_and_negatives_with_replacement():
     import pyarrow as pa
 
     from embed_core.schema import RECORD_SCHEMA
-    from embed_core.training.batches import DatasetRecords, build_batch
+    from embed_core.train.batches import DatasetRecords, build_batch
 
     rows = [{"id": "r/0", "dataset": "r", "task": "retrieval", "instruction": "", "query": "q0", "positives": ["p0"],
              "positive_scores": [], "negatives": ["n0a", "n0b", "n0c", "n0d", "n0e"], "negative_scores": [],

@@ -12,7 +12,7 @@ def build_tiny_bert(dest: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from embed_core.model import default_model_path
+    from embed_core.model.encoder import default_model_path
 
     dest.mkdir(parents=True, exist_ok=True)
     src = Path(default_model_path())

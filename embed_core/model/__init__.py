@@ -1,5 +1,2 @@
-"""Text encoders (Hugging Face checkpoints from a local path) with pooling and L2 normalisation."""
-
-from embed_core.model.encoder import Encoder, default_model_path
-
-__all__ = ["Encoder", "default_model_path"]
+"""Text encoders (Hugging Face checkpoints from a local path) with pooling and L2 normalisation, the
+trained embedder, saved-model settings, the GGUF cache and the embedding cache shared by the stages."""

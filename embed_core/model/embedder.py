@@ -37,7 +37,7 @@ class Embedder(nn.Module):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        if pooling not in POOLINGS or pooling == "compress":  # compress: embed_core.autoregembed
+        if pooling not in POOLINGS or pooling == "compress":  # compress: embed_core.train.autoregembed
             raise ConfigError(f"pooling must be one of {POOLINGS[:3]}, got {pooling!r}")
         if "{text}" not in instruction_template:
             raise ConfigError("instruction_template must contain '{text}'")

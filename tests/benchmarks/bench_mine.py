@@ -83,8 +83,9 @@ def large_pool() -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def run_ours(pairs, pool) -> dict:
-    from embed_core.mining import EmbeddingCache, MineSettings, mine_records
-    from embed_core.model import Encoder
+    from embed_core.mine.miner import MineSettings, mine_records
+    from embed_core.model.embedding_cache import EmbeddingCache
+    from embed_core.model.encoder import Encoder
     from embed_core.schema import Record
 
     t0 = time.perf_counter()
@@ -107,7 +108,7 @@ def run_peer(pairs, pool) -> dict:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
-    from embed_core.model import default_model_path
+    from embed_core.model.encoder import default_model_path
 
     t0 = time.perf_counter()
     model = SentenceTransformer(default_model_path(), device="cpu")

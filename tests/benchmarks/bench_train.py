@@ -61,8 +61,8 @@ def run_ours(steps: int, batch: int) -> dict:
 
     from embed_core.config import TrainConfig, TrainStageConfig
     from embed_core.schema import Record, records_to_table
-    from embed_core.training.batches import DatasetRecords
-    from embed_core.training.trainer import Trainer
+    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.trainer import Trainer
 
     torch.set_num_threads(os.cpu_count() or 1)
     datasets = {}
@@ -94,11 +94,15 @@ def _count(names) -> dict[str, int]:
 def run_peer(steps: int, batch: int) -> dict:
     import torch
     from datasets import Dataset, DatasetDict
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
     from sentence_transformers.losses import MultipleNegativesRankingLoss
     from sentence_transformers.training_args import MultiDatasetBatchSamplers
 
-    from embed_core.model import default_model_path
+    from embed_core.model.encoder import default_model_path
 
     torch.set_num_threads(os.cpu_count() or 1)
     model = SentenceTransformer(default_model_path(), device="cpu")

@@ -1,1 +1,0 @@
-"""Analyses of trained models beyond benchmark scores."""

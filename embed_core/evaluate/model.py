@@ -1,0 +1,104 @@
+"""The encoder MTEB evaluates: any model directory the pipeline saves (or any sentence-transformers
+/ Hugging Face encoder directory), with its pooling and instructions honoured, behind a text-level
+embedding cache.
+
+Instructions (see ``embed_core.model.settings``):
+* a model trained with instructions (``use_instructions`` in ``embedpipe.json``) gets the task's
+  instruction — the model's own instruction for that task name if it recorded one, else the task's
+  (config ``instruction`` or MTEB's prompt) — on the query side only for retrieval and on both sides
+  for symmetric tasks (STS, classification, pair classification), as it was trained (QZhou §3.1);
+* a sentence-transformers model with named ``prompts`` gets them exactly as sentence-transformers
+  would (MTEB's prompt-name priority);
+* anything else (e.g. all-MiniLM-L6-v2) is encoded without instructions, as MTEB evaluates it.
+
+Cache: embeddings are stored by (model fingerprint, exact input text incl. instruction) in float32,
+so a text shared by several tasks or a rerun is never encoded twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mteb.models.abs_encoder import AbsEncoder, get_prompt_name
+from mteb.models.model_meta import ModelMeta, ScoringFunction
+from mteb.types import PromptType
+
+from embed_core.model.embedding_cache import EmbeddingCache
+from embed_core.model.encoder import Encoder, model_fingerprint, resolve_model_path, uses_bf16
+from embed_core.model.settings import read_model_settings
+
+SYMMETRIC_TYPES = ("STS", "Classification", "PairClassification", "Clustering")
+MTEB_TO_TASK = {"STS": "sts", "Retrieval": "retrieval", "Classification": "classification",
+                "PairClassification": "pair_classification"}
+
+
+class EvalModel(AbsEncoder):
+    def __init__(self, model: str, *, label: str, cache_root: str | Path, batch_size: int = 64,
+                 precision: str = "fp32", device: str | None = None):
+        import torch
+        from transformers import AutoConfig
+
+        self.path = resolve_model_path(model)
+        self.label = label
+        self.settings = read_model_settings(self.path)
+        self.batch_size = batch_size
+        self.precision = precision
+        self.device = device
+        device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.fingerprint = model_fingerprint(self.path, self.settings.pooling, self.settings.max_length,
+                                             uses_bf16(precision, device_type))
+        hf_config = AutoConfig.from_pretrained(self.path)
+        self.dim = int(getattr(hf_config, "hidden_size", None) or getattr(hf_config, "d_model"))
+        self.cache = EmbeddingCache(Path(cache_root), self.fingerprint, self.dim, dtype="float32")
+        self._encoder: Encoder | None = None
+        self.model_prompts = self.settings.prompts or None
+        self.mteb_model_meta = ModelMeta.create_empty(overwrites=dict(
+            name=f"embedpipe/{label}", revision=self.fingerprint, embed_dim=self.dim,
+            max_tokens=self.settings.max_length, similarity_fn_name=ScoringFunction.COSINE,
+            use_instructions=self.settings.use_instructions, framework=["PyTorch"],
+            loader=None, modalities=["text"]))
+
+    @property
+    def texts_encoded(self) -> int:
+        return self.cache.encoded_texts
+
+    def _encode_texts(self, texts: list[str]) -> np.ndarray:
+        if self._encoder is None:  # loaded only when something is not cached
+            self._encoder = Encoder(self.path, pooling=self.settings.pooling, max_length=self.settings.max_length,
+                                    precision=self.precision, device=self.device,
+                                    compress_tokens=self.settings.compress_tokens)
+        return self._encoder.encode(texts, batch_size=self.batch_size, show_progress=True, desc=self.label)
+
+    def instruction_for(self, task_metadata, prompt_type: PromptType | None) -> str:
+        """The text put in front of each input (already formatted), or '' for none."""
+        if self.settings.use_instructions and self.settings.instructions_fixed:
+            # AutoRegEmbed: its own instruction per task type, passages included (I_self)
+            kind = MTEB_TO_TASK.get(task_metadata.type, "sts")
+            if task_metadata.type == "Retrieval" and prompt_type == PromptType.document:
+                kind = "retrieval_passage"
+            return self.settings.task_instructions.get(kind, "")
+        if self.settings.use_instructions:
+            if task_metadata.type == "Retrieval" and prompt_type == PromptType.document:
+                return ""
+            if task_metadata.type not in SYMMETRIC_TYPES and task_metadata.type != "Retrieval":
+                return ""
+            explicit = task_metadata.prompt  # config instruction or the task's own MTEB prompt
+            if isinstance(explicit, dict):
+                explicit = explicit.get((prompt_type or PromptType.query).value)
+            return (self.settings.instructions.get(task_metadata.name) or explicit
+                    or self.settings.task_instructions.get(MTEB_TO_TASK.get(task_metadata.type, ""))
+                    or self.get_instruction(task_metadata, prompt_type or PromptType.query) or "")
+        name = get_prompt_name(self.model_prompts, task_metadata, prompt_type)
+        return self.model_prompts[name] if name else ""
+
+    def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str,
+               prompt_type: PromptType | None = None, **kwargs: Any) -> np.ndarray:
+        texts = [text for batch in inputs for text in batch["text"]]
+        prefix = self.instruction_for(task_metadata, prompt_type)
+        if prefix and self.settings.use_instructions:
+            texts = [self.settings.format(prefix, t) for t in texts]
+        elif prefix:
+            texts = [prefix + t for t in texts]  # sentence-transformers prompt semantics
+        return self.cache.get_or_encode(texts, self._encode_texts)

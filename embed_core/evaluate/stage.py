@@ -1,0 +1,288 @@
+"""The evaluate stage: MTEB on local task data for the base model and the run's trained models.
+
+Writes ``<run_dir>/evaluate/``:
+* ``results.parquet`` — one row per (model, task, split, subset, metric) with every scalar mteb
+  reports, ``main`` marking the task's main score; metrics are mteb's own;
+* ``mteb/<model label>/<task>.json`` — mteb's result JSON per task;
+* ``report.md`` and ``plots/*.png`` (see ``embed_core.evaluate.report``);
+* ``manifest.json`` — models (path, fingerprint, settings), tasks, texts encoded, timings.
+
+Results accumulate: evaluating another model keeps the other models' rows from the previous
+evaluate artifact, and re-evaluating a model replaces its rows. Embeddings are cached per model
+fingerprint in ``<run_dir>/cache/embeddings/`` (shared with mine) so a rerun encodes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embed_core.artifacts import StageWriter, stage_is_intact
+from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
+from embed_core.errors import ConfigError
+from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
+from embed_core.model.settings import read_model_settings
+
+log = logging.getLogger("embedpipe.evaluate")
+STAGE = "evaluate"
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("torch", "transformers", "mteb", "numpy", "scikit-learn")
+RESULTS = "results.parquet"
+GEOMETRY = "geometry.parquet"
+RESULT_SCHEMA = pa.schema([
+    ("model", pa.string()), ("model_path", pa.string()), ("fingerprint", pa.string()),
+    ("task", pa.string()), ("task_type", pa.string()), ("split", pa.string()), ("subset", pa.string()),
+    ("metric", pa.string()), ("value", pa.float64()), ("main", pa.bool_()),
+])
+
+
+def _cfg(config: RunConfig) -> EvaluateConfig:
+    if config.evaluate is None:
+        raise ConfigError("the run config has no 'evaluate' section")
+    return config.evaluate
+
+
+def trained_models(run_dir: Path) -> dict[str, str]:
+    """label -> model directory for every finished train stage in the run, in stage order
+    (``<run_dir>/train-<stage>/model``, labelled by the stage name)."""
+    found: dict[str, tuple[float, str]] = {}
+    for model_dir in Path(run_dir).glob("train-*/model"):
+        if (model_dir / "config.json").exists() and (model_dir.parent / "manifest.json").exists():
+            found[model_dir.parent.name.removeprefix("train-")] = ((model_dir.parent / "manifest.json").stat().st_mtime,
+                                                                   str(model_dir))
+    return {label: path for label, (_, path) in sorted(found.items(), key=lambda kv: kv[1][0])}
+
+
+def pipeline_models(config: RunConfig) -> list[str] | None:
+    """Models the end-to-end pipeline evaluates: the base model and every trained stage's model
+    (``None`` = the config's own list, when it already names 'trained')."""
+    return ["base", "trained"] if "trained" not in _cfg(config).models else None
+
+
+def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None, *,
+                   materialize: bool = True) -> dict[str, str]:
+    """label -> local model path for 'base', 'trained' and explicit paths (``materialize=False``:
+    model names as given, for fingerprints that must not de-quantise a GGUF model)."""
+    cfg = _cfg(config)
+    resolve = resolve_model_path if materialize else str
+    out: dict[str, str] = {}
+    for item in models or cfg.models:
+        if item == "base":
+            out["base"] = resolve(cfg.base_model)
+        elif item == "trained":
+            out.update(trained_models(run_dir))
+        else:
+            path = resolve(item)
+            p = Path(path)
+            # a train stage's <run>/train-<stage>/model is labelled by its stage
+            out[p.parent.name.removeprefix("train-") if p.name == "model" else (p.name or "model")] = path
+    if not out:
+        raise ConfigError("evaluate: no model to evaluate (no trained checkpoint in the run yet?)")
+    return out
+
+
+def select_tasks(cfg: EvaluateConfig, names: list[str] | None) -> list[EvalTaskSpec]:
+    if not names:
+        return list(cfg.tasks)
+    known = {t.name: t for t in cfg.tasks}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"evaluate: unknown task {unknown[0]!r}; configured: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def _data_files(config: RunConfig, spec: EvalTaskSpec) -> list[Path]:
+    paths = spec.path if isinstance(spec.path, list) else [spec.path]
+    files = [config.resolve(p) for p in paths]
+    if spec.train_path:
+        files.append(config.resolve(spec.train_path))
+    out: list[Path] = []
+    for f in files:
+        out.extend(sorted(p for p in f.rglob("*") if p.is_file()) if f.is_dir() else [f])
+    return out
+
+
+def _model_fp(path: str, precision: str) -> str:
+    import torch
+
+    settings = read_model_settings(path)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return model_fingerprint(path, settings.pooling, settings.max_length, uses_bf16(precision, device))
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
+                      tasks: list[str] | None = None) -> Fingerprint:
+    """Model fingerprints + task specs + data file hashes + code identity (mteb's version included)."""
+    cfg = _cfg(config)
+    resolved = resolve_models(config, Path(run_dir), models, materialize=False)
+    specs = select_tasks(cfg, tasks)
+    root = Path(config.data_root).expanduser()
+    # keyed by the path under data_root, so the same data keys the same whether data_root is
+    # written relative (a config) or absolute (the run directory's config.yaml)
+    data = {s.name: {(str(f.relative_to(root)) if f.is_relative_to(root) else str(f)): sha256_file(f) if f.exists()
+                     else "missing" for f in _data_files(config, s)} for s in specs}
+    fps = {label: _model_fp(path, cfg.precision) for label, path in resolved.items()}
+    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+        "models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data, "config": config_hash(cfg),
+        "seed": config.seed}, details={"models": fps})
+
+
+def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str) -> list[dict[str, Any]]:
+    """Every scalar metric mteb reported, one row each; ``main`` marks the task's main score."""
+    rows = []
+    main_name = metadata.main_score
+    for split, subsets in task_result.scores.items():
+        for scores in subsets:
+            base = {"model": label, "model_path": path, "fingerprint": fingerprint, "task": task_result.task_name,
+                    "task_type": metadata.type, "split": split, "subset": scores.get("hf_subset", "default")}
+            metrics = {k: float(v) for k, v in scores.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "main_score"}
+            if main_name not in metrics and "main_score" in scores:
+                metrics[main_name] = float(scores["main_score"])
+            rows += [{**base, "metric": k, "value": v, "main": k == main_name} for k, v in metrics.items()]
+    return rows
+
+
+def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: RunConfig, run_dir: Path):
+    """Run mteb on ``specs`` for one model; returns (result rows, {task: json bytes}, stats)."""
+    import mteb
+
+    from embed_core.evaluate.model import EvalModel
+    from embed_core.evaluate.tasks import build_task
+
+    cfg = _cfg(config)
+    model = EvalModel(path, label=label, cache_root=run_dir / "cache" / "embeddings",
+                      batch_size=cfg.batch_size, precision=cfg.precision)
+    rows: list[dict[str, Any]] = []
+    jsons: dict[str, bytes] = {}
+    seconds: dict[str, float] = {}
+    for spec in specs:
+        t0 = time.perf_counter()
+        task = build_task(spec, config.resolve, seed=config.seed)
+        result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
+        for task_result in result.task_results:
+            rows += _scalar_rows(task_result, task.metadata, label, path, model.fingerprint)
+            jsons[spec.name] = json.dumps(task_result.to_dict(), indent=2, default=str).encode()
+        seconds[spec.name] = round(time.perf_counter() - t0, 2)
+        main = [r["value"] for r in rows if r["task"] == spec.name and r["main"]]
+        log.info("evaluate %s on %s: %s = %.4f (%.1f s)", label, spec.name, task.metadata.main_score,
+                 main[0] if main else float("nan"), seconds[spec.name])
+    stats = {"label": label, "path": path, "fingerprint": model.fingerprint,
+             "settings": {"pooling": model.settings.pooling, "max_length": model.settings.max_length,
+                          "use_instructions": model.settings.use_instructions, "source": model.settings.source},
+             "texts_encoded": model.texts_encoded, "cache_size": len(model.cache), "seconds": seconds}
+    return rows, jsons, stats
+
+
+def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+    """Rows and mteb JSON files of the current evaluate artifact (if intact), to carry over."""
+    if not stage_is_intact(run_dir, STAGE):
+        return [], {}
+    stage_dir = run_dir / STAGE
+    rows = pq.read_table(stage_dir / RESULTS).to_pylist() if (stage_dir / RESULTS).exists() else []
+    files = {str(p.relative_to(stage_dir)): p.read_bytes() for p in (stage_dir / "mteb").rglob("*.json")}
+    return rows, files
+
+
+def model_geometries(config: RunConfig, models: dict[str, str]) -> list[dict[str, Any]]:
+    """Token geometry (CoDiEmb §4) of every model on the configured STS task's sentences."""
+    from embed_core.evaluate.data import _read_pairs
+    from embed_core.evaluate.geometry import model_geometry
+
+    geo = _cfg(config).geometry
+    if geo is None:
+        return []
+    spec = next(t for t in _cfg(config).tasks if t.name == geo.task)
+    texts = list(dict.fromkeys(t for row in _read_pairs(spec, config.resolve) for t in (row["sentence1"], row["sentence2"])))
+    texts = texts[:geo.max_texts]
+    out = []
+    for label, path in models.items():
+        t0 = time.perf_counter()
+        stats = model_geometry(path, texts, max_length=geo.max_length)
+        log.info("geometry %s: %s (%.1f s)", label, stats, time.perf_counter() - t0)
+        out.append({"model": label, "task": geo.task, **stats})
+    return out
+
+
+def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
+                 tasks: list[str] | None = None, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
+    from embed_core.evaluate.report import build_report
+
+    cfg = _cfg(config)
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    fingerprint = fingerprint or input_fingerprint(config, run_dir, models, tasks)
+    resolved = resolve_models(config, run_dir, models)
+    specs = select_tasks(cfg, tasks)
+
+    old_rows, old_files = _previous(run_dir)
+    evaluated = set(resolved)
+    task_names = {s.name for s in specs}
+    rows = [r for r in old_rows if not (r["model"] in evaluated and r["task"] in task_names)]
+    files = {k: v for k, v in old_files.items()
+             if not (Path(k).parts[1] in evaluated and Path(k).stem in task_names)}
+    model_stats = []
+    for label, path in resolved.items():
+        new_rows, jsons, stats = evaluate_model(label, path, specs, config, run_dir)
+        rows += new_rows
+        files.update({f"mteb/{label}/{name}.json": blob for name, blob in jsons.items()})
+        model_stats.append(stats)
+
+    table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+    geometry = model_geometries(config, resolved)
+    previous_geo = Path(run_dir) / STAGE / GEOMETRY
+    if geometry and previous_geo.exists():  # like the scores: other models' rows stay
+        geometry = [g for g in pq.read_table(previous_geo).to_pylist() if g["model"] not in evaluated] + geometry
+    report_md, plots = build_report(table, run_dir=run_dir, title=f"embedpipe evaluation: {config.run_name}",
+                                    geometry=geometry)
+    with StageWriter(run_dir, STAGE) as writer:
+        writer.write_table(RESULTS, table, kind="results")
+        for name, blob in sorted(files.items()):
+            writer.write_file(name, blob, kind="mteb_json")
+        for name, png in plots.items():
+            writer.write_file(f"plots/{name}", png, kind="plot")
+        writer.write_file("report.md", report_md.encode(), kind="report")
+        if geometry:
+            writer.write_table(GEOMETRY, pa.Table.from_pylist(geometry), kind="geometry")
+        manifest = writer.commit({
+            "run_name": config.run_name,
+            "input_fingerprint": fingerprint.key,
+            "code": fingerprint.code,
+            "models": model_stats,
+            "tasks": [s.name for s in specs],
+            "counts": {"texts_encoded": sum(m["texts_encoded"] for m in model_stats), "result_rows": table.num_rows},
+            "timings_s": {"total": round(time.perf_counter() - t0, 3)},
+        })
+    return manifest
+
+
+def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / STAGE / RESULTS
+    if not path.exists():
+        return []
+    return [r for r in pq.read_table(path).to_pylist() if r["main"]]
+
+
+def format_counts(manifest: dict[str, Any], run_dir: str | Path | None = None) -> str:
+    lines = []
+    for m in manifest["models"]:
+        lines.append(f"{m['label']}: {m['path']} (fingerprint {m['fingerprint']}, pooling {m['settings']['pooling']}, "
+                     f"max_length {m['settings']['max_length']}), texts encoded {m['texts_encoded']}")
+    if run_dir is not None:
+        scores = main_scores(run_dir)
+        labels = list(dict.fromkeys(r["model"] for r in scores))
+        tasks = list(dict.fromkeys(r["task"] for r in scores))
+        lines.append(f"{'task':<38}" + "".join(f"{lab:>14}" for lab in labels))
+        for t in tasks:
+            vals = {r["model"]: r["value"] for r in scores if r["task"] == t}
+            lines.append(f"{t:<38}" + "".join(f"{100 * vals[lab]:>14.2f}" if lab in vals else f"{'-':>14}"
+                                              for lab in labels))
+    return "\n".join(lines)
+

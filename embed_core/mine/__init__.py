@@ -1,0 +1,1 @@
+"""The mine stage (``stage.py``): FAISS hard-negative mining (``miner.py``)."""

@@ -1,0 +1,1 @@
+"""The prepare stage (``stage.py``): raw sources → unified records; converters, readers and cleaning."""

@@ -1,0 +1,122 @@
+"""BEIR layout: ``corpus.jsonl`` + ``queries.jsonl`` + ``qrels/<split>.tsv`` → one record per query.
+
+Every judged document with relevance > 0 is a positive (grades listed in the source's
+``weak_positive_grades`` go to ``weak_positives`` instead: HMCL's level 2), with its graded relevance in
+``positive_scores`` (highest first), so the graded BCE targets (BCE paper Eq. 4) and CoDiEmb's
+multi-positive InfoNCE can use them. Documents judged 0 are kept as negatives with score 0.
+Documents are "title text", as BEIR and MTEB encode them. A query whose judgments are all 0 is
+skipped (counted). The qrels header is detected (some copies have none).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from embed_core.config import SourceSpec
+from embed_core.errors import RowError, SourceError
+from embed_core.prepare.convert.base import ConvertStream, Skipped, parse_score
+from embed_core.prepare.convert.retrieval import load_corpus
+from embed_core.prepare.readers import read_delimited, read_jsonl
+from embed_core.schema import Record
+
+
+def _find(directory: Path, display: str, name: str) -> tuple[Path, str]:
+    for candidate in (name, name + ".gz"):
+        if (directory / candidate).exists():
+            return directory / candidate, f"{display}/{candidate}"
+    raise SourceError(f"{display}/{name}", None, None, "missing_file", f"file not found in {directory}")
+
+
+def beir_files(directory: Path, display: str, split: str) -> dict[str, tuple[Path, str]]:
+    if not directory.is_dir():
+        raise SourceError(display, None, None, "missing_file", f"BEIR directory not found (resolved to {directory})")
+    return {"corpus": _find(directory, display, "corpus.jsonl"),
+            "queries": _find(directory, display, "queries.jsonl"),
+            "qrels": _find(directory, display, f"qrels/{split}.tsv")}
+
+
+def read_qrels(path: Path, display: str):
+    """(line, query id, doc id, score) per judgment, or RowError; header detected."""
+    first = True
+    for raw in read_delimited(path, display, delimiter="\t", header=False, quoting="none", required=()):
+        if isinstance(raw, RowError):
+            yield raw
+            continue
+        values = [raw.values[i] for i in sorted(raw.values)]
+        if first:
+            first = False
+            try:
+                float(values[-1])
+            except ValueError:
+                continue  # header line
+        if len(values) < 3:
+            yield RowError(raw.file, raw.row, None, "malformed_line", f"expected 3 fields, got {len(values)}")
+            continue
+        qid, did, score = values[0], values[-2], values[-1]  # TREC 4-column qrels have an iteration column
+        try:
+            yield raw.row, qid.strip(), did.strip(), parse_score(score, file=raw.file, row=raw.row, field="score")
+        except RowError as err:
+            yield err
+
+
+def read_queries(path: Path, display: str) -> tuple[dict[str, tuple[str, int]], list[RowError]]:
+    queries: dict[str, tuple[str, int]] = {}
+    errors: list[RowError] = []
+    for raw in read_jsonl(path, display):
+        if isinstance(raw, RowError):
+            errors.append(raw)
+            continue
+        qid, text = raw.values.get("_id"), raw.values.get("text")
+        if qid is None:
+            errors.append(RowError(raw.file, raw.row, "_id", "missing_field", "missing field"))
+        elif not isinstance(text, str) or not text.strip():
+            errors.append(RowError(raw.file, raw.row, "text", "empty_text", "empty or missing text"))
+        else:
+            queries[str(qid)] = (text.strip(), raw.row)
+    return queries, errors
+
+
+def convert_beir(spec: SourceSpec, directory: Path) -> ConvertStream:
+    files = beir_files(directory, spec.path.rstrip("/"), spec.split)
+    queries, query_errors = read_queries(*files["queries"])
+    yield from query_errors
+    judged: dict[str, list[tuple[str, float, int]]] = {}
+    qrel_rows: list = list(read_qrels(*files["qrels"]))
+    corpus, corpus_errors = load_corpus(*files["corpus"])
+    yield from corpus_errors
+    qrels_display = files["qrels"][1]
+    for item in qrel_rows:
+        if isinstance(item, RowError):
+            yield item
+            continue
+        line, qid, did, score = item
+        if qid not in queries:
+            yield RowError(qrels_display, line, "query-id", "unknown_query", f"query id {qid!r} not in queries.jsonl")
+            continue
+        if did not in corpus:
+            yield RowError(qrels_display, line, "corpus-id", "unknown_doc", f"document id {did!r} not in corpus.jsonl")
+            continue
+        judged.setdefault(qid, []).append((did, score, line))
+    queries_display = files["queries"][1]
+    for qid, items in judged.items():
+        text, qline = queries[qid]
+        weak_grades = set(spec.weak_positive_grades or ())
+        pos = sorted(((corpus[d], s) for d, s, _ in items if s > 0 and s not in weak_grades), key=lambda x: -x[1])
+        weak = [corpus[d] for d, s, _ in items if s in weak_grades and s > 0]
+        neg = [(corpus[d], s) for d, s, _ in items if s <= 0]
+        if not pos:
+            yield Skipped(queries_display, qline, "no_relevant_document")
+            continue
+        yield Record(id=f"{spec.name}:q{qid}", dataset=spec.name, task=spec.task or "retrieval",
+                     instruction=spec.instruction, query=text,
+                     positives=[p for p, _ in pos], positive_scores=[s for _, s in pos],
+                     negatives=[n for n, _ in neg], negative_scores=[s for _, s in neg], weak_positives=weak,
+                     origin="original", source_ref=f"{queries_display}:{qline}")
+
+
+def beir_eval_queries(directory: Path, display: str, split: str) -> list[str]:
+    """Texts of the queries judged in ``split`` (what contamination exclusion compares against)."""
+    files = beir_files(directory, display, split)
+    queries, _ = read_queries(*files["queries"])
+    judged = {item[1] for item in read_qrels(*files["qrels"]) if not isinstance(item, RowError)}
+    return [queries[q][0] for q in judged if q in queries]

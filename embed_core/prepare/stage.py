@@ -1,0 +1,216 @@
+"""The prepare stage: raw sources → validated, cleaned unified records (one Parquet per dataset).
+
+Order of operations per source: read + convert (bad rows → quarantine) → length limits →
+schema validation → per dataset: dedupe (exact, then normalised) → contamination exclusion.
+Outputs go to ``<run_dir>/prepare/``: ``<dataset>.parquet`` for each dataset,
+``_quarantine.parquet`` (every rejected row with file, row, field, reason, message) and
+``manifest.json`` with counts, input and output hashes, config hash and timings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from embed_core.artifacts import StageWriter
+from embed_core.config import RunConfig, config_hash
+from embed_core.errors import RowError, SchemaError
+from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.prepare.cleaning import EvalTexts, contaminated_field, dedupe, limit_length, normalize_text, pair_key
+from embed_core.prepare.convert import Skipped, convert_source, source_files, source_pairs, source_texts
+from embed_core.progress import iterate
+from embed_core.schema import SCHEMA_VERSION, Record, records_to_table, validate_row
+
+log = logging.getLogger("embedpipe.prepare")
+
+STAGE = "prepare"
+QUARANTINE_FILE = "_quarantine.parquet"  # leading underscore: ignored by pyarrow dataset discovery
+QUARANTINE_SCHEMA = pa.schema([
+    ("dataset", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("field", pa.string()),
+    ("reason", pa.string()), ("message", pa.string()),
+])
+
+
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("pyarrow",)
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path | None = None) -> Fingerprint:
+    """Content hashes of every file the stage reads, plus its config and code identity.
+
+    ``key`` changes exactly when an input file's bytes, the prepare/seed config, the schema
+    version or the code this stage runs change (mtime plays no part).
+    """
+    files: dict[str, str] = {}
+    for spec in [*config.prepare.sources, *config.prepare.contamination]:
+        for display, path in source_files(spec, config):
+            files[str(display)] = sha256_file(Path(path)) if Path(path).exists() else "missing"
+    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+        "files": files, "config": config_hash(config.prepare), "seed": config.seed, "schema": SCHEMA_VERSION})
+
+
+def source_fingerprints(config: RunConfig) -> dict[str, str]:
+    """Content hash per configured source (training sources and contamination sets), by name.
+
+    What the data-change watch compares between runs: a source's value changes exactly when the
+    bytes of one of its files change (mtime, renames of the run dir etc. play no part).
+    """
+    out: dict[str, str] = {}
+    for spec in [*config.prepare.sources, *config.prepare.contamination]:
+        files = {str(display): sha256_file(Path(path)) if Path(path).exists() else "missing"
+                 for display, path in source_files(spec, config)}
+        out[spec.name] = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return out
+
+
+def _quarantine_row(dataset: str, err: RowError) -> dict[str, Any]:
+    return {"dataset": dataset, "file": err.file, "row": err.row, "field": err.field,
+            "reason": err.reason, "message": err.detail}
+
+
+def collect_eval_texts(config: RunConfig) -> EvalTexts:
+    """Normalised texts (and text pairs) of the configured evaluation sets."""
+    evals = EvalTexts()
+    for spec in config.prepare.contamination:
+        if spec.match == "pair":
+            evals.pairs.update(pair_key(a, b) for a, b in source_pairs(spec, config))
+        else:
+            evals.texts.update(normalize_text(t) for t in source_texts(spec, config))
+    evals.texts.discard("")
+    return evals
+
+
+def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
+    """Run the prepare stage and return its manifest. Raises ``EmbedpipeError`` on a config or
+    whole-source problem before anything is written. ``fingerprint``: this run's inputs, when the
+    caller computed them already."""
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    fingerprint = fingerprint or input_fingerprint(config)
+    cleaning = config.prepare.cleaning
+    eval_texts = collect_eval_texts(config)
+    t_eval = time.perf_counter()
+
+    by_dataset: dict[str, list[Record]] = defaultdict(list)
+    quarantine: list[dict[str, Any]] = []
+    per_source: list[dict[str, Any]] = []
+    for spec in config.prepare.sources:
+        counts: Counter = Counter()
+        reasons: Counter = Counter()
+        for item in iterate(convert_source(spec, config), f"prepare {spec.name}", unit="rows", logger=log):
+            if isinstance(item, Skipped):
+                counts["skipped"] += 1
+                continue
+            if isinstance(item, RowError):
+                quarantine.append(_quarantine_row(spec.name, item))
+                reasons[item.reason] += 1
+                continue
+            counts["converted"] += 1
+            try:
+                record, cut = limit_length(item, cleaning.max_chars, cleaning.over_long)
+                file, _, row = record.source_ref.rpartition(":")
+                validate_row(record.to_row(), file=file, row_number=int(row) if row.isdigit() else None)
+            except (RowError, SchemaError) as err:
+                quarantine.append(_quarantine_row(spec.name, err))
+                reasons[err.reason] += 1
+                continue
+            counts["truncated_texts"] += cut
+            by_dataset[spec.name].append(record)
+        per_source.append({"source": spec.name, "kind": spec.kind, "path": spec.path,
+                           "records_converted": counts["converted"], "rows_skipped": counts["skipped"],
+                           "quarantined": sum(reasons.values()), "quarantined_by_reason": dict(reasons),
+                           "truncated_texts": counts["truncated_texts"]})
+    t_convert = time.perf_counter()
+
+    per_dataset: dict[str, dict[str, Any]] = {}
+    tables: dict[str, pa.Table] = {}
+    for dataset, records in by_dataset.items():
+        kept, n_exact, n_norm = dedupe(records, cleaning.dedupe)
+        clean: list[Record] = []
+        excluded = 0
+        for rec in kept:
+            fld = contaminated_field(rec, eval_texts)
+            if fld is not None:
+                excluded += 1
+                continue
+            clean.append(rec)
+        seen_ids: set[str] = set()
+        for rec in clean:
+            if rec.id in seen_ids:  # two sources with one dataset name and the same file name
+                raise SchemaError(rec.source_ref, None, "id", "duplicate_id", f"duplicate record id {rec.id!r} in dataset {dataset!r}")
+            seen_ids.add(rec.id)
+        per_dataset[dataset] = {"dataset": dataset, "records_in": len(records), "deduped_exact": n_exact,
+                                "deduped_normalized": n_norm, "excluded_contamination": excluded,
+                                "written": len(clean),
+                                "tasks": dict(Counter(r.task for r in clean))}
+        if clean:
+            tables[f"{dataset}.parquet"] = records_to_table(clean)
+    t_clean = time.perf_counter()
+
+    with StageWriter(run_dir, STAGE) as writer:
+        for name, table in sorted(tables.items()):
+            writer.write_table(name, table, kind="records")
+        writer.write_table(QUARANTINE_FILE, pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA), kind="quarantine")
+        totals = {
+            "rows_read": sum(s["records_converted"] for s in per_source) + len(quarantine)
+            + sum(s["rows_skipped"] for s in per_source),
+            "records_written": sum(d["written"] for d in per_dataset.values()),
+            "quarantined": len(quarantine),
+            "quarantined_by_reason": dict(Counter(q["reason"] for q in quarantine)),
+            "skipped": sum(s["rows_skipped"] for s in per_source),
+            "deduped": sum(d["deduped_exact"] + d["deduped_normalized"] for d in per_dataset.values()),
+            "excluded_contamination": sum(d["excluded_contamination"] for d in per_dataset.values()),
+            "eval_texts": len(eval_texts.texts), "eval_pairs": len(eval_texts.pairs),
+        }
+        t_end = time.perf_counter()
+        manifest = writer.commit({
+            "run_name": config.run_name,
+            "input_fingerprint": fingerprint.key,
+            "code": fingerprint.code,
+            "inputs": fingerprint.inputs["files"],
+            "config_hash": fingerprint.inputs["config"],
+            "counts": {"totals": totals, "sources": per_source, "datasets": list(per_dataset.values())},
+            "timings_s": {"eval_texts": round(t_eval - t0, 3), "convert": round(t_convert - t_eval, 3),
+                          "clean": round(t_clean - t_convert, 3), "write": round(t_end - t_clean, 3),
+                          "total": round(t_end - t0, 3)},
+        })
+    log.info("prepare: %d records written, %d quarantined, %d deduped, %d excluded (contamination)",
+             totals["records_written"], totals["quarantined"], totals["deduped"], totals["excluded_contamination"])
+    return manifest
+
+
+def counts_table(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per dataset, for logs and Prefect table artifacts."""
+    rows = []
+    sources = {s["source"]: s for s in manifest["counts"]["sources"]}
+    for d in manifest["counts"]["datasets"]:
+        s = sources.get(d["dataset"], {})
+        rows.append({"dataset": d["dataset"], "converted": d["records_in"],
+                     "quarantined": s.get("quarantined", 0), "skipped": s.get("rows_skipped", 0),
+                     "deduped": d["deduped_exact"] + d["deduped_normalized"],
+                     "excluded": d["excluded_contamination"], "written": d["written"],
+                     "tasks": ", ".join(f"{k}={v}" for k, v in sorted(d["tasks"].items()))})
+    for name, s in sources.items():  # sources that produced nothing still show up
+        if name not in {r["dataset"] for r in rows}:
+            rows.append({"dataset": name, "converted": 0, "quarantined": s["quarantined"],
+                         "skipped": s["rows_skipped"], "deduped": 0, "excluded": 0, "written": 0, "tasks": ""})
+    return rows
+
+
+def format_counts(manifest: dict[str, Any]) -> str:
+    rows = counts_table(manifest)
+    cols = ["dataset", "converted", "quarantined", "skipped", "deduped", "excluded", "written", "tasks"]
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in cols}
+    lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
+    t = manifest["counts"]["totals"]
+    lines.append(f"total: read {t['rows_read']}, written {t['records_written']}, quarantined {t['quarantined']} "
+                 f"{t['quarantined_by_reason'] or ''}, deduped {t['deduped']}, excluded {t['excluded_contamination']}")
+    return "\n".join(lines)

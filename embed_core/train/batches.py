@@ -1,0 +1,197 @@
+"""Turn sampled records into the tensors each task's loss needs.
+
+Per task (QZhou §3.2–3.3):
+* retrieval — (query, one positive, k hard negatives) → InfoNCE (Eq. 1); instruction on the query;
+* classification — (text, same-class text, k other-class texts with labels) → CLS InfoNCE (Eq. 3);
+  instruction on both sides (symmetric);
+* sts / nli / pair_classification — (text1, text2, score) → CoSENT (Eq. 2); instruction on both sides.
+
+The layout a loss asks for (``Loss.layout``, ``embed_core.losses``):
+* ``standard`` — the above; a retrieval batch also carries the relevance of each drawn positive
+  (``scores``: graded BCE targets);
+* ``multi_positive`` — K+ positives and K− hard negatives per query, drawn with replacement when
+  the record has fewer (CoDiEmb Eq. 2);
+* ``hmcl`` — (query, positive, weak-positive, optional hard negative). Retrieval: the record's
+  positive and hard negative; its weak-positive from ``weak_positives``, else made by the HMCL
+  supplier from the positive (``embed_core.train.edits``). Scored pairs: the pair's second text takes
+  the level its score gives (``hmcl_levels``), the missing positive / weak-positive are made by
+  the supplier (HMCL Algorithm 1), a missing negative stays missing (masked).
+
+Which positive and which negatives a record contributes at a step is drawn from a generator
+seeded by (seed, step), so a resumed run builds the same batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from embed_core.train.edits import generate_positive, generate_weak_positive
+
+INFONCE_TASKS = ("retrieval",)
+CLS_TASKS = ("classification",)
+PAIR_TASKS = ("sts", "nli", "pair_classification")
+TRAINABLE_TASKS = INFONCE_TASKS + CLS_TASKS + PAIR_TASKS
+
+
+@dataclass
+class TextGroup:
+    texts: list[str]
+    instructions: list[str | None]
+    max_length: int
+
+
+@dataclass
+class TaskBatch:
+    task: str
+    dataset: str
+    groups: dict[str, TextGroup]  # name -> texts to embed
+    num_negatives: int = 0  # hard negatives in the whole batch (flat)
+    scores: list[float] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    negative_labels: list[int] = field(default_factory=list)  # one per flat negative
+    layout: str = "standard"
+    negative_rows: list[int] = field(default_factory=list)  # hmcl: rows whose hard negative is in "negative"
+    max_score: float = 1.0  # highest score in the dataset (R of the graded targets)
+
+    @property
+    def size(self) -> int:
+        return len(next(iter(self.groups.values())).texts)
+
+
+class DatasetRecords:
+    """One dataset's records as column lists (cheap random access by index)."""
+
+    def __init__(self, name: str, table):
+        self.name = name
+        cols = table.select(["task", "instruction", "query", "positives", "positive_scores", "negatives",
+                             "negative_labels", "weak_positives", "label"]).to_pydict()
+        self.task = cols["task"][0] if cols["task"] else "retrieval"
+        self.cols = cols
+        self.size = table.num_rows
+        labels = sorted({lab for lab in cols["label"] if lab is not None} |
+                        {lab for labs in cols["negative_labels"] for lab in labs if lab})
+        self.label_ids = {lab: i for i, lab in enumerate(labels)}
+        scores = [x for xs in cols["positive_scores"] for x in xs]
+        self.max_score = max(max(scores, default=1.0), 1e-9)
+
+    def instructions(self) -> set[str]:
+        return {i for i in self.cols["instruction"] if i}
+
+
+def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed: int, num_negatives: int,
+                query_max_length: int, passage_max_length: int, use_instructions: bool, layout: str = "standard",
+                hmcl_levels: tuple[float, float] = (0.8, 0.4), num_positives: int = 2) -> TaskBatch:
+    rng = np.random.Generator(np.random.PCG64([seed, step]))
+    c = records.cols
+    instr = [(c["instruction"][i] or None) if use_instructions else None for i in indices]
+    queries = [c["query"][i] for i in indices]
+    task = records.task
+    if layout == "hmcl":
+        batch = _hmcl_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length, hmcl_levels)
+        batch.max_score = records.max_score
+        return batch
+    if layout == "multi_positive":
+        return _codiemb_ir_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length,
+                                 num_positives, num_negatives)
+    if task in PAIR_TASKS:
+        positives = [c["positives"][i][0] for i in indices]
+        scores = [float(c["positive_scores"][i][0]) if c["positive_scores"][i] else 1.0 for i in indices]
+        return TaskBatch(task, records.name, {
+            "a": TextGroup(queries, instr, query_max_length),
+            "b": TextGroup(positives, instr, query_max_length)}, scores=scores, max_score=records.max_score)
+
+    picked_pos = [int(rng.integers(len(c["positives"][i]))) for i in indices]
+    positives = [c["positives"][i][j] for i, j in zip(indices, picked_pos)]
+    negatives: list[str] = []
+    negative_labels: list[int] = []
+    side = instr if task in CLS_TASKS else [None] * len(indices)  # documents get no instruction
+    neg_side: list[str | None] = []
+    for row, i in enumerate(indices):
+        # up to k per record; a record with fewer (e.g. none survived the mining margin) gives what it
+        # has: the losses put every negative of the batch in every query's denominator anyway
+        k = min(num_negatives, len(c["negatives"][i]))
+        pick = rng.choice(len(c["negatives"][i]), size=k, replace=False).tolist() if k else []
+        negatives += [c["negatives"][i][j] for j in pick]
+        labs = c["negative_labels"][i]
+        negative_labels += [records.label_ids.get(labs[j], -1) if j < len(labs) else -1 for j in pick]
+        neg_side += [side[row]] * k
+    groups = {"query": TextGroup(queries, instr, query_max_length),
+              "positive": TextGroup(positives, side, passage_max_length)}
+    if negatives:
+        groups["negative"] = TextGroup(negatives, neg_side, passage_max_length)
+    batch = TaskBatch(task, records.name, groups, num_negatives=len(negatives), max_score=records.max_score)
+    if task in INFONCE_TASKS:  # relevance of each drawn positive (graded BCE targets, Eq. 4)
+        batch.scores = [float(c["positive_scores"][i][j]) if j < len(c["positive_scores"][i]) else 1.0
+                        for i, j in zip(indices, picked_pos)]
+    if task in CLS_TASKS:
+        batch.labels = [records.label_ids.get(c["label"][i], -2) for i in indices]  # -2 never equals a negative's -1
+        batch.negative_labels = negative_labels
+    return batch
+
+
+def _hmcl_batch(records: DatasetRecords, indices: list[int], rng: np.random.Generator, instr: list[str | None],
+                queries: list[str], query_max_length: int, passage_max_length: int,
+                levels: tuple[float, float]) -> TaskBatch:
+    c = records.cols
+    task = records.task
+    pair_task = task in PAIR_TASKS
+    side = instr if pair_task else [None] * len(indices)  # symmetric tasks: instruction on both sides
+    positives, weaks, negatives, negative_rows = [], [], [], []
+    for row, i in enumerate(indices):
+        partner = c["positives"][indices[(row + 1) % len(indices)]][0]  # another record's text, for "mix"
+        pos = weak = neg = None
+        if pair_task:
+            text2 = c["positives"][i][0]
+            score = float(c["positive_scores"][i][0]) / records.max_score if c["positive_scores"][i] else 1.0
+            if score >= levels[0]:
+                pos = text2
+            elif score >= levels[1]:
+                weak = text2
+            else:
+                neg = text2
+        else:
+            pos = c["positives"][i][int(rng.integers(len(c["positives"][i])))]
+            if c["negatives"][i]:
+                neg = c["negatives"][i][int(rng.integers(len(c["negatives"][i])))]
+        if c["weak_positives"][i] and weak is None:
+            weak = c["weak_positives"][i][int(rng.integers(len(c["weak_positives"][i])))]
+        if pos is None:
+            pos, _ = generate_positive(c["query"][i], rng)
+        if weak is None:
+            weak, _ = generate_weak_positive(pos, partner, rng)
+        positives.append(pos)
+        weaks.append(weak)
+        if neg is not None:
+            negatives.append(neg)
+            negative_rows.append(row)
+    length = query_max_length if pair_task else passage_max_length
+    groups = {"query": TextGroup(queries, instr, query_max_length), "positive": TextGroup(positives, side, length),
+              "weak": TextGroup(weaks, side, length)}
+    if negatives:
+        groups["negative"] = TextGroup(negatives, [side[r] for r in negative_rows], length)
+    return TaskBatch(task, records.name, groups, num_negatives=len(negatives), layout="hmcl",
+                     negative_rows=negative_rows)
+
+
+def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng: np.random.Generator, instr: list[str | None],
+                      queries: list[str], query_max_length: int, passage_max_length: int, k_pos: int,
+                      k_neg: int) -> TaskBatch:
+    c = records.cols
+    positives: list[str] = []
+    negatives: list[str] = []
+    for i in indices:
+        pos = c["positives"][i]
+        # all of them when there are enough, else with replacement (CoDiEmb §2.2)
+        pick = rng.choice(len(pos), size=k_pos, replace=len(pos) < k_pos)
+        positives += [pos[j] for j in pick]
+        neg = c["negatives"][i]
+        if neg and k_neg:
+            negatives += [neg[j] for j in rng.choice(len(neg), size=k_neg, replace=len(neg) < k_neg)]
+    groups = {"query": TextGroup(queries, instr, query_max_length),
+              "positive": TextGroup(positives, [None] * len(positives), passage_max_length)}
+    if negatives:
+        groups["negative"] = TextGroup(negatives, [None] * len(negatives), passage_max_length)
+    return TaskBatch(records.task, records.name, groups, num_negatives=len(negatives), layout="multi_positive",
+                     max_score=records.max_score)

@@ -1,0 +1,293 @@
+"""The train stage: QZhou's two-stage recipe (stage 1 retrieval only, stage 2 all tasks with η).
+
+Each configured stage is its own artifact ``<run_dir>/train-<name>/``:
+* ``model/`` — the saved model (transformers + sentence-transformers layout, ``embedpipe.json``
+  with pooling, instructions and the training config);
+* ``metrics.parquet`` — per micro-batch: step, dataset, task, loss, lr, examples, tokens, seconds,
+  tokens/s, examples/s; ``loss.png`` — loss curve per task;
+* ``manifest.json`` — input fingerprint, datasets and sampling weights, timings.
+Checkpoints live in ``<run_dir>/checkpoints/<name>/`` until the stage's artifact is committed.
+
+Records come from the mine stage when the run has one, else from prepare. A stage starts from
+the previous stage's model (``init_from`` to choose another), the first from ``base_model``.
+
+A stage in an AutoRegEmbed mode (``mode: autoregembed_ic | autoregembed_cda``) trains the
+compression encoder against a frozen decoder instead (``embed_core.train.autoregembed``); a CDA stage
+first precomputes its reference scores with its initial model into ``<run_dir>/reference-<name>/``
+(``scores.parquet``), an artifact of its own keyed by that model, the examples and the method's
+settings, so a resumed or re-run stage reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.config import RunConfig, TrainConfig, TrainStageConfig, config_hash
+from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.fingerprint import Fingerprint, code_identity
+from embed_core.model.encoder import model_fingerprint, resolve_model_path
+from embed_core.plots import pyplot, to_png
+from embed_core.stages import records_upstream
+from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
+from embed_core.train.sampling import dataset_weights
+
+log = logging.getLogger("embedpipe.train")
+STAGE = "train"
+
+
+def stage_dir_name(stage: TrainStageConfig) -> str:
+    return f"train-{stage.name}"
+
+
+def _cfg(config: RunConfig) -> TrainConfig:
+    if config.train is None:
+        raise ConfigError("the run config has no 'train' section")
+    return config.train
+
+
+def get_stage(config: RunConfig, name: str) -> tuple[int, TrainStageConfig]:
+    for i, s in enumerate(_cfg(config).stages):
+        if s.name == name:
+            return i, s
+    raise ConfigError(f"train: no stage named {name!r} (configured: {', '.join(s.name for s in _cfg(config).stages)})")
+
+
+def _init_stage(config: RunConfig, index: int, stage: TrainStageConfig) -> TrainStageConfig | None:
+    stages = _cfg(config).stages
+    if stage.init_from == "base":  # e.g. loss ablations: every stage from the same base model
+        return None
+    if stage.init_from is not None:
+        return get_stage(config, stage.init_from)[1]
+    return stages[index - 1] if index > 0 else None
+
+
+def init_model_path(config: RunConfig, run_dir: Path, index: int, stage: TrainStageConfig) -> str:
+    prev = _init_stage(config, index, stage)
+    if prev is None:
+        return resolve_model_path(_cfg(config).base_model)
+    path = run_dir / stage_dir_name(prev) / "model"
+    if not (path / "config.json").exists():
+        raise EmbedpipeError(f"{path}: stage {stage.name} starts from stage {prev.name}'s model — run that stage first")
+    return str(path)
+
+
+def _dataset_task(path: Path) -> str | None:
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(path, columns=["task"]).column("task")
+    return column[0].as_py() if len(column) else None
+
+
+def _used_outputs(stage_path: Path, manifest: dict[str, Any], stage: TrainStageConfig) -> dict[str, str]:
+    """Hashes of the upstream record files this stage trains on (a change elsewhere — e.g. an STS
+    source for a retrieval-only stage 1 — leaves the stage a cache hit)."""
+    used = {}
+    for name, info in manifest["outputs"].items():
+        if info.get("kind") != "records":
+            continue
+        dataset = name.removesuffix(".parquet")
+        if stage.datasets is not None and dataset not in stage.datasets:
+            continue
+        task = _dataset_task(stage_path / name)
+        if task is None or task not in TRAINABLE_TASKS or (stage.tasks is not None and task not in stage.tasks):
+            continue
+        used[name] = info["sha256"]
+    return used
+
+
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("torch", "transformers", "deepspeed", "peft", "numpy")
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str) -> Fingerprint:
+    run_dir = Path(run_dir)
+    cfg = _cfg(config)
+    index, stage = get_stage(config, stage_name)
+    upstream = read_manifest(run_dir, records_upstream(config, STAGE))
+    if upstream is None:
+        raise EmbedpipeError(f"{run_dir / records_upstream(config, STAGE)}: no manifest.json — run the earlier stages first")
+    prev = _init_stage(config, index, stage)
+    if prev is None:
+        init = {"base": model_fingerprint(cfg.base_model, cfg.pooling, cfg.max_length, False)}
+    else:
+        man = read_manifest(run_dir, stage_dir_name(prev))
+        init = {"stage": prev.name, "outputs": {n: i["sha256"] for n, i in man["outputs"].items()} if man else "missing"}
+    return Fingerprint.of(stage_dir_name(stage), __name__, LIBRARIES, {
+        "upstream": _used_outputs(run_dir / records_upstream(config, STAGE), upstream, stage),
+        "train": config_hash(cfg.model_copy(update={"stages": []})), "stage": config_hash(stage), "init": init,
+        "seed": config.seed})
+
+
+def load_datasets(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, DatasetRecords]:
+    tables = read_records(run_dir, records_upstream(config, STAGE))
+    out: dict[str, DatasetRecords] = {}
+    for name, table in sorted(tables.items()):
+        dataset = name.removesuffix(".parquet")
+        if table.num_rows == 0 or (stage.datasets is not None and dataset not in stage.datasets):
+            continue
+        records = DatasetRecords(dataset, table)
+        if records.task not in TRAINABLE_TASKS or (stage.tasks is not None and records.task not in stage.tasks):
+            continue
+        out[dataset] = records
+    if not out:
+        raise ConfigError(f"train stage {stage.name}: no dataset matches tasks={stage.tasks} datasets={stage.datasets}")
+    return out
+
+
+def _plot(rows: list[dict[str, Any]]) -> bytes:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for task in sorted({r["task"] for r in rows}):
+        pts = [(r["step"], r["loss"]) for r in rows if r["task"] == task]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", markersize=2, linewidth=0.8, label=task)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+    return to_png(fig)
+
+
+METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("dataset", pa.string()), ("task", pa.string()),
+                           ("loss", pa.float64()), ("examples", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
+                           ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64())])
+
+
+def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, resume: bool = False,
+                    fingerprint: Fingerprint | None = None) -> dict[str, Any]:
+    from embed_core.train.trainer import Trainer
+
+    cfg = _cfg(config)
+    run_dir = Path(run_dir)
+    index, stage = get_stage(config, stage_name)
+    t0 = time.perf_counter()
+    fingerprint = fingerprint or input_fingerprint(config, run_dir, stage_name)
+    datasets = load_datasets(config, run_dir, stage)
+    init = init_model_path(config, run_dir, index, stage)
+    ckpt_dir = run_dir / "checkpoints" / stage.name
+    marker = ckpt_dir / "input_fingerprint"
+    if ckpt_dir.exists() and (not marker.exists() or marker.read_text() != fingerprint.key):
+        shutil.rmtree(ckpt_dir)  # checkpoints of other inputs must never be resumed
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(fingerprint.key)
+
+    if stage.mode == "contrastive":
+        trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed,
+                          log=log.info)
+    else:
+        trainer = _autoregembed_trainer(config, run_dir, stage, datasets, init, ckpt_dir)
+    metrics = trainer.fit(resume=resume)
+    sizes = {n: d.size for n, d in datasets.items()}
+    weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta)
+    instructions: dict[str, str] = {}
+    task_instructions: dict[str, str] = {}
+    for name, d in sorted(datasets.items(), key=lambda kv: -kv[1].size):  # largest dataset names the task's
+        found = sorted(d.instructions())
+        if found:
+            instructions[name] = found[0]
+            task_instructions.setdefault(d.task, found[0])
+    rows = [{k: r.get(k) for k in METRIC_SCHEMA.names} for r in metrics]
+    with StageWriter(run_dir, stage_dir_name(stage)) as writer:
+        training = {"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
+                                 "train": cfg.model_dump(mode="json", exclude={"stages"}), "init_model": init,
+                                 "seed": config.seed}}
+        if stage.mode == "contrastive":
+            trainer.model.save(writer.staging / "model", instructions=instructions, task_instructions=task_instructions,
+                               use_instructions=cfg.use_instructions, extra=training)
+        else:
+            arc = cfg.autoregembed
+            trainer.model.save(writer.staging / "model", extra=training, task_instructions={
+                "sts": arc.sts_instruction, "nli": arc.sts_instruction, "classification": arc.sts_instruction,
+                "pair_classification": arc.sts_instruction, "retrieval": arc.query_instruction,
+                "retrieval_passage": arc.passage_instruction})
+        writer.register_tree("model", kind="model")
+        writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
+        writer.write_file("loss.png", _plot(rows), kind="plot")
+        tokens = sum(r["tokens"] for r in rows)
+        secs = sum({r["step"]: r["seconds"] for r in rows}.values())
+        manifest = writer.commit({
+            "run_name": config.run_name, "input_fingerprint": fingerprint.key, "code": fingerprint.code,
+            "stage_name": stage.name,
+            "init_model": init, "steps": trainer.step,
+            "datasets": {n: {"task": d.task, "records": d.size, "weight": round(weights.get(n, 0.0), 6)}
+                         for n, d in datasets.items()},
+            "counts": {"steps": trainer.step, "examples": sum(r["examples"] for r in rows), "tokens": tokens,
+                       "final_loss": rows[-1]["loss"] if rows else None},
+            "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
+        })
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
+    return manifest
+
+
+def format_counts(manifest: dict[str, Any]) -> str:
+    lines = [f"stage {manifest['stage_name']}: {manifest['steps']} steps from {manifest['init_model']}",
+             f"{'dataset':<22}{'task':>16}{'records':>9}{'weight':>9}"]
+    for name, d in manifest["datasets"].items():
+        lines.append(f"{name:<22}{d['task']:>16}{d['records']:>9}{d['weight']:>9.3f}")
+    c = manifest["counts"]
+    lines.append(f"examples {c['examples']}, tokens {c['tokens']}, final loss {c['final_loss']}")
+    return "\n".join(lines)
+
+
+def _autoregembed_trainer(config: RunConfig, run_dir: Path, stage: TrainStageConfig,
+                          datasets: dict[str, DatasetRecords], init: str, ckpt_dir: Path):
+    from embed_core.train.autoregembed.data import cda_examples, ic_examples
+    from embed_core.train.autoregembed.trainer import AutoRegEmbedTrainer
+
+    cfg = _cfg(config)
+    arc = cfg.autoregembed
+    decoder = resolve_model_path(arc.decoder or cfg.base_model)
+    if stage.mode == "autoregembed_ic":
+        examples = ic_examples(datasets, arc)
+    else:
+        examples = cda_examples(datasets, arc, positive_level=arc.positive_level, seed=config.seed)
+    trainer = AutoRegEmbedTrainer(cfg, stage, examples, init_model=init, decoder_model=decoder,
+                                  checkpoint_dir=ckpt_dir, seed=config.seed, log=log.info)
+    if stage.mode == "autoregembed_cda":
+        trainer.reference = reference_scores(run_dir, stage, trainer, init, decoder, examples, arc)
+        log.info("%s: reference scores for %d examples (%s)", stage.name, len(examples), f"reference-{stage.name}")
+    return trainer
+
+
+REFERENCE_SCHEMA = pa.schema([("example", pa.int64()), ("query", pa.string()), ("positive", pa.string()),
+                              ("ref_pos", pa.float64()), ("ref_neg", pa.list_(pa.float64()))])
+
+
+def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str, decoder: str, examples: list,
+                     arc) -> tuple[Any, Any]:
+    """log p_ref(d⁺|e_q) and log p_ref(d⁻ᵢ|e_q) of every CDA example under the stage's initial encoder:
+    read from ``reference-<stage>/`` when its key matches, else computed and written there."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from embed_core.artifacts import stage_is_intact
+
+    name = f"reference-{stage.name}"
+    blob = json.dumps({"init": model_fingerprint(init, "compress", arc.context_max_length, False),
+                       "decoder": model_fingerprint(decoder, "lm", arc.target_max_length, False),
+                       "examples": hashlib.sha256(json.dumps([list(map(str, e.__dict__.values())) for e in examples])
+                                                  .encode()).hexdigest(),
+                       "autoregembed": config_hash(arc), "code": code_identity(__name__, LIBRARIES)}, sort_keys=True)
+    key = hashlib.sha256(blob.encode()).hexdigest()
+    if stage_is_intact(run_dir, name, key):
+        table = pq.read_table(run_dir / name / "scores.parquet")
+        return (torch.tensor(table.column("ref_pos").to_pylist(), dtype=torch.float32),
+                torch.tensor(table.column("ref_neg").to_pylist(), dtype=torch.float32))
+    t0 = time.perf_counter()
+    ref_pos, ref_neg = trainer.reference_scores()
+    table = pa.Table.from_pylist([{"example": i, "query": e.query, "positive": e.positive, "ref_pos": float(p),
+                                   "ref_neg": [float(x) for x in n]}
+                                  for i, (e, p, n) in enumerate(zip(examples, ref_pos, ref_neg))], schema=REFERENCE_SCHEMA)
+    with StageWriter(run_dir, name) as writer:
+        writer.write_table("scores.parquet", table, kind="reference_scores")
+        writer.commit({"input_fingerprint": key, "stage_name": stage.name, "init_model": init, "decoder": decoder,
+                       "counts": {"examples": len(examples), "negatives": int(ref_neg.shape[1])},
+                       "timings_s": {"total": round(time.perf_counter() - t0, 3)}})
+    return ref_pos, ref_neg

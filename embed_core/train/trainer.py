@@ -1,0 +1,351 @@
+"""The trainer: task-routed steps over dataset-grouped batches, with exact resume.
+
+One optimizer step = ``grad_accum`` micro-batches, each drawn by the grouped sampler from one
+dataset; the batch's task picks its loss (``embed_core.losses``: QZhou's InfoNCE, CLS InfoNCE or
+CoSENT unless the stage names another per task). AdamW with weight decay
+(not on biases / LayerNorm), linear warm-up then cosine / linear decay, gradient clipping, bf16
+autocast on CUDA (fp32 on CPU), optional gradient checkpointing and GradCache.
+
+GradCache (Gao et al. 2021): embed all texts of a batch without a graph in chunks, compute the
+loss on the detached embeddings, backpropagate it to the embeddings only, then re-run each chunk
+with a graph and push the cached embedding gradients through it. Memory then depends on the chunk
+size, not the contrastive batch size; dropout masks match because each chunk's RNG state is
+replayed.
+
+Under ``torch.distributed`` every rank draws the same dataset at a step and takes its own slice;
+each loss all-gathers (with gradients, ``torch.distributed.nn.all_gather``) what it wants shared:
+retrieval losses gather queries and documents so every rank's queries see all ranks' documents;
+CLS and CoSENT batches stay local.
+
+Checkpoints (``<run_dir>/checkpoints/<stage>/step-N/``) hold model, optimizer, scheduler, sampler
+and RNG states plus the metrics so far; ``resume`` continues from the newest complete one and
+reproduces the uninterrupted run's losses and weights exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from embed_core.config import TrainConfig, TrainStageConfig
+from embed_core.errors import ConfigError
+from embed_core.losses import Loss, LossContext, loss_for
+from embed_core.model.embedder import Embedder
+from embed_core.progress import Progress
+from embed_core.train.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup, build_batch
+from embed_core.train.sampling import GroupedBatchSampler
+
+CHECKPOINT_PREFIX = "step-"
+
+
+def _dist() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def lr_lambda(stage: TrainStageConfig) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if stage.warmup_steps and step < stage.warmup_steps:
+            return (step + 1) / stage.warmup_steps
+        if stage.scheduler == "constant":
+            return 1.0
+        progress = (step - stage.warmup_steps) / max(1, stage.steps - stage.warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        return 0.5 * (1 + math.cos(math.pi * progress)) if stage.scheduler == "cosine" else 1.0 - progress
+    return f
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Trainer:
+    def __init__(self, train: TrainConfig, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], *,
+                 init_model: str, checkpoint_dir: Path, seed: int = 42, log: Callable[[str], None] = print):
+        self._init_run(train, stage, seed, log)
+        self.datasets = datasets
+        model = Embedder(init_model, pooling=train.pooling, max_length=train.max_length,
+                              instruction_template=train.instruction_template,
+                              exclude_instruction_from_pooling=train.exclude_instruction_from_pooling,
+                              bidirectional=train.bidirectional, gguf_file=train.gguf_file if init_model == train.base_model else None,
+                              gradient_checkpointing=stage.gradient_checkpointing,
+                              lora=train.lora.model_dump() if train.lora else None)
+        # the loss each task trains with (stage.losses overrides QZhou's); tasks with the same loss
+        # and parameters share one instance (and so one HMCL pair-type head)
+        self.losses: dict[str, Loss] = {}
+        shared: dict[str, Loss] = {}
+        for task in sorted({d.task for d in datasets.values()}):
+            loss = loss_for(task, stage.losses.get(task))
+            key = json.dumps([loss.name, loss.params.model_dump(mode="json")], sort_keys=True)
+            self.losses[task] = shared.setdefault(key, loss)
+        heads = {f"{i}-{loss.name}": m for i, loss in enumerate(shared.values())
+                 if (m := loss.trainable_module()) is not None}
+        if heads:
+            # e.g. HMCL's pair-type head: a submodule, so the optimizer, checkpoints and DeepSpeed
+            # carry it; Embedder.save writes only the encoder, so the saved model does not
+            model.loss_heads = torch.nn.ModuleDict(heads)
+        ret = {n for n, d in datasets.items() if d.task in INFONCE_TASKS}
+        sampler = GroupedBatchSampler(
+            {n: d.size for n, d in datasets.items()},
+            {n: stage.batch_size.get(d.task, 32) * self.world for n, d in datasets.items()},
+            alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks)
+        self._init_optimization(model, sampler, checkpoint_dir)
+
+    # -- set-up shared with the AutoRegEmbed trainer ---------------------------------------------
+    def _init_run(self, train: TrainConfig, stage: TrainStageConfig, seed: int, log: Callable[[str], None]) -> None:
+        """Seeds, process group position, device and precision (before any model is built)."""
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        self.train_cfg, self.stage, self.seed, self.log = train, stage, seed, log
+        self.rank, self.world = _dist()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.bf16 = train.precision == "bf16" or (train.precision == "auto" and self.device.type == "cuda")
+
+    def _init_optimization(self, model: torch.nn.Module, sampler: GroupedBatchSampler, checkpoint_dir: Path) -> None:
+        """The trained model on its device, AdamW, the schedule, DeepSpeed when configured, the
+        sampler and the step counters."""
+        self.model = model.to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(_param_groups(self.model, self.stage.weight_decay), lr=self.stage.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.stage))
+        self.engine = None
+        if self.train_cfg.deepspeed is not None:
+            self.engine = self._deepspeed(self.train_cfg.deepspeed, self.stage)
+        self.sampler = sampler
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.step = 0
+        self._tokens = 0
+        self.metrics: list[dict[str, Any]] = []
+
+    def _deepspeed(self, ds_config: dict[str, Any], stage: TrainStageConfig):
+        """Wrap model, optimizer and scheduler in a DeepSpeed engine (ZeRO per ``ds_config``).
+        Single-process runs get local rendezvous defaults; multi-GPU runs come from the
+        ``deepspeed``/``torchrun`` launcher's environment. On CPU (``DS_ACCELERATOR=cpu``) gloo is used."""
+        try:
+            import deepspeed
+        except ImportError:
+            raise ConfigError("train.deepspeed is set but deepspeed is not installed: pip install -e '.[deepspeed]'") from None
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                           ("MASTER_PORT", "29511")):
+            os.environ.setdefault(key, value)
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
+        self.rank, self.world = _dist()
+        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": stage.grad_accum,
+                  **({"gradient_clipping": stage.max_grad_norm} if stage.max_grad_norm else {}), **ds_config}
+        engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=self.model, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=config)
+        return engine
+
+    # -- embedding -----------------------------------------------------------------------------
+    def _embed(self, group: TextGroup) -> Tensor:
+        features = self.model.tokenize(group.texts, group.instructions, group.max_length)
+        if torch.is_grad_enabled():  # counted once per text (GradCache's no-graph pass is not)
+            self._tokens += int(features["attention_mask"].sum())
+        features = {k: v.to(self.device) for k, v in features.items()}
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return (self.engine or self.model)(features)
+
+    def _gather(self, x: Tensor) -> Tensor:
+        if self.world == 1:
+            return x
+        import torch.distributed.nn
+
+        return torch.cat(torch.distributed.nn.all_gather(x), dim=0)
+
+    def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
+        ctx = LossContext(step=self.step, warmup_steps=self.stage.warmup_steps, gather=self._gather)
+        return self.losses[batch.task](emb, batch, ctx)
+
+    def _forward_backward(self, batch: TaskBatch, scale: float) -> float:
+        self._tokens = 0  # non-padding tokens put through the encoder with a graph (throughput)
+        chunk = self.stage.grad_cache_chunk
+        if chunk is None:
+            emb = {name: self._embed(g) for name, g in batch.groups.items()}
+            loss = self._loss(batch, emb)
+            self._backward(loss * scale)
+            return float(loss.detach())
+        # GradCache: 1) embed without a graph, remembering each chunk's RNG state
+        pieces: list[tuple[str, TextGroup, Any]] = []
+        reps: dict[str, list[Tensor]] = {}
+        for name, g in batch.groups.items():
+            for start in range(0, len(g.texts), chunk):
+                sub = TextGroup(g.texts[start:start + chunk], g.instructions[start:start + chunk], g.max_length)
+                state = torch.get_rng_state()
+                with torch.no_grad():
+                    reps.setdefault(name, []).append(self._embed(sub))
+                pieces.append((name, sub, state))
+        cached = {name: torch.cat(parts).detach().requires_grad_() for name, parts in reps.items()}
+        # 2) loss on the cached embeddings, gradients to the embeddings only
+        loss = self._loss(batch, cached)
+        (loss * scale).backward()
+        grads = {name: t.grad for name, t in cached.items()}
+        # 3) replay each chunk with a graph and push its cached gradient through the encoder
+        offsets = {name: 0 for name in grads}
+        after = torch.get_rng_state()
+        for name, sub, state in pieces:
+            torch.set_rng_state(state)
+            out = self._embed(sub)
+            g = grads[name][offsets[name]:offsets[name] + len(sub.texts)]
+            offsets[name] += len(sub.texts)
+            out.backward(g)
+        torch.set_rng_state(after)
+        return float(loss.detach())
+
+    def _backward(self, loss: Tensor) -> None:
+        if self.engine is not None:
+            self.engine.backward(loss)
+        else:
+            loss.backward()
+
+    def _slice(self, indices: list[int]) -> list[int]:
+        if self.world == 1:
+            return indices
+        per = len(indices) // self.world
+        return indices[self.rank * per:(self.rank + 1) * per]
+
+    def train_step(self) -> list[dict[str, Any]]:
+        s = self.stage
+        t0 = time.perf_counter()
+        rows = []
+        for micro in range(s.grad_accum):
+            drawn = self.sampler.next_batch()
+            records = self.datasets[drawn.dataset]
+            loss = self.losses[records.task]
+            batch = build_batch(records, self._slice(drawn.indices), step=self.step * s.grad_accum + micro,
+                                seed=self.seed, num_negatives=s.num_hard_negatives,
+                                query_max_length=s.query_max_length, passage_max_length=s.passage_max_length,
+                                use_instructions=self.train_cfg.use_instructions,
+                                layout=loss.layout, **loss.batch_options())
+            # DeepSpeed scales by its gradient_accumulation_steps itself and steps at the boundary
+            value = self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum)
+            rows.append({"dataset": batch.dataset, "task": batch.task, "loss": value, "examples": batch.size,
+                         "tokens": self._tokens})
+            if self.engine is not None:
+                self.engine.step()
+        if self.engine is None:
+            self._optimizer_step()
+        return self._record_step(rows, t0)
+
+    def _optimizer_step(self) -> None:
+        if self.stage.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.stage.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _record_step(self, rows: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
+        """Count the finished optimizer step and turn its micro-batch rows into metric rows."""
+        s = self.stage
+        seconds = time.perf_counter() - t0
+        self.step += 1
+        lr = self.scheduler.get_last_lr()[0]
+        tokens = sum(r["tokens"] for r in rows)
+        examples = sum(r["examples"] for r in rows)
+        out = [{"stage": s.name, "step": self.step, **r, "lr": lr, "seconds": seconds,
+                "tokens_per_s": tokens / seconds if seconds else 0.0,
+                "examples_per_s": examples / seconds if seconds else 0.0} for r in rows]
+        self.metrics += out
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        final = self.checkpoint_dir / f"{CHECKPOINT_PREFIX}{self.step:07d}"
+        tmp = self.checkpoint_dir / f".tmp-{CHECKPOINT_PREFIX}{self.step:07d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if self.engine is not None:  # ZeRO partitions optimizer state: DeepSpeed saves its own layout
+            self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="ds")
+            torch.save({"rng": _rng_state()}, tmp / "state.pt")
+        else:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}, tmp / "state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({
+            "step": self.step, "stage": self.stage.model_dump(mode="json"), "seed": self.seed,
+            "sampler": self.sampler.state_dict(), "metrics": self.metrics}, default=_json_default))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)  # a checkpoint is visible only once complete
+        for old in self.checkpoints()[:-self.stage.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def checkpoints(self) -> list[Path]:
+        if not self.checkpoint_dir.exists():
+            return []
+        return sorted(p for p in self.checkpoint_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / "trainer_state.json").exists())
+
+    def load_checkpoint(self, path: Path) -> None:
+        state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
+        meta = json.loads((path / "trainer_state.json").read_text())
+        if self.engine is not None:
+            self.engine.load_checkpoint(str(path / "deepspeed"), tag="ds")
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(meta["sampler"])  # PCG64 state is plain ints: JSON round-trips it
+        _set_rng_state(state["rng"])
+        self.step = meta["step"]
+        self.metrics = meta["metrics"]
+
+    def fit(self, *, resume: bool = False) -> list[dict[str, Any]]:
+        if resume and self.checkpoints():
+            latest = self.checkpoints()[-1]
+            self.load_checkpoint(latest)
+            self.log(f"resumed from {latest} (step {self.step})")
+        progress = Progress(f"train {self.stage.name}", total=self.stage.steps - self.step, unit="steps",
+                            logger=logging.getLogger("embedpipe.train"))
+        while self.step < self.stage.steps:
+            rows = self.train_step()
+            progress.update()
+            if self.step % self.stage.log_every == 0 or self.step == self.stage.steps:
+                r = rows[-1]
+                self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
+                         f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s")
+            if self.step % self.stage.checkpoint_every == 0 and self.rank == 0:
+                self.save_checkpoint()
+        progress.close()
+        return self.metrics
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj)}")
