@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embed_core import __version__
 from embed_core.errors import EmbedpipeError
@@ -26,6 +27,34 @@ from embed_core.fingerprint import sha256_file
 from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, check_table
 
 MANIFEST = "manifest.json"
+
+
+class OutputInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(description="records, stats, plot, model, metrics, results, report, ...")
+    sha256: str = Field(description="SHA-256 of the file's bytes; readers refuse a file that differs.")
+    rows: int | None = Field(None, description="Rows of a Parquet table.")
+
+
+class Manifest(BaseModel):
+    """The envelope every stage's ``manifest.json`` has; a stage adds its own sections (counts,
+    timings, settings, ...) next to these fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    stage: str = Field(description="Stage directory name.")
+    input_fingerprint: str = Field(description="The cache key the outputs were produced from.")
+    code: str | None = Field(None, description="Code identity of the stage (part of the key).")
+    schema_version: str | int = Field(description="Record schema version.")
+    package_version: str = Field(description="embedpipe's version.")
+    created_at: str = Field(description="When the stage committed (local time with offset).")
+    outputs: dict[str, OutputInfo] = Field(description="Every file of the stage directory with its hash.")
+
+    def as_dict(self) -> dict[str, Any]:
+        out = self.model_dump(mode="json")
+        out["outputs"] = {name: info.model_dump(exclude_none=True) for name, info in self.outputs.items()}
+        return out
 
 
 def _fsync_replace(tmp: Path, final: Path) -> None:
@@ -108,14 +137,14 @@ class StageWriter:
         return self.final / name
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        manifest = {
+        manifest = Manifest.model_validate({  # a stage that forgets its key fails here, before the swap
             "stage": self.stage,
             "schema_version": SCHEMA_VERSION,
             "package_version": __version__,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **manifest,
             "outputs": self.outputs,
-        }
+        }).as_dict()
         atomic_write_json(self.staging / MANIFEST, manifest)
         old = None
         if self.final.exists():
@@ -129,12 +158,14 @@ class StageWriter:
 
 
 def read_manifest(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    """The stage's manifest (validated against ``Manifest``; stage sections as written), or None
+    when there is none or it is not a manifest (a damaged one reads as missing)."""
     path = Path(run_dir) / stage / MANIFEST
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
+        return Manifest.model_validate_json(path.read_bytes()).as_dict()
+    except ValidationError:
         return None
 
 

@@ -43,3 +43,25 @@ def test_no_manifest_means_not_run(tmp_path):
     (tmp_path / "prepare").mkdir()
     with pytest.raises(EmbedpipeError, match="no manifest.json"):
         read_records(tmp_path, "prepare")
+
+
+def test_a_manifest_without_its_input_fingerprint_is_refused_and_the_previous_artifact_stays(tmp_path):
+    from pydantic import ValidationError
+
+    with StageWriter(tmp_path, "s") as w:
+        w.write_file("a.txt", b"one", kind="note")
+        w.commit({"input_fingerprint": "k1", "counts": {"n": 1}})
+    with pytest.raises(ValidationError, match="input_fingerprint"):
+        with StageWriter(tmp_path, "s") as w:
+            w.write_file("a.txt", b"two", kind="note")
+            w.commit({"counts": {"n": 2}})
+    manifest = read_manifest(tmp_path, "s")
+    assert manifest["input_fingerprint"] == "k1" and manifest["counts"] == {"n": 1}
+    assert (tmp_path / "s" / "a.txt").read_bytes() == b"one"
+    assert set(manifest["outputs"]["a.txt"]) == {"kind", "sha256"}
+
+
+def test_a_file_that_is_not_a_manifest_reads_as_missing(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "manifest.json").write_text('{"stage": "s"}')
+    assert read_manifest(tmp_path, "s") is None and not stage_is_intact(tmp_path, "s")
