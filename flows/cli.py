@@ -133,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.run_name:
             config = config.model_copy(update={"run_name": args.run_name})
         run_dir = args.run_dir or str(config.default_run_dir())
+        from embed_core.train.distributed import env_rank, launched  # torch: only for the commands that run
+
+        if launched():  # torchrun / deepspeed / accelerate launch started this process as one of several
+            if args.command != "train":
+                raise EmbedpipeError(f"embedpipe {args.command} runs in one process; only `embedpipe train` runs under "
+                                     "torchrun, deepspeed or accelerate launch")
+            if env_rank() != 0:
+                _train_alongside_rank_0(args, config, run_dir)
+                return 0
         # Taken here (the flow re-enters it) so a busy run dir is refused before Prefect starts.
         with run_dir_lock(run_dir, f"embedpipe {args.command}"):
             _run_command(args, config, config_path, run_dir)
@@ -150,6 +159,22 @@ def _stage_options(stage, args):
             value = [v.strip() for item in value for v in item.split(",") if v.strip()]
         values[name] = value
     return stage.options(**values)
+
+
+def _train_alongside_rank_0(args, config, run_dir: str) -> None:
+    """A rank other than 0 of a launched training job: no run-dir lock, no Prefect run, no writes.
+    It makes rank 0's decisions from the same run directory (a stage whose artifact is intact for
+    its inputs is skipped, unless --force) and trains each stage with it; rank 0 commits."""
+    from embed_core import stages
+    from embed_core.artifacts import stage_is_intact
+
+    stage = stages.get("train")
+    options = _stage_options(stage, args)
+    for instance in stage.instance_names(config, options):
+        fingerprint = stage.fingerprint(config, Path(run_dir), instance, options)
+        if not args.force and stage_is_intact(Path(run_dir), instance, fingerprint.key):
+            continue
+        stage.run(config, Path(run_dir), instance, options, fingerprint)
 
 
 def _run_command(args, config, config_path: str, run_dir: str) -> None:

@@ -177,6 +177,59 @@ def test_grad_cache_gives_the_same_gradients_as_a_full_batch(prepared, tiny_mode
         assert torch.allclose(full[name], cached[name], atol=1e-5, rtol=1e-4), name
 
 
+def test_grad_cache_with_dropout_on_equals_the_uncached_gradient_of_the_same_forward(prepared, tiny_model):
+    """Dropout on: GradCache replays each chunk with the RNG states of its cached pass, so its
+    gradients equal those of one graph over the same chunked forward (same masks); a different
+    seed gives other masks and other gradients, so the comparison is not vacuous."""
+    from embed_core.config import TrainStageConfig
+    from embed_core.train.batches import TextGroup, build_batch
+    from embed_core.train.stage import load_datasets
+    from embed_core.train.trainer import Trainer
+
+    tmp, run_dir = prepared
+    config = parse_config(_config_dict(tmp, tiny_model))
+    chunk = 3
+    stage = TrainStageConfig(name="gc", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
+                             num_hard_negatives=2, grad_cache_chunk=chunk, query_max_length=32, passage_max_length=48)
+    datasets = load_datasets(config, run_dir, stage)
+    trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "gc2", seed=0)
+    assert trainer.model.training and trainer.model.model.config.hidden_dropout_prob > 0
+    batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
+                        query_max_length=32, passage_max_length=48, use_instructions=True)
+
+    def grads() -> dict:
+        out = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        trainer.model.zero_grad(set_to_none=True)
+        return out
+
+    def uncached(seed: int) -> dict:
+        torch.manual_seed(seed)
+        emb = {name: torch.cat([trainer._embed(TextGroup(g.texts[i:i + chunk], g.instructions[i:i + chunk], g.max_length))
+                                for i in range(0, len(g.texts), chunk)]) for name, g in batch.groups.items()}
+        trainer._loss(batch, emb).backward()
+        return grads()
+
+    reference, other_masks = uncached(1), uncached(2)
+    torch.manual_seed(1)
+    trainer._forward_backward(batch, 1.0)
+    cached = grads()
+    assert reference.keys() == cached.keys()
+    for name in reference:
+        assert torch.allclose(reference[name], cached[name], atol=1e-6, rtol=1e-5), name
+    assert any(not torch.allclose(reference[n], other_masks[n], atol=1e-6, rtol=1e-5) for n in reference)
+
+
+def test_grad_cache_under_zero_2_is_refused_with_the_reason():
+    from embed_core.errors import ConfigError
+
+    stage = {"name": "s", "grad_cache_chunk": 4}
+    with pytest.raises(ConfigError, match="grad_cache_chunk .* does not work with DeepSpeed ZeRO stage 2"):
+        parse_config({"prepare": {"sources": [{"name": "x", "kind": "sts", "path": "x.csv"}]},
+                      "train": {"deepspeed": {"zero_optimization": {"stage": 2}}, "stages": [stage]}})
+    parse_config({"prepare": {"sources": [{"name": "x", "kind": "sts", "path": "x.csv"}]},
+                  "train": {"deepspeed": {"zero_optimization": {"stage": 1}}, "stages": [stage]}})
+
+
 @pytest.mark.slow
 def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, tmp_path):
     """The same stage under deepspeed.initialize (ZeRO-2, DS_ACCELERATOR=cpu, gloo) in a subprocess:

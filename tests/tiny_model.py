@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 
-def build_tiny_bert(dest: Path) -> Path:
+def build_tiny_bert(dest: Path, dropout: float = 0.1) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
@@ -21,7 +21,8 @@ def build_tiny_bert(dest: Path) -> Path:
             shutil.copy(src / name, dest / name)
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+                        intermediate_size=64, max_position_embeddings=128,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     BertModel(config).save_pretrained(dest)
     return dest
 

@@ -38,6 +38,7 @@ from embed_core.model.encoder import model_fingerprint, resolve_model_path
 from embed_core.plots import pyplot, to_png
 from embed_core.stages import records_upstream
 from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
+from embed_core.train.distributed import barrier, init_process_group, is_main_process
 from embed_core.train.sampling import dataset_weights
 
 log = logging.getLogger("embedpipe.train")
@@ -168,15 +169,19 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     run_dir = Path(run_dir)
     index, stage = get_stage(config, stage_name)
     t0 = time.perf_counter()
+    init_process_group()  # under torchrun / deepspeed / accelerate launch: every rank runs this function
+    main = is_main_process()
     fingerprint = fingerprint or input_fingerprint(config, run_dir, stage_name)
     datasets = load_datasets(config, run_dir, stage)
     init = init_model_path(config, run_dir, index, stage)
     ckpt_dir = run_dir / "checkpoints" / stage.name
     marker = ckpt_dir / "input_fingerprint"
-    if ckpt_dir.exists() and (not marker.exists() or marker.read_text() != fingerprint.key):
-        shutil.rmtree(ckpt_dir)  # checkpoints of other inputs must never be resumed
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text(fingerprint.key)
+    if main:
+        if ckpt_dir.exists() and (not marker.exists() or marker.read_text() != fingerprint.key):
+            shutil.rmtree(ckpt_dir)  # checkpoints of other inputs must never be resumed
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(fingerprint.key)
+    barrier()  # every rank sees the same checkpoints to resume from
 
     if stage.mode == "contrastive":
         trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed,
@@ -184,6 +189,9 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     else:
         trainer = _autoregembed_trainer(config, run_dir, stage, datasets, init, ckpt_dir)
     metrics = trainer.fit(resume=resume)
+    if not main:  # rank 0 writes the stage; the others wait until it is committed
+        barrier()
+        return read_manifest(run_dir, stage_dir_name(stage))
     sizes = {n: d.size for n, d in datasets.items()}
     weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta)
     instructions: dict[str, str] = {}
@@ -223,6 +231,7 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
             "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
         })
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
+    barrier()
     return manifest
 
 

@@ -45,15 +45,10 @@ from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.model.embedder import Embedder
 from embed_core.progress import Progress
 from embed_core.train.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup, build_batch
+from embed_core.train.distributed import average_gradients, barrier, init_process_group, mean_over_ranks
 from embed_core.train.sampling import GroupedBatchSampler
 
 CHECKPOINT_PREFIX = "step-"
-
-
-def _dist() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 def lr_lambda(stage: TrainStageConfig) -> Callable[[int], float]:
@@ -131,7 +126,7 @@ class Trainer:
         random.seed(seed)
         np.random.seed(seed)
         self.train_cfg, self.stage, self.seed, self.log = train, stage, seed, log
-        self.rank, self.world = _dist()
+        self.rank, self.world = init_process_group()  # a launched job's process group (gloo / nccl)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.bf16 = train.precision == "bf16" or (train.precision == "auto" and self.device.type == "cuda")
 
@@ -164,7 +159,7 @@ class Trainer:
             os.environ.setdefault(key, value)
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
-        self.rank, self.world = _dist()
+        self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": stage.grad_accum,
                   **({"gradient_clipping": stage.max_grad_norm} if stage.max_grad_norm else {}), **ds_config}
         engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -199,34 +194,49 @@ class Trainer:
             loss = self._loss(batch, emb)
             self._backward(loss * scale)
             return float(loss.detach())
-        # GradCache: 1) embed without a graph, remembering each chunk's RNG state
+        # GradCache: 1) embed without a graph, remembering each chunk's RNG states (CPU and the
+        # device's: dropout on CUDA draws from the CUDA generator)
         pieces: list[tuple[str, TextGroup, Any]] = []
         reps: dict[str, list[Tensor]] = {}
         for name, g in batch.groups.items():
             for start in range(0, len(g.texts), chunk):
                 sub = TextGroup(g.texts[start:start + chunk], g.instructions[start:start + chunk], g.max_length)
-                state = torch.get_rng_state()
+                state = self._rng_snapshot()
                 with torch.no_grad():
                     reps.setdefault(name, []).append(self._embed(sub))
                 pieces.append((name, sub, state))
         cached = {name: torch.cat(parts).detach().requires_grad_() for name, parts in reps.items()}
-        # 2) loss on the cached embeddings, gradients to the embeddings only
+        # 2) loss on the cached embeddings, gradients to the embeddings only (leaf tensors: no
+        # parameter sees this backward, so it stays outside DeepSpeed's engine)
         loss = self._loss(batch, cached)
         (loss * scale).backward()
         grads = {name: t.grad for name, t in cached.items()}
-        # 3) replay each chunk with a graph and push its cached gradient through the encoder
+        # 3) replay each chunk with a graph (same RNG states: same dropout masks) and push its cached
+        # gradient through the encoder; sum(out * g) has exactly that gradient, and as a scalar it
+        # can go through the engine's backward (loss scaling, gradient hooks)
         offsets = {name: 0 for name in grads}
-        after = torch.get_rng_state()
+        after = self._rng_snapshot()
         for name, sub, state in pieces:
-            torch.set_rng_state(state)
+            self._rng_restore(state)
             out = self._embed(sub)
             g = grads[name][offsets[name]:offsets[name] + len(sub.texts)]
             offsets[name] += len(sub.texts)
-            out.backward(g)
-        torch.set_rng_state(after)
+            self._backward((out.float() * g.float()).sum())
+        self._rng_restore(after)
         return float(loss.detach())
 
+    def _rng_snapshot(self) -> tuple[Tensor, Tensor | None]:
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return torch.get_rng_state(), cuda
+
+    def _rng_restore(self, state: tuple[Tensor, Tensor | None]) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], self.device)
+
     def _backward(self, loss: Tensor) -> None:
+        """Through DeepSpeed's engine when there is one (it divides by its gradient accumulation
+        steps and applies loss scaling; the plain path's ``scale`` did the division already)."""
         if self.engine is not None:
             self.engine.backward(loss)
         else:
@@ -252,7 +262,7 @@ class Trainer:
                                 use_instructions=self.train_cfg.use_instructions,
                                 layout=loss.layout, **loss.batch_options())
             # DeepSpeed scales by its gradient_accumulation_steps itself and steps at the boundary
-            value = self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum)
+            value = mean_over_ranks(self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum))
             rows.append({"dataset": batch.dataset, "task": batch.task, "loss": value, "examples": batch.size,
                          "tokens": self._tokens})
             if self.engine is not None:
@@ -262,6 +272,8 @@ class Trainer:
         return self._record_step(rows, t0)
 
     def _optimizer_step(self) -> None:
+        if self.world > 1:  # plain multi-process (DeepSpeed reduces in its engine)
+            average_gradients(self.model.parameters())
         if self.stage.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.stage.max_grad_norm)
         self.optimizer.step()
@@ -284,24 +296,32 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
+        """Every rank calls this at the same step: DeepSpeed saves its (partitioned) state from every
+        rank, every rank saves its own RNG states (its dropout stream), and rank 0 writes the rest and
+        makes the checkpoint visible once it is complete."""
         final = self.checkpoint_dir / f"{CHECKPOINT_PREFIX}{self.step:07d}"
         tmp = self.checkpoint_dir / f".tmp-{CHECKPOINT_PREFIX}{self.step:07d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        barrier()
         if self.engine is not None:  # ZeRO partitions optimizer state: DeepSpeed saves its own layout
             self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="ds")
-            torch.save({"rng": _rng_state()}, tmp / "state.pt")
-        else:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}, tmp / "state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({
-            "step": self.step, "stage": self.stage.model_dump(mode="json"), "seed": self.seed,
-            "sampler": self.sampler.state_dict(), "metrics": self.metrics}, default=_json_default))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)  # a checkpoint is visible only once complete
-        for old in self.checkpoints()[:-self.stage.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        torch.save(_rng_state(), tmp / f"rng-{self.rank}.pt")
+        barrier()
+        if self.rank == 0:
+            if self.engine is None:
+                torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                            "scheduler": self.scheduler.state_dict()}, tmp / "state.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps({
+                "step": self.step, "stage": self.stage.model_dump(mode="json"), "seed": self.seed, "world": self.world,
+                "sampler": self.sampler.state_dict(), "metrics": self.metrics}, default=_json_default))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)  # a checkpoint is visible only once complete
+            for old in self.checkpoints()[:-self.stage.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        barrier()
         return final
 
     def checkpoints(self) -> list[Path]:
@@ -310,16 +330,19 @@ class Trainer:
         return sorted(p for p in self.checkpoint_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / "trainer_state.json").exists())
 
     def load_checkpoint(self, path: Path) -> None:
-        state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
         meta = json.loads((path / "trainer_state.json").read_text())
+        if meta.get("world", 1) != self.world:
+            raise ConfigError(f"{path}: saved by {meta.get('world', 1)} processes, resumed by {self.world}; resume "
+                              "with the same number of processes (or pass --no-resume)")
         if self.engine is not None:
             self.engine.load_checkpoint(str(path / "deepspeed"), tag="ds")
         else:
+            state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(meta["sampler"])  # PCG64 state is plain ints: JSON round-trips it
-        _set_rng_state(state["rng"])
+        _set_rng_state(torch.load(path / f"rng-{self.rank}.pt", weights_only=False))
         self.step = meta["step"]
         self.metrics = meta["metrics"]
 
@@ -337,7 +360,7 @@ class Trainer:
                 r = rows[-1]
                 self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
                          f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s")
-            if self.step % self.stage.checkpoint_every == 0 and self.rank == 0:
+            if self.step % self.stage.checkpoint_every == 0:
                 self.save_checkpoint()
         progress.close()
         return self.metrics

@@ -1,0 +1,69 @@
+"""Multi-process training under the standard launchers (``torchrun``, ``deepspeed``, ``accelerate
+launch``): each sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and the rendezvous address in every
+process's environment. Rank 0 is the main process: it alone takes the run-directory lock, runs
+the Prefect task, writes checkpoints and commits the stage; the other ranks train alongside and
+wait at barriers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def launched() -> bool:
+    """True when a launcher started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a launched job, or a plain single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    return env_rank() == 0
+
+
+def init_process_group() -> tuple[int, int]:
+    """(rank, world size); initialises the default process group once when launched (nccl on
+    CUDA, each process on its ``LOCAL_RANK`` device; gloo on CPU)."""
+    if launched() and not torch.distributed.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.distributed.init_process_group("nccl")
+        else:
+            torch.distributed.init_process_group("gloo")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def average_gradients(parameters) -> None:
+    """What DistributedDataParallel does after backward, done once per optimizer step: sum every
+    gradient over the ranks and divide by the world size. (Explicit rather than a DDP wrapper:
+    GradCache runs several backward passes per step, which DDP's bucketed hooks would reduce each
+    time.)"""
+    world = torch.distributed.get_world_size()
+    for p in parameters:
+        if p.grad is not None:
+            torch.distributed.all_reduce(p.grad)
+            p.grad.div_(world)
+
+
+def mean_over_ranks(value: float) -> float:
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    if torch.distributed.get_backend() == "nccl":
+        t = t.cuda()
+    torch.distributed.all_reduce(t)
+    return float(t.item()) / torch.distributed.get_world_size()
