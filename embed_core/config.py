@@ -410,6 +410,9 @@ class TrainConfig(_Strict):
     deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage etc.); needs the deepspeed extra.")
     lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "
                                       "llm-train extra); None = full fine-tuning.")
+    work_pool: str | None = Field(None, description="Prefect work pool whose deployment of the train flow runs the "
+                                  "training stages when the pipeline runs as a deployment (e.g. gpu); None = in "
+                                  "the pipeline's own process. The run directory must be on storage both pools mount.")
     autoregembed: AutoRegEmbedConfig = Field(default_factory=AutoRegEmbedConfig, description="Settings of the AutoRegEmbed modes (stages with mode autoregembed_*).")
     stages: list[TrainStageConfig] = Field(min_length=1, description="Training stages, run in order (QZhou: retrieval only, then all tasks).")
 

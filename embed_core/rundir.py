@@ -41,11 +41,12 @@ _held_guard = threading.Lock()
 
 
 @contextmanager
-def run_dir_lock(run_dir: str | Path, purpose: str = "") -> Iterator[None]:
+def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = None) -> Iterator[None]:
     """Hold ``<run_dir>/.lock`` for the block, or raise :class:`RunDirBusy` naming the holder.
 
     ``flock`` is released by the kernel when its holder dies, so a killed run never leaves a
-    stale lock behind; the file's text is only there to say who holds it.
+    stale lock behind; the file's text says who holds it (and ``token``, e.g. the Prefect flow
+    run id, which a run it starts on another pool shows to work in the directory under this lock).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +79,7 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "") -> Iterator[None]:
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "purpose": purpose,
-                                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                  "token": token, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                   "command": " ".join(sys.argv)[:300]}).encode(), 0)
         with _held_guard:
             _held[key] = (fd, 1)
@@ -109,6 +110,28 @@ def lock_holder(run_dir: str | Path) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def lock_token(run_dir: str | Path) -> str | None:
+    """The token the run directory's lock was taken under (see ``run_dir_lock``), if any."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("token")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def check_delegated(run_dir: str | Path, token: str) -> None:
+    """For a run started on another work pool by the run that holds the directory's lock: the
+    directory must be visible here, and its lock must be held under ``token``."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG_SNAPSHOT).exists():
+        raise EmbedpipeError(f"{run_dir}: not visible from this worker ({socket.gethostname()}): the run directory must "
+                             "be on storage both work pools mount (set run_root to a shared volume or bucket mount)")
+    if lock_token(run_dir) != token:
+        holder = lock_holder(run_dir) or "nobody"
+        raise RunDirBusy(f"{run_dir}: started under the lock of run {token}, but the directory's lock is held by "
+                         f"{holder}; run it without parent_lock")
 
 
 def save_config_snapshot(run_dir: str | Path, config: RunConfig) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterator
 
 from embed_core.config import RunConfig, load_config
-from embed_core.rundir import run_dir_lock, save_config_snapshot
+from embed_core.rundir import check_delegated, run_dir_lock, save_config_snapshot
 
 DEFAULT_CONFIG = "deployments/configs/demo.yaml"
 
@@ -27,9 +27,38 @@ def resolve_run(config_path: str | None, config: RunConfig | None, run_dir: str 
 
 
 @contextmanager
-def run_context(config: RunConfig, run_dir: str, purpose: str) -> Iterator[None]:
+def run_context(config: RunConfig, run_dir: str, purpose: str, parent_lock: str | None = None) -> Iterator[None]:
     """Hold the run directory's lock (a second run on it is refused, never interleaved) and record
-    the config this run uses, for ``embedpipe <stage> --run-dir D`` and ``embedpipe status``."""
-    with run_dir_lock(run_dir, purpose):
+    the config this run uses, for ``embedpipe <stage> --run-dir D`` and ``embedpipe status``.
+
+    ``parent_lock``: this run was started on another work pool by the run that holds the lock (its
+    flow run id); it works under that lock after checking the directory is visible and held by it."""
+    if parent_lock:
+        check_delegated(run_dir, parent_lock)
+        yield
+        return
+    from prefect.runtime import flow_run
+
+    with run_dir_lock(run_dir, purpose, token=flow_run.id):
         save_config_snapshot(run_dir, config)
         yield
+
+
+def run_name_of(parameters: dict) -> str:
+    """The run name a flow run's parameters give: ``run_name``, else the config's."""
+    if parameters.get("run_name"):
+        return parameters["run_name"]
+    config = parameters.get("config")
+    if config is not None:
+        return config.run_name if isinstance(config, RunConfig) else dict(config).get("run_name", "run")
+    try:
+        return load_config(parameters.get("config_path") or DEFAULT_CONFIG).run_name
+    except Exception:  # the flow itself reports a bad config; the name must not fail first
+        return "run"
+
+
+def flow_run_name() -> str:
+    """Prefect flow-run name: the embedpipe run name (the UI then lists runs by what they write)."""
+    from prefect.runtime import flow_run
+
+    return run_name_of(flow_run.parameters)

@@ -16,13 +16,13 @@ from prefect.artifacts import create_markdown_artifact
 
 from embed_core.config import RunConfig
 from embed_core.watch import record_sources
-from flows.params import resolve_run, run_context
+from flows.params import flow_run_name, resolve_run, run_context
 from flows.pipeline import pipeline_flow
 from tasks.common import artifact_key
 from tasks.watch import emit_source_events, fingerprint_sources_task
 
 
-@flow(name="data-watch", log_prints=True)
+@flow(name="data-watch", log_prints=True, flow_run_name=flow_run_name)
 def data_watch_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: str | None = None,
                     config: RunConfig | None = None, run_name: str | None = None,
                     run_pipeline: bool = True) -> dict[str, Any]:

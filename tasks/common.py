@@ -68,6 +68,7 @@ def publish_run_summary(run_name: str, run_dir: str, results: dict[str, dict[str
     from prefect.artifacts import create_table_artifact
 
     rows = [{"stage": name, "result": "cache hit" if r["cached"] else "computed", "seconds": r.get("seconds"),
+             "work_pool": r.get("work_pool", "this run's"),
              "input_fingerprint": r["manifest"].get("input_fingerprint", "")[:12],
              "path": str(Path(run_dir).resolve() / name)} for name, r in results.items()]
     create_table_artifact(key=artifact_key("pipeline-stages-", run_name), table=rows,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.conftest import REPO, add_tiny_stages
 
@@ -38,7 +39,10 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    add_tiny_stages(demo_copy, tmp_path, evaluate=False)
+    add_tiny_stages(demo_copy, tmp_path, evaluate=True)
+    cfg = yaml.safe_load(demo_copy.read_text())
+    cfg["train"]["work_pool"] = "gpu"  # training goes to the gpu pool's worker; the rest stays on cpu
+    demo_copy.write_text(yaml.safe_dump(cfg))
     home, port = tmp_path / "prefect-home", _free_port()
     serve = subprocess.run([sys.executable, "deployments/local.py", "serve", "--home", str(home), "--port", str(port),
                             "--poll-seconds", "1"], cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -68,19 +72,22 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
             assert len(automations) == 1 and not automations[0].enabled
             # typed parameters: the UI renders a form from this schema (inline config included)
             schema = deps["pipeline/embedpipe-pipeline"].parameter_openapi_schema
-            assert {"config_path", "run_dir", "config", "run_name", "stages"} <= set(schema["properties"])
+            assert {"config_path", "run_dir", "config", "run_name", "stages", "force"} <= set(schema["properties"])
             assert "RunConfig" in schema["definitions"]
 
             flow_run = run_deployment("pipeline/embedpipe-pipeline", timeout=600,
                                       parameters={"config_path": str(demo_copy), "run_name": "from-api"})
             assert flow_run.state.is_completed(), flow_run.state
 
-            async def artifacts():
+            async def artifacts_and_runs():
                 async with get_client() as client:
-                    return await client.read_artifacts(
+                    arts = await client.read_artifacts(
                         flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+                    runs = await client.read_flow_runs()
+                    flows = {r.flow_id: (await client.read_flow(r.flow_id)).name for r in runs}
+                    return arts, [(flows[r.flow_id], r) for r in runs]
 
-            arts = asyncio.run(artifacts())
+            arts, runs = asyncio.run(artifacts_and_runs())
     finally:
         stopped = subprocess.run([sys.executable, "deployments/local.py", "stop", "--home", str(home)],
                                  cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -89,14 +96,24 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
 
     run_dir = tmp_path / "runs" / "from-api"  # run_name parameter reached the flow
     assert (run_dir / "train-stage2" / "model" / "embedpipe.json").exists()
+    assert flow_run.name == "from-api"  # the flow-run name is the run name
+    # training ran as a child flow run of the train deployment on the gpu pool; the rest on cpu
+    train_runs = [r for name, r in runs if name == "train"]
+    assert len(train_runs) == 1 and train_runs[0].work_pool_name == "gpu" and train_runs[0].state.is_completed()
+    assert train_runs[0].parent_task_run_id is not None and train_runs[0].name == "from-api"
+    assert flow_run.work_pool_name == "cpu"
+    # evaluate read the models the gpu pool wrote into the shared run directory
+    evaluated = {m["label"]: m["path"] for m in json.loads((run_dir / "evaluate" / "manifest.json").read_text())["models"]}
+    assert evaluated["stage2"] == str(run_dir / "train-stage2" / "model")
     by_key = {a.key: a for a in arts if a.key}
     table = by_key["pipeline-stages-from-api"]
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
-    assert [(r["stage"], r["result"]) for r in rows] == [
-        ("prepare", "computed"), ("mine", "computed"), ("train-stage1", "computed"), ("train-stage2", "computed")]
+    assert [(r["stage"], r["result"], r["work_pool"]) for r in rows] == [
+        ("prepare", "computed", "this run's"), ("mine", "computed", "this run's"), ("train-stage1", "computed", "gpu"),
+        ("train-stage2", "computed", "gpu"), ("evaluate", "computed", "this run's")]
     stage_pages = [a for a in arts if a.type == "markdown" and a.description and a.description.endswith("(computed)")]
-    assert len(stage_pages) == 4  # one outputs page per stage, with file links
+    assert len(stage_pages) == 3  # one outputs page per stage run here, with file links (training's: its own run)
     assert any(f"{(run_dir / 'mine').resolve().as_uri()}/scifact.parquet" in a.data for a in stage_pages)
     assert "prepare-counts-from-api" in by_key and "mine-stats-from-api" in by_key
-    # plots are inlined, so they show on the artifact page (train loss curves, mine histogram)
-    assert sum("data:image/png;base64," in (a.data or "") for a in arts if a.type == "markdown") >= 3
+    # plots are inlined, so they show on the artifact page (mine histogram, evaluation report)
+    assert sum("data:image/png;base64," in (a.data or "") for a in arts if a.type == "markdown") >= 2

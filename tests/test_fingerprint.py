@@ -127,7 +127,7 @@ def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy,
     status = json.loads(_run_cli(src, "status", "--run-dir", str(run_dir), "--json", env=env).stdout)
     assert [r["state"] for r in status] == ["fresh"] * 5  # the next run would recompute nothing
 
-    base = src / "embed_core" / "convert" / "base.py"
+    base = src / "embed_core" / "prepare" / "convert" / "base.py"
     base.write_text(base.read_text().replace("    value = value.strip()\n", "    value = value.strip().lower()\n", 1))
     _run_cli(src, *run, env=env)
     assert _last_results(run_dir, 5) == dict.fromkeys(stages, True)

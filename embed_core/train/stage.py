@@ -124,7 +124,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str) -
         init = {"stage": prev.name, "outputs": {n: i["sha256"] for n, i in man["outputs"].items()} if man else "missing"}
     return Fingerprint.of(stage_dir_name(stage), __name__, LIBRARIES, {
         "upstream": _used_outputs(run_dir / records_upstream(config, STAGE), upstream, stage),
-        "train": config_hash(cfg.model_copy(update={"stages": []})), "stage": config_hash(stage), "init": init,
+        "train": config_hash(cfg.model_copy(update={"stages": [], "work_pool": None})), "stage": config_hash(stage), "init": init,
         "seed": config.seed})
 
 
