@@ -104,7 +104,9 @@ def _print_result(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # the deepspeed launcher appends --local_rank=N; the same value is in LOCAL_RANK, which we read
+    args = _parser().parse_args([a for a in argv if not a.startswith(("--local_rank=", "--local-rank="))])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "inspect":
