@@ -35,7 +35,9 @@ def emit_source_events(changes: list[dict[str, Any]], config: RunConfig, config_
         emit_event(
             event=SOURCE_CHANGED_EVENT,
             resource={"prefect.resource.id": f"embedpipe.source.{config.run_name}.{c['source']}",
-                      "prefect.resource.name": c["source"], "embedpipe.run-name": config.run_name},
+                      "prefect.resource.name": c["source"], "embedpipe.run-name": config.run_name,
+                      # the pipeline trigger debounces per run directory (one run for a burst of changes)
+                      "embedpipe.run-dir": str(Path(run_dir).resolve())},
             payload={"source": c["source"], "change": c["change"], "old": c["old"], "new": c["new"],
                      "config_path": str(Path(config_path).resolve()) if config_path else None,
                      "run_dir": str(Path(run_dir).resolve())},

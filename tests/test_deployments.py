@@ -6,6 +6,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -88,6 +89,39 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
                     return arts, [(flows[r.flow_id], r) for r in runs]
 
             arts, runs = asyncio.run(artifacts_and_runs())
+
+            # three change events for one run directory within a minute start one pipeline run
+            from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+            from prefect.events import emit_event
+
+            on_change = deps["pipeline/embedpipe-pipeline-on-change"]
+
+            async def enable_trigger():
+                async with get_client() as client:
+                    await client.resume_automation(automations[0].id)
+
+            asyncio.run(enable_trigger())
+            time.sleep(3)  # the trigger service picks up the enabled automation
+            watched = str((tmp_path / "runs" / "watched").resolve())
+            for source in ("stsb", "scifact", "banking77"):
+                emit_event(event="embedpipe.source.changed",
+                           resource={"prefect.resource.id": f"embedpipe.source.watched.{source}",
+                                     "embedpipe.run-dir": watched},
+                           payload={"source": source, "config_path": str(demo_copy), "run_dir": watched})
+
+            async def triggered_runs():
+                async with get_client() as client:
+                    return await client.read_flow_runs(
+                        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[on_change.id])))
+
+            started, deadline = [], time.monotonic() + 90
+            while time.monotonic() < deadline and not started:
+                time.sleep(2)
+                started = asyncio.run(triggered_runs())
+            time.sleep(20)  # long enough for any duplicate to have appeared
+            started = asyncio.run(triggered_runs())
+            assert len(started) == 1, [r.name for r in started]
+            assert started[0].parameters["run_dir"] == watched
     finally:
         stopped = subprocess.run([sys.executable, "deployments/local.py", "stop", "--home", str(home)],
                                  cwd=REPO, capture_output=True, text=True, timeout=120)
