@@ -89,7 +89,8 @@ def _run(cmd: list[str], env: dict[str, str]) -> None:
         raise SystemExit(f"failed: {' '.join(cmd[2:])}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
-def serve(home: Path, port: int, poll_seconds: float, startup_timeout: float) -> dict:
+def serve(home: Path, port: int, poll_seconds: float, startup_timeout: float, files_root: Path,
+          files_port: int) -> dict:
     home = home.resolve()
     pids_file = home / "pids.json"
     if pids_file.exists() and any(_alive(p) for p in json.loads(pids_file.read_text()).values()):
@@ -97,6 +98,13 @@ def serve(home: Path, port: int, poll_seconds: float, startup_timeout: float) ->
     env = stack_env(home, port, poll_seconds)
     logs = home / "logs"
     pids: dict[str, int] = {}
+    # The run directories over http on loopback, so the file links of the UI's artifacts open
+    # (a browser does not follow file:// links from a web page).
+    files_root = files_root.resolve()
+    files_root.mkdir(parents=True, exist_ok=True)
+    pids["files"] = _spawn([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(files_root),
+                            str(files_port)], env, logs / "files.log")
+    env.update({"EMBEDPIPE_FILES_URL": f"http://127.0.0.1:{files_port}/", "EMBEDPIPE_FILES_ROOT": str(files_root)})
     pids["server"] = _spawn([*_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env, logs / "server.log")
     pids_file.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +116,8 @@ def serve(home: Path, port: int, poll_seconds: float, startup_timeout: float) ->
                                         env, logs / f"worker-{pool}.log")
         pids_file.write_text(json.dumps(pids))
     _run([*_prefect(), "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"], env)
-    info = {"ui": f"http://127.0.0.1:{port}", "api": env["PREFECT_API_URL"], "home": str(home), "pids": pids}
+    info = {"ui": f"http://127.0.0.1:{port}", "api": env["PREFECT_API_URL"], "home": str(home), "pids": pids,
+            "files": env["EMBEDPIPE_FILES_URL"]}
     (home / "stack.json").write_text(json.dumps(info, indent=2))
     return info
 
@@ -149,12 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--home", type=Path, default=REPO / ".prefect-local")
     s.add_argument("--poll-seconds", type=float, default=5.0, help="how often workers look for runs")
     s.add_argument("--startup-timeout", type=float, default=300.0)
+    s.add_argument("--files-root", type=Path, default=REPO / "runs", help="run directories served for the UI's links")
+    s.add_argument("--files-port", type=int, default=int(os.environ.get("EMBEDPIPE_FILES_PORT", 4280)))
     t = sub.add_parser("stop")
     t.add_argument("--home", type=Path, default=REPO / ".prefect-local")
     args = p.parse_args(argv)
     if args.command == "serve":
-        info = serve(args.home, args.port, args.poll_seconds, args.startup_timeout)
-        print(f"Prefect UI: {info['ui']}\nAPI: {info['api']}   state: {info['home']}\n"
+        info = serve(args.home, args.port, args.poll_seconds, args.startup_timeout, args.files_root, args.files_port)
+        print(f"Prefect UI: {info['ui']}\nAPI: {info['api']}   state: {info['home']}   run files: {info['files']}\n"
               f"work pools: {', '.join(POOLS)} (one process worker each)   deployments: deployments/prefect.yaml\n"
               f"stop with: make stop")
     else:

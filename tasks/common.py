@@ -4,8 +4,10 @@ artifact on disk is not the one a cache entry stands for, and the per-stage summ
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from embed_core.artifacts import read_manifest, stage_is_intact
 from embed_core.stages import Report
@@ -35,6 +37,17 @@ def artifact_key(prefix: str, run_name: str) -> str:
     return (prefix + "".join(c if c.isalnum() else "-" for c in run_name.lower()))[:100]
 
 
+def file_link(path: Path, label: str) -> str:
+    """A link a browser follows from the Prefect UI: an http URL when the run directories are served
+    (``EMBEDPIPE_FILES_URL`` for the directory ``EMBEDPIPE_FILES_ROOT``; `make serve` starts such a
+    server on loopback), else the path as text (a ``file://`` link from a web page opens nothing)."""
+    base, root = os.environ.get("EMBEDPIPE_FILES_URL"), os.environ.get("EMBEDPIPE_FILES_ROOT")
+    path = Path(path).resolve()
+    if base and root and path.is_relative_to(Path(root).resolve()):
+        return f"[{label}]({base.rstrip('/')}/{quote(path.relative_to(Path(root).resolve()).as_posix())})"
+    return f"{label} `{path}`"
+
+
 def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, cached: bool, summary: str,
                           seconds: float, report: Report, run_name: str) -> None:
     """One markdown artifact per stage run, cache hit or not, so the UI's run page lists what every
@@ -47,10 +60,10 @@ def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, ca
     for name, info in sorted(manifest.get("outputs", {}).items()):
         if "/" in name and not name.startswith("model/config"):
             continue  # model shards etc.: the model directory is linked once below
-        rows.append(f"| [{name}]({(root / name).as_uri()}) | {info.get('kind', '')} | {info.get('rows', '')} "
+        rows.append(f"| {file_link(root / name, name)} | {info.get('kind', '')} | {info.get('rows', '')} "
                     f"| `{info.get('sha256', '')[:12]}` |")
     if (root / "model").is_dir():
-        rows.append(f"| [model/]({(root / 'model').as_uri()}) | model | | |")
+        rows.append(f"| {file_link(root / 'model', 'model/')} | model | | |")
     state = "cache hit — nothing recomputed" if cached else f"computed in {seconds:.1f} s"
     md = (f"# {stage}: {state}\n\nRun dir `{Path(run_dir).resolve()}` · input fingerprint "
           f"`{manifest.get('input_fingerprint', '')[:12]}` · produced {manifest.get('created_at', '?')}\n\n"

@@ -45,13 +45,15 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     cfg["train"]["work_pool"] = "gpu"  # training goes to the gpu pool's worker; the rest stays on cpu
     demo_copy.write_text(yaml.safe_dump(cfg))
     home, port = tmp_path / "prefect-home", _free_port()
+    files_port = _free_port()
     serve = subprocess.run([sys.executable, "deployments/local.py", "serve", "--home", str(home), "--port", str(port),
-                            "--poll-seconds", "1"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                            "--poll-seconds", "1", "--files-root", str(tmp_path / "runs"), "--files-port", str(files_port)],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
     pids = json.loads((home / "pids.json").read_text()) if (home / "pids.json").exists() else {}
     try:
         assert serve.returncode == 0, serve.stdout[-3000:] + serve.stderr[-3000:]
         assert f"Prefect UI: http://127.0.0.1:{port}" in serve.stdout
-        assert set(pids) == {"server", "worker-cpu", "worker-gpu"}
+        assert set(pids) == {"server", "worker-cpu", "worker-gpu", "files"}
         with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
             async def inspect_deployments():
                 async with get_client() as client:
@@ -89,6 +91,10 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
                     return arts, [(flows[r.flow_id], r) for r in runs]
 
             arts, runs = asyncio.run(artifacts_and_runs())
+            import urllib.request
+
+            with urllib.request.urlopen(f"http://127.0.0.1:{files_port}/from-api/mine/scifact.parquet", timeout=30) as r:
+                scifact_bytes = r.read()  # fetched while the stack runs
 
             # three change events for one run directory within a minute start one pipeline run
             from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
@@ -147,7 +153,10 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
         ("train-stage2", "computed", "gpu"), ("evaluate", "computed", "this run's")]
     stage_pages = [a for a in arts if a.type == "markdown" and a.description and a.description.endswith("(computed)")]
     assert len(stage_pages) == 3  # one outputs page per stage run here, with file links (training's: its own run)
-    assert any(f"{(run_dir / 'mine').resolve().as_uri()}/scifact.parquet" in a.data for a in stage_pages)
+    # the file links open in a browser: http on loopback (make serve serves the run directories)
+    link = f"http://127.0.0.1:{files_port}/from-api/mine/scifact.parquet"
+    assert any(f"]({link})" in a.data for a in stage_pages)
+    assert scifact_bytes == (run_dir / "mine" / "scifact.parquet").read_bytes()
     assert "prepare-counts-from-api" in by_key and "mine-stats-from-api" in by_key
     # plots are inlined, so they show on the artifact page (mine histogram, evaluation report)
     assert sum("data:image/png;base64," in (a.data or "") for a in arts if a.type == "markdown") >= 2
