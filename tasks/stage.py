@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,36 @@ def stage_task(name: str) -> Task:
     return run_stage_task
 
 
+@contextmanager
+def library_logs_to_prefect():
+    """The library's loggers (``embedpipe.*``: progress, counts, warnings) at INFO into the Prefect
+    run logs for the block, whatever the worker's logging settings; nothing is added twice."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("embedpipe")
+    level, logger.level = logger.level, logging.INFO
+    handler = None
+    if not any(isinstance(h, APILogHandler) for h in logger.handlers):
+        handler = APILogHandler()
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def run_stage_instance(stage: stages.Stage, config: RunConfig, run_dir: str, instance: str, options: Any = None,
                        force: bool = False) -> dict[str, Any]:
     """Run one stage instance through its task; report whether it was a cache hit (run log,
     returned summary, ``history.jsonl``) and publish its artifacts."""
-    logging.getLogger("embedpipe").setLevel(logging.INFO)  # library progress reaches the run logs
+    with library_logs_to_prefect():
+        return _run_stage_instance(stage, config, run_dir, instance, options, force)
+
+
+def _run_stage_instance(stage: stages.Stage, config: RunConfig, run_dir: str, instance: str, options: Any,
+                        force: bool) -> dict[str, Any]:
     options = options if options is not None else stage.options()
     t0 = time.perf_counter()
     fingerprint = stage.fingerprint(config, Path(run_dir), instance, options)  # once per run

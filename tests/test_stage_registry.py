@@ -1,6 +1,7 @@
 """The stage registry is the one place the pipeline's shape is written: a stage registered there
 shows up in status, the pipeline flow and the CLI without touching any of them."""
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ def _count_lines_stage() -> Stage:
 
     def run(config, run_dir, instance, options, fp):
         rows = sum(i.get("rows") or 0 for i in read_manifest(Path(run_dir), "prepare")["outputs"].values())
+        logging.getLogger("embedpipe.count-rows").info("counted %d rows", rows)  # the library's own logger
         with StageWriter(Path(run_dir), instance) as writer:
             writer.write_file("rows.txt", str(rows).encode(), kind="count")
             return writer.commit({"input_fingerprint": fp.key, "run_name": config.run_name, "counts": {"rows": rows}})
@@ -59,8 +61,25 @@ def test_a_registered_stage_runs_in_the_pipeline_and_from_the_cli(count_stage, p
     from flows.pipeline import pipeline_flow
 
     run_dir = tmp_path / "run"
-    results = pipeline_flow(config_path=str(demo_copy), run_dir=str(run_dir))
+    state = pipeline_flow(config_path=str(demo_copy), run_dir=str(run_dir), return_state=True)
+    results = state.result()
     assert list(results) == ["prepare", "count-rows"]
+    # the library's INFO log line reached the Prefect run logs
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()
+
+    async def logs():
+        async with get_client() as client:
+            return await client.read_logs(log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+
+    messages = [entry.message for entry in asyncio.run(logs())]
+    assert any(m.startswith("counted ") and m.endswith(" rows") for m in messages), messages[-10:]
     rows = int((run_dir / "count-rows" / "rows.txt").read_text())
     assert rows == sum(i["rows"] for i in read_manifest(run_dir, "prepare")["outputs"].values() if i.get("rows"))
     assert main(["count-rows", "--config", str(demo_copy), "--run-dir", str(run_dir)]) == 0
@@ -75,3 +94,20 @@ def test_records_flow_from_the_nearest_enabled_stage_that_produces_them(demo_cop
     with_synth = config.model_copy(update={"synthesize": SynthesizeConfig()})
     assert stages.records_upstream(with_synth, "mine") == "synthesize"
     assert stages.records_upstream(with_synth, "train") == "synthesize"
+
+
+def test_progress_logs_count_rate_and_eta_at_its_interval(caplog):
+    from embed_core.progress import Progress
+
+    logger = logging.getLogger("embedpipe.test-progress")
+    with caplog.at_level(logging.INFO, logger="embedpipe.test-progress"):
+        with Progress("encode", total=10, unit="texts", logger=logger, every_s=0.0) as progress:
+            progress.update(4)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("encode: 4/10 texts (") and "ETA" in lines[0]
+    assert lines[-1].startswith("encode: 4/10 texts")
+    with caplog.at_level(logging.INFO, logger="embedpipe.test-progress"):
+        caplog.clear()
+        with Progress("quiet", total=3, logger=logger, every_s=3600) as progress:
+            progress.update(3)
+    assert not caplog.records  # a short loop stays quiet
