@@ -425,15 +425,16 @@ class TrainConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _grad_cache_under_zero(self) -> "TrainConfig":
-        # GradCache runs one backward per chunk before the optimizer step; ZeRO-2/3 partition and
-        # reduce gradients in backward hooks that expect one backward per micro-batch
+    def _grad_cache_under_deepspeed(self) -> "TrainConfig":
+        # GradCache runs one backward per chunk before the optimizer step; DeepSpeed reduces (ZeRO-2/3:
+        # partitions) gradients in backward hooks that expect one backward per micro-batch
         # (sentence-transformers#3173, tevatron#206), so the combination is refused, not guessed at.
-        zero = int(((self.deepspeed or {}).get("zero_optimization") or {}).get("stage", 0))
         cached = [s.name for s in self.stages if s.grad_cache_chunk]
-        if zero >= 2 and cached:
-            raise ValueError(f"grad_cache_chunk (stages {', '.join(cached)}) does not work with DeepSpeed ZeRO stage "
-                             f"{zero}: use ZeRO stage 0 or 1, or gradient_checkpointing instead of GradCache")
+        if self.deepspeed is not None and cached:
+            zero = int((self.deepspeed.get("zero_optimization") or {}).get("stage", 0))
+            raise ValueError(f"grad_cache_chunk (stages {', '.join(cached)}) does not work with DeepSpeed (ZeRO stage "
+                             f"{zero}): train without train.deepspeed (multi-process GradCache works under torchrun), "
+                             "or use gradient_checkpointing instead of GradCache")
         return self
 
 

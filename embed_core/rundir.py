@@ -81,6 +81,7 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "purpose": purpose,
                                   "token": token, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                   "command": " ".join(sys.argv)[:300]}).encode(), 0)
+        os.fsync(fd)  # the holder's token must be readable from another worker of a shared volume
         with _held_guard:
             _held[key] = (fd, 1)
         yield

@@ -60,7 +60,8 @@ def library_logs_to_prefect():
     from prefect.logging.handlers import APILogHandler
 
     logger = logging.getLogger("embedpipe")
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel (not .level =) also clears the child loggers' level caches
     handler = None
     if not any(isinstance(h, APILogHandler) for h in logger.handlers):
         handler = APILogHandler()

@@ -98,7 +98,6 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
 
             # three change events for one run directory within a minute start one pipeline run
             from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-            from prefect.events import emit_event
 
             on_change = deps["pipeline/embedpipe-pipeline-on-change"]
 
@@ -109,11 +108,25 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
             asyncio.run(enable_trigger())
             time.sleep(3)  # the trigger service picks up the enabled automation
             watched = str((tmp_path / "runs" / "watched").resolve())
-            for source in ("stsb", "scifact", "banking77"):
-                emit_event(event="embedpipe.source.changed",
-                           resource={"prefect.resource.id": f"embedpipe.source.watched.{source}",
-                                     "embedpipe.run-dir": watched},
-                           payload={"source": source, "config_path": str(demo_copy), "run_dir": watched})
+            # sent from another process: an events worker of this test process would stay bound to
+            # this stack's server after it stops, and later tests' events would go nowhere
+            sender = (
+                "import asyncio, sys\n"
+                "from prefect.events import Event\n"
+                "from prefect.events.clients import get_events_client\n"
+                "async def main():\n"
+                "    async with get_events_client() as client:\n"
+                "        for source in ('stsb', 'scifact', 'banking77'):\n"
+                "            await client.emit(Event(event='embedpipe.source.changed', resource={\n"
+                "                'prefect.resource.id': f'embedpipe.source.watched.{source}',\n"
+                "                'embedpipe.run-dir': sys.argv[1]},\n"
+                "                payload={'source': source, 'config_path': sys.argv[2], 'run_dir': sys.argv[1]}))\n"
+                "asyncio.run(main())\n")
+            import os
+
+            sent = subprocess.run([sys.executable, "-c", sender, watched, str(demo_copy)], capture_output=True, text=True,
+                                  env={**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}, timeout=120)
+            assert sent.returncode == 0, sent.stderr[-2000:]
 
             async def triggered_runs():
                 async with get_client() as client:

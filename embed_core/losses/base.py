@@ -38,7 +38,15 @@ class LossParams(BaseModel):
 class LossContext:
     step: int = 0
     warmup_steps: int = 0
-    gather: Callable[[Tensor], Tensor] = lambda x: x
+    gather: Callable[[Tensor], Tensor] = lambda x: x  # rows of every rank, in rank order (sizes may differ)
+
+    def gather_negatives(self, emb: dict[str, Tensor]) -> Tensor:
+        """The batch's hard negatives of every rank, flat ``[m, d]`` (empty when there are none):
+        a rank without negatives still joins the gather, so the ranks' collectives stay in step."""
+        neg = emb.get("negative")
+        if neg is None:
+            neg = emb["query"].new_zeros(0, emb["query"].size(-1))
+        return self.gather(neg)
 
 
 class Loss:

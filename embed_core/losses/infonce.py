@@ -47,7 +47,5 @@ class InfoNCE(Loss):
         query_negatives: bool = Field(True, description="Eq. 1's query–query term.")
 
     def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
-        neg = emb.get("negative")  # flat [m, d]
-        return infonce(ctx.gather(emb["query"]), ctx.gather(emb["positive"]),
-                       ctx.gather(neg) if neg is not None else None, tau=self.params.tau,
-                       query_negatives=self.params.query_negatives)
+        return infonce(ctx.gather(emb["query"]), ctx.gather(emb["positive"]), ctx.gather_negatives(emb),
+                       tau=self.params.tau, query_negatives=self.params.query_negatives)

@@ -56,6 +56,5 @@ class MultiPositiveInfoNCE(Loss):
         return {"num_positives": self.params.num_positives}
 
     def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
-        q, pos, neg = ctx.gather(emb["query"]), ctx.gather(emb["positive"]), emb.get("negative")
-        neg = ctx.gather(neg) if neg is not None else None
+        q, pos, neg = ctx.gather(emb["query"]), ctx.gather(emb["positive"]), ctx.gather_negatives(emb)
         return multi_positive_infonce(q, pos.view(q.size(0), self.params.num_positives, -1), neg, tau=self.params.tau)

@@ -95,9 +95,8 @@ class PairBCE(Loss):
         z = graded_targets(scores, batch.max_score, p.cutoff)
         if "a" in emb:  # scored pairs
             return pair_bce_pointwise(emb["a"], emb["b"], z, scale=p.scale, bias=p.bias)
-        q, pos, z, neg = ctx.gather(emb["query"]), ctx.gather(emb["positive"]), ctx.gather(z), emb.get("negative")
-        neg = ctx.gather(neg) if neg is not None else None
-        candidates = pos.size(0) + (neg.size(0) if neg is not None else 0)
+        q, pos, z, neg = ctx.gather(emb["query"]), ctx.gather(emb["positive"]), ctx.gather(z), ctx.gather_negatives(emb)
+        candidates = pos.size(0) + neg.size(0)
         return pair_bce(q, pos, neg, scale=p.scale, bias=self.bias_at(ctx, candidates), targets=z)
 
     def bias_at(self, ctx: LossContext, candidates: int) -> float | None:

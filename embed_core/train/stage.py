@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -121,8 +122,12 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str) -
         init = {"base": model_fingerprint(cfg.base_model, cfg.pooling, cfg.max_length, False)}
     else:
         man = read_manifest(run_dir, stage_dir_name(prev))
-        init = {"stage": prev.name, "outputs": {n: i["sha256"] for n, i in man["outputs"].items()} if man else "missing"}
+        # the model it starts from (not its metrics, whose timings differ between identical runs)
+        init = {"stage": prev.name, "model": {n: i["sha256"] for n, i in man["outputs"].items() if n.startswith("model/")}
+                if man else "missing"}
     return Fingerprint.of(stage_dir_name(stage), __name__, LIBRARIES, {
+        # batch_size is per process: the global batch, and so the model, depends on how many train
+        "processes": int(os.environ.get("WORLD_SIZE", "1")),
         "upstream": _used_outputs(run_dir / records_upstream(config, STAGE), upstream, stage),
         "train": config_hash(cfg.model_copy(update={"stages": [], "work_pool": None})), "stage": config_hash(stage), "init": init,
         "seed": config.seed})
@@ -285,8 +290,12 @@ def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str,
                                                   .encode()).hexdigest(),
                        "autoregembed": config_hash(arc), "code": code_identity(__name__, LIBRARIES)}, sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()
+    if not is_main_process():  # rank 0 computes and writes them; the others read what it committed
+        barrier()
     if stage_is_intact(run_dir, name, key):
         table = pq.read_table(run_dir / name / "scores.parquet")
+        if is_main_process():
+            barrier()
         return (torch.tensor(table.column("ref_pos").to_pylist(), dtype=torch.float32),
                 torch.tensor(table.column("ref_neg").to_pylist(), dtype=torch.float32))
     t0 = time.perf_counter()
@@ -299,4 +308,5 @@ def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str,
         writer.commit({"input_fingerprint": key, "stage_name": stage.name, "init_model": init, "decoder": decoder,
                        "counts": {"examples": len(examples), "negatives": int(ref_neg.shape[1])},
                        "timings_s": {"total": round(time.perf_counter() - t0, 3)}})
+    barrier()
     return ref_pos, ref_neg

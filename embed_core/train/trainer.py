@@ -176,11 +176,23 @@ class Trainer:
             return (self.engine or self.model)(features)
 
     def _gather(self, x: Tensor) -> Tensor:
+        """Rows of every rank, in rank order, with gradients back to each rank's own rows. Ranks may
+        hold different numbers of rows (e.g. records with fewer hard negatives than asked for), so
+        the sizes are exchanged first and each slice is padded to the largest for the collective."""
         if self.world == 1:
             return x
         import torch.distributed.nn
 
-        return torch.cat(torch.distributed.nn.all_gather(x), dim=0)
+        n = torch.tensor([x.size(0)], device=x.device)
+        sizes = [torch.zeros_like(n) for _ in range(self.world)]
+        torch.distributed.all_gather(sizes, n)
+        sizes = [int(s) for s in sizes]
+        most = max(sizes)
+        if most == 0:
+            return x
+        if x.size(0) < most:
+            x = torch.cat([x, x.new_zeros(most - x.size(0), *x.shape[1:])])
+        return torch.cat([part[:size] for part, size in zip(torch.distributed.nn.all_gather(x), sizes)], dim=0)
 
     def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
         ctx = LossContext(step=self.step, warmup_steps=self.stage.warmup_steps, gather=self._gather)
