@@ -79,19 +79,14 @@ def default_model_path() -> str:
 
 
 def resolve_model_path(name: str) -> str:
-    if name in ("default", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
-        return default_model_path()
-    from embed_core.model.gguf import PACKAGED_GGUF, materialize_gguf, packaged_gguf
+    """A directory ``from_pretrained`` loads: the model's source (``model_source``), with a GGUF file
+    (e.g. the packaged gemma3-270m) de-quantised once into a cache directory."""
+    source = model_source(name)
+    if source.suffix == ".gguf":
+        from embed_core.model.gguf import materialize_gguf
 
-    if name in PACKAGED_GGUF:  # e.g. gemma3-270m: the packaged GGUF, de-quantised once into a cache dir
-        return str(materialize_gguf(packaged_gguf(name)))
-    if name.endswith(".gguf"):
-        return str(materialize_gguf(Path(name).expanduser()))
-    path = Path(name).expanduser()
-    if not path.exists():
-        raise ConfigError(f"model path {name!r} not found (models load from local paths only; "
-                          "'default' is the packaged all-MiniLM-L6-v2, 'gemma3-270m' the packaged Gemma-3-270M GGUF)")
-    return str(path)
+        return str(materialize_gguf(source))
+    return str(source)
 
 
 def cpu_has_bf16() -> bool:

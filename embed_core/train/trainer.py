@@ -213,7 +213,7 @@ class Trainer:
         for name, g in batch.groups.items():
             for start in range(0, len(g.texts), chunk):
                 sub = TextGroup(g.texts[start:start + chunk], g.instructions[start:start + chunk], g.max_length)
-                state = self._rng_snapshot()
+                state = _rng_state()
                 with torch.no_grad():
                     reps.setdefault(name, []).append(self._embed(sub))
                 pieces.append((name, sub, state))
@@ -227,24 +227,15 @@ class Trainer:
         # gradient through the encoder; sum(out * g) has exactly that gradient, and as a scalar it
         # can go through the engine's backward (loss scaling, gradient hooks)
         offsets = {name: 0 for name in grads}
-        after = self._rng_snapshot()
+        after = _rng_state()
         for name, sub, state in pieces:
-            self._rng_restore(state)
+            _set_rng_state(state)
             out = self._embed(sub)
             g = grads[name][offsets[name]:offsets[name] + len(sub.texts)]
             offsets[name] += len(sub.texts)
             self._backward((out.float() * g.float()).sum())
-        self._rng_restore(after)
+        _set_rng_state(after)
         return float(loss.detach())
-
-    def _rng_snapshot(self) -> tuple[Tensor, Tensor | None]:
-        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return torch.get_rng_state(), cuda
-
-    def _rng_restore(self, state: tuple[Tensor, Tensor | None]) -> None:
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], self.device)
 
     def _backward(self, loss: Tensor) -> None:
         """Through DeepSpeed's engine when there is one (it divides by its gradient accumulation
