@@ -57,6 +57,13 @@ class Manifest(BaseModel):
         return out
 
 
+# mkstemp creates files 0600; outputs are meant to be shared (run directories are copied between
+# people and served to the Prefect UI), so they get the mode a plain open() would: 0666 & ~umask.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+
+
 def _fsync_replace(tmp: Path, final: Path) -> None:
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
@@ -67,6 +74,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         _fsync_replace(Path(tmp), path)
@@ -82,6 +90,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 def atomic_write_parquet(path: Path, table: pa.Table) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, FILE_MODE)
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd")
@@ -108,8 +117,7 @@ class StageWriter:
 
     def __enter__(self) -> "StageWriter":
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.run_dir.glob(f".{self.stage}.staging-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        clean_leftovers(self.run_dir, self.stage)
         self.staging.mkdir()
         return self
 
@@ -155,6 +163,32 @@ class StageWriter:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return manifest
+
+
+def clean_leftovers(run_dir: Path, stage: str = "*") -> list[str]:
+    """Undo what a killed writer left in ``run_dir`` (for ``stage``, or every stage): a commit cut
+    between its two renames gets its previous artifact back (``.<stage>.old-*`` → ``<stage>``);
+    staging directories, superseded artifacts and half-written temporary files are removed.
+    Call it only while holding the run directory (its lock, or as the stage's one writer).
+    Returns what it did, for the log."""
+    run_dir = Path(run_dir)
+    done: list[str] = []
+    for old in sorted(run_dir.glob(f".{stage}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True):
+        final = run_dir / old.name[1:].rsplit(".old-", 1)[0]
+        if not final.exists():
+            os.replace(old, final)
+            done.append(f"restored {final.name} from an interrupted commit")
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+            done.append(f"removed {old.name}")
+    for debris in run_dir.glob(f".{stage}.staging-*"):
+        shutil.rmtree(debris, ignore_errors=True)
+        done.append(f"removed {debris.name}")
+    if stage == "*":
+        for tmp in run_dir.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+            done.append(f"removed {tmp.name}")
+    return done
 
 
 def read_manifest(run_dir: Path, stage: str) -> dict[str, Any] | None:

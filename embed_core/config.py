@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +29,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Names that become file or directory names (run, dataset, evaluation task): one path component,
+# printable, short enough for any filesystem, and never '.', '..' or hidden.
+PATH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,99}")
+
+
+def check_path_name(value: str, what: str) -> str:
+    """``value`` if it is safe as one path component, else a ValueError saying what is allowed."""
+    if not PATH_NAME.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        raise ValueError(f"{what} {shown!r} becomes a path: use 1-100 letters, digits or '._+=-', starting with "
+                         "a letter or digit")
+    return value
+
+
+def one_character_delimiter(v: str | None) -> str | None:
+    if v is not None and (len(v) != 1 or v in "\r\n\"" or not v.isprintable() and v != "\t"):
+        raise ValueError(f"delimiter must be one character other than a quote or line break, got {v!r}")
+    return v
+
+
 class SourceSpec(_Strict):
     """One raw source and how to turn it into records."""
 
@@ -36,9 +57,16 @@ class SourceSpec(_Strict):
     path: str = Field(description="File (or BEIR directory), relative to data_root. '.gz' is read transparently.")
     format: Literal["csv", "tsv", "delimited", "jsonl", "parquet"] | None = Field(
         None, description="File format; inferred from the extension when omitted.")
-    delimiter: str | None = Field(None, description="Field delimiter for format 'delimited' (e.g. ';').")
+    delimiter: str | None = Field(None, description="Field delimiter for format 'delimited' (one character, e.g. ';').")
     header: bool = Field(True, description="Whether the first line names the columns.")
     quoting: Literal["auto", "none", "minimal"] = Field("auto", description="CSV/TSV quoting: auto (sniffed), none (quotes are text), minimal (RFC 4180).")
+    multiline: bool = Field(False, description="CSV: quoted fields may span lines (RFC 4180). Off: a quote still open "
+                            "at the end of its line is a stray quote, that line is quarantined and the next line "
+                            "is read as a new row, so one bad quote never swallows later rows.")
+    allow_empty: bool = Field(False, description="Accept a source with no data rows (otherwise an error).")
+    score_range: tuple[float, float] | None = Field(
+        None, description="Scored kinds (sts, flagembedding scores): inclusive [min, max] of a valid score; a row "
+        "outside it is quarantined (reason score_range). None = any finite score.")
     columns: dict[str, str | int] = Field(
         default_factory=dict,
         description="Logical field -> column name (or 0-based index when header is false).")
@@ -68,8 +96,18 @@ class SourceSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str) -> str:
-        if not v or any(c in v for c in "/\\:") or v.startswith((".", "_")):
-            raise ValueError("dataset name must be non-empty, without '/', '\\' or ':', not starting with '.' or '_'")
+        return check_path_name(v, "dataset name")
+
+    @field_validator("delimiter")
+    @classmethod
+    def _one_character(cls, v: str | None) -> str | None:
+        return one_character_delimiter(v)
+
+    @field_validator("score_range")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not v[0] < v[1]:
+            raise ValueError(f"score_range must be [min, max] with min < max, got {list(v)}")
         return v
 
 
@@ -86,6 +124,17 @@ class PrepareConfig(_Strict):
     contamination: list[SourceSpec] = Field(
         default_factory=list,
         description="Evaluation sets whose texts must not appear in training records (QZhou §6.1).")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> PrepareConfig:
+        for field_name in ("sources", "contamination"):
+            seen: set[str] = set()
+            for i, spec in enumerate(getattr(self, field_name)):
+                if spec.name in seen:
+                    raise ValueError(f"{field_name}[{i}]: two sources are named {spec.name!r} (each source writes "
+                                     "its own dataset: give them distinct names)")
+                seen.add(spec.name)
+        return self
 
 
 SynthStrategy = Literal["paraphrase", "augmentation", "hard_negative"]
@@ -228,7 +277,7 @@ class EvalTaskSpec(_Strict):
                                   "retrieval: a BEIR directory (corpus.jsonl[.gz], queries.jsonl, qrels/<split>.tsv).")
     train_path: str | None = Field(None, description="classification: file the classifier is fitted on.")
     format: Literal["csv", "tsv", "delimited", "jsonl", "parquet"] | None = Field(None, description="File format; None = from the file extension.")
-    delimiter: str | None = Field(None, description="Field delimiter for format 'delimited'.")
+    delimiter: str | None = Field(None, description="Field delimiter for format 'delimited' (one character).")
     header: bool = Field(True, description="Whether the first line names the columns.")
     quoting: Literal["auto", "none", "minimal"] = Field("auto", description="CSV/TSV quoting: auto (sniffed), none (quotes are text), minimal (RFC 4180).")
     columns: dict[str, str | int] = Field(
@@ -242,6 +291,16 @@ class EvalTaskSpec(_Strict):
     instruction: str | None = Field(None, description="Instruction for instruction-following models "
                                                       "(default: MTEB's task prompt, else none).")
     max_rows: int | None = Field(None, ge=1, description="Evaluate only the first N rows/queries (smoke runs).")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return check_path_name(v, "task name")
+
+    @field_validator("delimiter")
+    @classmethod
+    def _one_character(cls, v: str | None) -> str | None:
+        return one_character_delimiter(v)
 
 
 class GeometryConfig(_Strict):
@@ -439,7 +498,7 @@ class TrainConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    run_name: str = Field("run", description="Name of the run: its directory under run_root.")
+    run_name: str = Field("run", description="Name of the run: its directory under run_root (one path component).")
     run_root: str = Field("runs", description="Runs are written to <run_root>/<run_name>/<stage>/.")
     data_root: str = Field(".", description="Base directory for relative source paths.")
     seed: int = Field(42, description="Seed of every random choice (sampling, mining, synthesis, training).")
@@ -449,12 +508,25 @@ class RunConfig(_Strict):
     train: TrainConfig | None = Field(None, description="Training stages; omitted = stage skipped.")
     evaluate: EvaluateConfig | None = Field(None, description="MTEB evaluation; omitted = stage skipped.")
 
+    @field_validator("run_name")
+    @classmethod
+    def _safe_run_name(cls, v: str) -> str:
+        return check_path_name(v, "run_name")
+
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
         return p if p.is_absolute() else Path(self.data_root).expanduser() / p
 
     def default_run_dir(self) -> Path:
         return Path(self.run_root) / self.run_name
+
+    def with_run_name(self, run_name: str) -> RunConfig:
+        """This config under another run name (checked like the config's own ``run_name``)."""
+        try:
+            check_path_name(run_name, "run_name")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return self.model_copy(update={"run_name": run_name})
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -465,15 +537,53 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
-def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key that appears twice in one mapping (plain YAML keeps the
+    last value silently, so an edited config could lose a list of sources without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<: *base' merges keys that this mapping may override: not a duplicate
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file's content; a missing, unreadable, non-UTF-8 or invalid file (duplicate keys
+    included) is a ConfigError naming the file and where in it."""
     if not path.exists():
         raise ConfigError(f"{path}: config file not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, expected a YAML config file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the config as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+
+
+def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'extends' loops back to itself")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     parent = raw.pop("extends", None)

@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
+MAX_MESSAGE_CHARS = 600
+
+
+def printable(text: object, limit: int | None = None) -> str:
+    """``text`` as one printable line: undecodable bytes (surrogate-escaped) as ``\\xNN``, control
+    characters and line breaks escaped, cut to ``limit`` characters. Messages built from user data
+    (a binary header, a NUL in a name) then log, print and serialise anywhere, Prefect's API
+    included, which refuses lone surrogates."""
+    out = []
+    for ch in str(text):
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF or (not ch.isprintable() and ch != " "):
+            out.append(ch.encode("unicode_escape").decode("ascii") if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    line = "".join(out)
+    if limit is not None and len(line) > limit:
+        line = line[:limit - 1] + "…"
+    return line
+
 
 class EmbedpipeError(Exception):
-    """Base class: the CLI turns these into a one-line reason and a non-zero exit."""
+    """Base class: the CLI turns these into a one-line reason and exit code 2. The message is
+    always one printable line (see :func:`printable`)."""
+
+    def __init__(self, message: object = "", *args: object):
+        super().__init__(printable(message, MAX_MESSAGE_CHARS), *args)
 
 
 class ConfigError(EmbedpipeError):
@@ -19,17 +45,17 @@ class RowError(EmbedpipeError):
     """
 
     def __init__(self, file: str, row: int | None, field: str | None, reason: str, message: str):
-        self.file = file
+        self.file = printable(file, 200)
         self.row = row
-        self.field = field
+        self.field = printable(field, 200) if field is not None else None
         self.reason = reason  # short machine-readable tag, used for counts
-        self.detail = message
-        where = file
+        self.detail = printable(message, MAX_MESSAGE_CHARS)
+        where = self.file
         if row is not None:
             where += f":{row}"
-        if field is not None:
-            where += f": field '{field}'"
-        super().__init__(f"{where}: {message}")
+        if self.field is not None:
+            where += f": field '{self.field}'"
+        super().__init__(f"{where}: {self.detail}")
 
 
 class SourceError(RowError):
@@ -38,3 +64,7 @@ class SourceError(RowError):
 
 class SchemaError(RowError):
     """A record does not match the unified schema."""
+
+
+class CheckpointError(EmbedpipeError):
+    """A checkpoint cannot be resumed from (unsafe or damaged state file)."""

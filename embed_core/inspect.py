@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embed_core.artifacts import MANIFEST
@@ -18,8 +19,11 @@ def _record_files(path: Path) -> list[Path]:
         return [path]
     if path.is_dir():
         if (path / MANIFEST).exists():
-            manifest = json.loads((path / MANIFEST).read_text())
-            return [path / n for n, info in manifest["outputs"].items() if info.get("kind") == "records"]
+            try:
+                manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+                return [path / n for n, info in manifest["outputs"].items() if info.get("kind") == "records"]
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise EmbedpipeError(f"{path / MANIFEST}: not a readable manifest ({type(exc).__name__})") from None
         files = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
         if files:
             return files
@@ -35,9 +39,12 @@ def inspect_path(path: str | Path, samples: int = 3) -> str:
     path = Path(path)
     out: list[str] = []
     for file in _record_files(path):
-        pf = pq.ParquetFile(file)
+        try:
+            pf = pq.ParquetFile(file)
+            table = pf.read()
+        except (pa.ArrowException, OSError) as exc:
+            raise EmbedpipeError(f"{file}: not a readable Parquet file: {exc}") from None
         meta = pf.schema_arrow.metadata or {}
-        table = pf.read()
         out.append(f"== {file}  ({table.num_rows} rows, schema version "
                    f"{meta.get(SCHEMA_VERSION_KEY, b'?').decode()})")
         out.append("schema: " + ", ".join(f"{f.name}: {f.type}" for f in table.schema))

@@ -2,7 +2,8 @@
 snapshot of the config it was last run with, and the history of stage results.
 
 ``<run_dir>/.lock``         held (``flock``) while a flow works in the directory; its text names the holder.
-``<run_dir>/config.yaml``   the config of the latest run, so ``embedpipe <stage> --run-dir D`` needs no ``--config``.
+``<run_dir>/config.yaml``   the config of the latest run that committed a stage (a failed run leaves it as it
+                            was), so ``embedpipe <stage> --run-dir D`` needs no ``--config``.
 ``<run_dir>/history.jsonl`` one line per stage result: computed or cache hit, when, how long.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
@@ -21,9 +23,11 @@ from typing import Any, Iterator
 
 import yaml
 
-from embed_core.artifacts import atomic_write_bytes
+from embed_core.artifacts import atomic_write_bytes, clean_leftovers
 from embed_core.config import RunConfig, load_config
 from embed_core.errors import EmbedpipeError
+
+log = logging.getLogger("embedpipe.rundir")
 
 LOCK_FILE = ".lock"
 CONFIG_SNAPSHOT = "config.yaml"
@@ -32,6 +36,10 @@ HISTORY = "history.jsonl"
 
 class RunDirBusy(EmbedpipeError):
     """Another process is working in the run directory."""
+
+
+class RunDirError(EmbedpipeError):
+    """The run directory cannot be created or written."""
 
 
 # Locks this process holds, by resolved run dir: a flow that calls another flow on the same run
@@ -49,7 +57,14 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
     run id, which a run it starts on another pool shows to work in the directory under this lock).
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunDirError(f"{run_dir}: cannot be a run directory: it (or a parent) is a file") from None
+    except NotADirectoryError:
+        raise RunDirError(f"{run_dir}: cannot be a run directory: a parent of it is a file") from None
+    except OSError as exc:
+        raise RunDirError(f"{run_dir}: cannot create the run directory: {exc.strerror}") from None
     key = str(run_dir.resolve())
     with _held_guard:
         if key in _held:
@@ -68,7 +83,10 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
         return
 
     path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise RunDirError(f"{run_dir}: cannot write in the run directory: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -84,6 +102,8 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
         os.fsync(fd)  # the holder's token must be readable from another worker of a shared volume
         with _held_guard:
             _held[key] = (fd, 1)
+        for action in clean_leftovers(run_dir):  # what a killed run left behind; nobody else is in here now
+            log.info("%s: %s", run_dir, action)
         yield
     finally:
         with _held_guard:
@@ -126,7 +146,7 @@ def check_delegated(run_dir: str | Path, token: str) -> None:
     """For a run started on another work pool by the run that holds the directory's lock: the
     directory must be visible here, and its lock must be held under ``token``."""
     run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_SNAPSHOT).exists():
+    if not (run_dir / LOCK_FILE).exists():
         raise EmbedpipeError(f"{run_dir}: not visible from this worker ({socket.gethostname()}): the run directory must "
                              "be on storage both work pools mount (set run_root to a shared volume or bucket mount)")
     if lock_token(run_dir) != token:

@@ -32,6 +32,7 @@ source_ref       ``<file>:<row>`` the record came from
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -107,6 +108,12 @@ class Record:
         yield from self.weak_positives
 
 
+def is_blank(text: str) -> bool:
+    """True when ``text`` has nothing a model can read: only whitespace, zero-width or format
+    characters (U+200B, U+FEFF, …: Unicode category Cf) or control characters (Cc)."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
+
+
 def validate_row(row: dict, *, file: str, row_number: int | None) -> None:
     """Check one row (a dict with the schema's fields) and raise ``SchemaError`` on the first problem.
 
@@ -125,7 +132,7 @@ def validate_row(row: dict, *, file: str, row_number: int | None) -> None:
         if not isinstance(row[name], str):
             fail(name, "wrong_type", f"expected a string, got {type(row[name]).__name__}")
     for name in ("id", "dataset", "query"):
-        if not row[name].strip():
+        if is_blank(row[name]):
             fail(name, "empty_text", "empty text")
     if row["task"] not in TASKS:
         fail("task", "unknown_task", f"unknown task {row['task']!r} (expected one of {', '.join(TASKS)})")
@@ -138,7 +145,7 @@ def validate_row(row: dict, *, file: str, row_number: int | None) -> None:
         for i, text in enumerate(value):
             if not isinstance(text, str):
                 fail(f"{name}[{i}]", "wrong_type", f"expected a string, got {type(text).__name__}")
-            if name != "negative_labels" and not text.strip():
+            if name != "negative_labels" and is_blank(text):
                 fail(f"{name}[{i}]", "empty_text", "empty text")
     if not row["positives"]:
         fail("positives", "no_positive", "a record needs at least one positive")

@@ -2,16 +2,26 @@
 prepare, synthesize, mine, train, evaluate), the data watch, the status of a run directory,
 compare runs, or inspect artifacts.
 
-Errors in the config or input end the command with exit code 2 and a one-line reason.
+Errors in the config or input end the command with exit code 2 and exactly one line on stderr
+(``--debug`` adds the traceback); everything else the command prints (results, progress, Prefect's
+run logs) goes to stdout. Without a Prefect server (``PREFECT_API_URL`` unset) the command starts a
+temporary one that dies with it, even when the command is killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
+import signal
+import subprocess
 import sys
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+from unittest import mock
 
 from pydantic import BaseModel
 
@@ -45,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     from embed_core import stages
 
     p = argparse.ArgumentParser(prog="embedpipe", description="Text datasets → embedding models, orchestrated by Prefect.")
+    p.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
     sub = p.add_subparsers(dest="command", required=True)
     _run_args(sub.add_parser("run", help="run the whole pipeline (unchanged stages are cache hits)"), force=False)
     for stage in stages.STAGES:
@@ -107,50 +118,147 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # the deepspeed launcher appends --local_rank=N; the same value is in LOCAL_RANK, which we read
     args = _parser().parse_args([a for a in argv if not a.startswith(("--local_rank=", "--local-rank="))])
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    error_stream = sys.stderr
+    # stderr carries the error line only: logs, warnings and Prefect's console handler (configured
+    # when prefect is first imported, below) write to stdout.
+    sys.stderr = sys.stdout
     try:
-        if args.command == "inspect":
-            from embed_core.inspect import inspect_path
-
-            print(inspect_path(args.path, samples=args.samples))
-            return 0
-        if args.command == "compare":
-            from embed_core.evaluate.report import compare_runs
-
-            try:
-                path = compare_runs(args.sources, args.out)
-            except FileNotFoundError as exc:
-                raise EmbedpipeError(str(exc)) from None
-            print(path.read_text(encoding="utf-8"))
-            print(f"written: {path}")
-            return 0
-        if args.command == "status":
-            from embed_core.status import format_status, run_status
-
-            config, _ = _load(args)
-            rows = run_status(config, args.run_dir)
-            print(json.dumps([r.as_dict() for r in rows], indent=2) if args.json else format_status(rows, args.run_dir))
-            return 0
-        config, config_path = _load(args)  # fail fast, before any Prefect machinery starts
-        if args.run_name:
-            config = config.model_copy(update={"run_name": args.run_name})
-        run_dir = args.run_dir or str(config.default_run_dir())
-        from embed_core.train.distributed import env_rank, launched  # torch: only for the commands that run
-
-        if launched():  # torchrun / deepspeed / accelerate launch started this process as one of several
-            if args.command != "train":
-                raise EmbedpipeError(f"embedpipe {args.command} runs in one process; only `embedpipe train` runs under "
-                                     "torchrun, deepspeed or accelerate launch")
-            if env_rank() != 0:
-                _train_alongside_rank_0(args, config, run_dir)
-                return 0
-        # Taken here (the flow re-enters it) so a busy run dir is refused before Prefect starts.
-        with run_dir_lock(run_dir, f"embedpipe {args.command}"):
-            _run_command(args, config, config_path, run_dir)
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+        _command(args)
         return 0
-    except EmbedpipeError as exc:
-        print(f"embedpipe: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 — the error boundary: user-input errors become one line
+        message = _user_error(exc)
+        if message is None:
+            raise
+        if args.debug:
+            traceback.print_exception(exc, file=error_stream)
+        print(f"embedpipe: error: {message}", file=error_stream)
         return 2
+    finally:
+        sys.stderr = error_stream
+
+
+def _user_error(exc: BaseException) -> str | None:
+    """The one-line message for an error that comes from the user's input or machine, else None
+    (a bug: its traceback is printed). A Prefect flow re-raises its task's exception unchanged."""
+    from embed_core.errors import printable
+
+    if isinstance(exc, EmbedpipeError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:  # permissions, disk full, a file where a directory belongs
+        return printable(f"{exc.filename}: {exc.strerror or exc}", 600)
+    return None
+
+
+class _NoTracebackForUserErrors(logging.Filter):
+    """Console handlers skip the records that carry a user-input error's traceback (Prefect logs
+    one per failed task and flow run): the error is printed once, as one line, by ``main``. The
+    Prefect API handler still sends them, so the run's page in the UI keeps the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.exc_info[1] is not None and _user_error(record.exc_info[1]))
+
+
+def _quiet_console_tracebacks() -> None:
+    quiet = _NoTracebackForUserErrors()
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and quiet not in handler.filters:
+                handler.addFilter(quiet)
+
+
+def _die_with_parent() -> None:
+    """In a child, before exec: the kernel sends it SIGTERM when the process that started it dies
+    (Linux ``PR_SET_PDEATHSIG``), SIGKILL included."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+@contextmanager
+def _prefect_api() -> Iterator[None]:
+    """A Prefect API for the command: the configured one (``PREFECT_API_URL``), else a temporary
+    local server like Prefect's own, but tied to this process's life. Prefect's would outlive a
+    killed CLI (it is stopped by an ``atexit`` hook, which SIGKILL skips)."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if PREFECT_API_URL.value() or not sys.platform.startswith("linux"):
+        yield
+        return
+    server = SubprocessASGIServer()
+    # Started from the main thread, which lives as long as the process (the death signal follows the
+    # thread that forked).
+    with mock.patch.object(subprocess, "Popen", _popen_dying_with_parent):
+        server.start()
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            try:
+                yield
+            finally:
+                _drain_prefect_workers()  # the run's last logs and events reach the server before it stops
+    finally:
+        server.stop()
+
+
+def _drain_prefect_workers() -> None:
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=10)
+
+
+_real_popen = subprocess.Popen
+
+
+def _popen_dying_with_parent(*args, **kwargs):
+    return _real_popen(*args, preexec_fn=_die_with_parent, **kwargs)
+
+
+def _command(args) -> None:
+    if args.command == "inspect":
+        from embed_core.inspect import inspect_path
+
+        print(inspect_path(args.path, samples=args.samples))
+        return
+    if args.command == "compare":
+        from embed_core.evaluate.report import compare_runs
+
+        try:
+            path = compare_runs(args.sources, args.out)
+        except FileNotFoundError as exc:
+            raise EmbedpipeError(str(exc)) from None
+        print(path.read_text(encoding="utf-8"))
+        print(f"written: {path}")
+        return
+    if args.command == "status":
+        from embed_core.status import format_status, run_status
+
+        config, _ = _load(args)
+        rows = run_status(config, args.run_dir)
+        print(json.dumps([r.as_dict() for r in rows], indent=2) if args.json else format_status(rows, args.run_dir))
+        return
+    config, config_path = _load(args)  # fail fast, before any Prefect machinery starts
+    if args.run_name:
+        config = config.with_run_name(args.run_name)
+    run_dir = args.run_dir or str(config.default_run_dir())
+    from embed_core.train.distributed import env_rank, launched  # torch: only for the commands that run
+
+    if launched():  # torchrun / deepspeed / accelerate launch started this process as one of several
+        if args.command != "train":
+            raise EmbedpipeError(f"embedpipe {args.command} runs in one process; only `embedpipe train` runs under "
+                                 "torchrun, deepspeed or accelerate launch")
+        if env_rank() != 0:
+            _train_alongside_rank_0(args, config, run_dir)
+            return
+    # Taken here (the flow re-enters it) so a busy run dir is refused before Prefect starts.
+    with run_dir_lock(run_dir, f"embedpipe {args.command}"):
+        import flows  # noqa: F401  (environment defaults, before prefect is imported)
+
+        with _prefect_api():
+            if not args.debug:
+                _quiet_console_tracebacks()
+            _run_command(args, config, config_path, run_dir)
 
 
 def _stage_options(stage, args):
@@ -180,7 +288,6 @@ def _train_alongside_rank_0(args, config, run_dir: str) -> None:
 
 
 def _run_command(args, config, config_path: str, run_dir: str) -> None:
-    import flows  # noqa: F401  (environment defaults)
     from embed_core import stages
 
     common = {"config_path": config_path, "run_dir": run_dir, "config": config, "run_name": None}

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterator
 
 from embed_core.config import RunConfig, load_config
-from embed_core.rundir import check_delegated, run_dir_lock, save_config_snapshot
+from embed_core.rundir import check_delegated, run_dir_lock
 
 DEFAULT_CONFIG = "deployments/configs/demo.yaml"
 
@@ -22,14 +22,15 @@ def resolve_run(config_path: str | None, config: RunConfig | None, run_dir: str 
             raise ValueError("give config_path or an inline config")
         config = load_config(config_path)
     if run_name:
-        config = config.model_copy(update={"run_name": run_name})
+        config = config.with_run_name(run_name)
     return config, str(Path(run_dir) if run_dir else config.default_run_dir())
 
 
 @contextmanager
 def run_context(config: RunConfig, run_dir: str, purpose: str, parent_lock: str | None = None) -> Iterator[None]:
-    """Hold the run directory's lock (a second run on it is refused, never interleaved) and record
-    the config this run uses, for ``embedpipe <stage> --run-dir D`` and ``embedpipe status``.
+    """Hold the run directory's lock (a second run on it is refused, never interleaved). The config
+    snapshot (for ``embedpipe <stage> --run-dir D`` and ``embedpipe status``) is written by each
+    stage that completes, so a run that fails before any stage leaves the last good one.
 
     ``parent_lock``: this run was started on another work pool by the run that holds the lock (its
     flow run id); it works under that lock after checking the directory is visible and held by it."""
@@ -40,7 +41,6 @@ def run_context(config: RunConfig, run_dir: str, purpose: str, parent_lock: str 
     from prefect.runtime import flow_run
 
     with run_dir_lock(run_dir, purpose, token=flow_run.id):
-        save_config_snapshot(run_dir, config)
         yield
 
 

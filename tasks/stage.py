@@ -26,7 +26,7 @@ from embed_core import stages
 from embed_core.artifacts import stage_is_intact
 from embed_core.config import RunConfig
 from embed_core.fingerprint import Fingerprint
-from embed_core.rundir import append_history
+from embed_core.rundir import append_history, save_config_snapshot
 from tasks.common import publish_stage_outputs, reuse_intact, stage_cache_key, was_cached
 
 
@@ -98,6 +98,7 @@ def _run_stage_instance(stage: stages.Stage, config: RunConfig, run_dir: str, in
     if cached:
         get_run_logger().info("%s: cache hit (inputs %s unchanged) — reusing %s/%s, nothing recomputed\n%s",
                               instance, fingerprint.key[:12], run_dir, instance, summary)
+    save_config_snapshot(run_dir, config)  # after the stage stands: a failed run keeps the last good snapshot
     append_history(run_dir, {"stage": instance, "cached": cached, "seconds": seconds,
                              "input_fingerprint": manifest.get("input_fingerprint")})
     publish_stage_outputs(instance, manifest, run_dir, cached, summary, seconds,

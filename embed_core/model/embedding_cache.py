@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embed_core.artifacts import FILE_MODE
 
 def text_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
@@ -49,6 +50,7 @@ class EmbeddingCache:
 
     def _write(self, path: Path, array: np.ndarray) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             np.save(fh, array)
             fh.flush()

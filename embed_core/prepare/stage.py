@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from embed_core.artifacts import StageWriter
 from embed_core.config import RunConfig, config_hash
-from embed_core.errors import RowError, SchemaError
+from embed_core.errors import RowError, SchemaError, SourceError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.prepare.cleaning import EvalTexts, contaminated_field, dedupe, limit_length, normalize_text, pair_key
 from embed_core.prepare.convert import Skipped, convert_source, source_files, source_pairs, source_texts
@@ -123,6 +123,10 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
                 continue
             counts["truncated_texts"] += cut
             by_dataset[spec.name].append(record)
+        if not (counts["converted"] or counts["skipped"] or reasons) and not spec.allow_empty:
+            raise SourceError(spec.path, None, None, "empty_source",
+                              f"source '{spec.name}' has no data rows (set allow_empty: true on the source to accept "
+                              "an empty one)")
         per_source.append({"source": spec.name, "kind": spec.kind, "path": spec.path,
                            "records_converted": counts["converted"], "rows_skipped": counts["skipped"],
                            "quarantined": sum(reasons.values()), "quarantined_by_reason": dict(reasons),

@@ -28,7 +28,9 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -40,7 +42,7 @@ import torch
 from torch import Tensor
 
 from embed_core.config import TrainConfig, TrainStageConfig
-from embed_core.errors import ConfigError
+from embed_core.errors import CheckpointError, ConfigError
 from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.model.embedder import Embedder
 from embed_core.progress import Progress
@@ -73,18 +75,37 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors and plain data, so ``torch.load(weights_only=True)`` reads it
+    back (a checkpoint from a copied run directory is never unpickled)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _load_plain(path: Path, **kwargs: Any) -> Any:
+    """A checkpoint state file with ``weights_only=True``: tensors and plain data only. A file that
+    holds any other pickled object is refused instead of run (run directories travel between people)."""
+    try:
+        return torch.load(path, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"unsupported GLOBAL (\S+)|Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f"it references {found.group(1) or found.group(2)}" if found else "it is not tensors and plain data"
+        raise CheckpointError(f"{path}: refusing to load: {what}, and loading it could run code; "
+                              "delete the checkpoint to train from the stage's start") from None
 
 
 class Trainer:
@@ -340,12 +361,12 @@ class Trainer:
         if self.engine is not None:
             self.engine.load_checkpoint(str(path / "deepspeed"), tag="ds")
         else:
-            state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
+            state = _load_plain(path / "state.pt", map_location=self.device)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(meta["sampler"])  # PCG64 state is plain ints: JSON round-trips it
-        _set_rng_state(torch.load(path / f"rng-{self.rank}.pt", weights_only=False))
+        _set_rng_state(_load_plain(path / f"rng-{self.rank}.pt"))
         self.step = meta["step"]
         self.metrics = meta["metrics"]
 

@@ -65,7 +65,7 @@ def _columns(spec: SourceSpec) -> Columns:
 
 def _rows(spec: SourceSpec, config: RunConfig, cols: Columns):
     rows = read_rows(config.resolve(spec.path), spec.path, fmt=spec.format, delimiter=spec.delimiter,
-                     header=spec.header, quoting=spec.quoting, required=cols.required())
+                     header=spec.header, quoting=spec.quoting, multiline=spec.multiline, required=cols.required())
     if spec.max_rows is None:
         return rows
     return _limit(rows, spec.max_rows)

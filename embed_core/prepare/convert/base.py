@@ -11,7 +11,7 @@ from typing import Any
 from embed_core.config import SourceSpec
 from embed_core.errors import RowError
 from embed_core.prepare.readers import RawRow, column_label
-from embed_core.schema import Record
+from embed_core.schema import Record, is_blank
 
 
 @dataclass
@@ -66,8 +66,9 @@ def get_text(raw: RawRow, col: str | int) -> str:
     if not isinstance(value, str):
         raise RowError(raw.file, raw.row, column_label(col), "wrong_type", f"expected text, got {type(value).__name__}")
     value = value.strip()
-    if not value:
-        raise RowError(raw.file, raw.row, column_label(col), "empty_text", "empty text")
+    if is_blank(value):
+        raise RowError(raw.file, raw.row, column_label(col), "empty_text",
+                       "empty text" if not value else "text has only invisible or control characters")
     return value
 
 
@@ -85,14 +86,25 @@ def get_text_list(raw: RawRow, col: str | int, *, allow_missing: bool = False) -
     for i, v in enumerate(value):
         if not isinstance(v, str):
             raise RowError(raw.file, raw.row, f"{column_label(col)}[{i}]", "wrong_type", f"expected text, got {type(v).__name__}")
-        if not v.strip():
-            raise RowError(raw.file, raw.row, f"{column_label(col)}[{i}]", "empty_text", "empty text")
+        if is_blank(v):
+            raise RowError(raw.file, raw.row, f"{column_label(col)}[{i}]", "empty_text",
+                           "empty text" if not v.strip() else "text has only invisible or control characters")
         out.append(v.strip())
     return out
 
 
-def parse_score(value: Any, *, file: str, row: int, field: str) -> float:
-    """A numeric score, or a binary yes/no/true/false label as 1/0 (QZhou §3.2.2)."""
+def parse_score(value: Any, *, file: str, row: int, field: str,
+                score_range: tuple[float, float] | None = None) -> float:
+    """A numeric score, or a binary yes/no/true/false label as 1/0 (QZhou §3.2.2); outside
+    ``score_range`` (inclusive) is a row error."""
+    score = _parse_score(value, file=file, row=row, field=field)
+    if score_range is not None and not score_range[0] <= score <= score_range[1]:
+        raise RowError(file, row, field, "score_range",
+                       f"score {score:g} is outside score_range [{score_range[0]:g}, {score_range[1]:g}]")
+    return score
+
+
+def _parse_score(value: Any, *, file: str, row: int, field: str) -> float:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, (int, float)):
@@ -112,11 +124,13 @@ def parse_score(value: Any, *, file: str, row: int, field: str) -> float:
     return score
 
 
-def get_score(raw: RawRow, col: str | int) -> float:
-    return parse_score(_raw_value(raw, col), file=raw.file, row=raw.row, field=column_label(col))
+def get_score(raw: RawRow, col: str | int, score_range: tuple[float, float] | None = None) -> float:
+    return parse_score(_raw_value(raw, col), file=raw.file, row=raw.row, field=column_label(col),
+                       score_range=score_range)
 
 
-def get_score_list(raw: RawRow, col: str | int, n: int) -> list[float]:
+def get_score_list(raw: RawRow, col: str | int, n: int,
+                   score_range: tuple[float, float] | None = None) -> list[float]:
     if col not in raw.values or raw.values[col] is None:
         return []
     value = raw.values[col]
@@ -124,7 +138,8 @@ def get_score_list(raw: RawRow, col: str | int, n: int) -> list[float]:
         raise RowError(raw.file, raw.row, column_label(col), "wrong_type", f"expected a list of numbers, got {type(value).__name__}")
     if len(value) != n:
         raise RowError(raw.file, raw.row, column_label(col), "length_mismatch", f"{len(value)} scores for {n} texts")
-    return [parse_score(v, file=raw.file, row=raw.row, field=f"{column_label(col)}[{i}]") for i, v in enumerate(value)]
+    return [parse_score(v, file=raw.file, row=raw.row, field=f"{column_label(col)}[{i}]", score_range=score_range)
+            for i, v in enumerate(value)]
 
 
 def map_label(raw: RawRow, col: str | int, mapping: dict[str, Any]) -> Any:

@@ -17,7 +17,7 @@ from embed_core.errors import RowError, SourceError
 from embed_core.prepare.convert.base import ConvertStream, Skipped, parse_score
 from embed_core.prepare.convert.retrieval import load_corpus
 from embed_core.prepare.readers import read_delimited, read_jsonl
-from embed_core.schema import Record
+from embed_core.schema import Record, is_blank
 
 
 def _find(directory: Path, display: str, name: str) -> tuple[Path, str]:
@@ -69,7 +69,7 @@ def read_queries(path: Path, display: str) -> tuple[dict[str, tuple[str, int]], 
         qid, text = raw.values.get("_id"), raw.values.get("text")
         if qid is None:
             errors.append(RowError(raw.file, raw.row, "_id", "missing_field", "missing field"))
-        elif not isinstance(text, str) or not text.strip():
+        elif not isinstance(text, str) or is_blank(text):
             errors.append(RowError(raw.file, raw.row, "text", "empty_text", "empty or missing text"))
         else:
             queries[str(qid)] = (text.strip(), raw.row)

@@ -45,7 +45,7 @@ def _pairs(rows, spec: SourceSpec, cols: Columns, task: str, score_of) -> Conver
 def convert_sts(rows, spec: SourceSpec, cols: Columns) -> ConvertStream:
     if spec.label_map:
         return _pairs(rows, spec, cols, spec.task or "sts", lambda raw: map_label(raw, cols["score"], spec.label_map))
-    return _pairs(rows, spec, cols, spec.task or "sts", lambda raw: get_score(raw, cols["score"]))
+    return _pairs(rows, spec, cols, spec.task or "sts", lambda raw: get_score(raw, cols["score"], spec.score_range))
 
 
 def convert_entailment(rows, spec: SourceSpec, cols: Columns) -> ConvertStream:

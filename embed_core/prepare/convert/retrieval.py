@@ -27,7 +27,7 @@ from embed_core.prepare.convert.base import (
     record_id,
 )
 from embed_core.prepare.readers import RawRow, read_jsonl
-from embed_core.schema import Record
+from embed_core.schema import Record, is_blank
 
 TITLE_BODY_COLUMNS = ({"title": "title", "body": "text"}, {"title": 0, "body": 1})
 QA_COLUMNS = ({"question": "question", "answer": "answer"}, {"question": 0, "answer": 1})
@@ -91,7 +91,7 @@ def load_corpus(path: Path, display: str) -> tuple[dict[str, str], list[RowError
             continue
         title = raw.values.get("title") or ""
         full = f"{title.strip()} {text.strip()}".strip() if isinstance(title, str) else text.strip()
-        if not full:
+        if is_blank(full):
             errors.append(RowError(raw.file, raw.row, "text", "empty_text", "empty text"))
             continue
         docs[str(doc_id)] = full
@@ -147,8 +147,8 @@ def convert_flagembedding(rows, spec: SourceSpec, cols: Columns) -> ConvertStrea
             query = get_text(raw, cols["query"])
             pos = get_text_list(raw, cols["pos"])
             neg = get_text_list(raw, cols["neg"], allow_missing=True)
-            pos_scores = get_score_list(raw, cols["pos_scores"], len(pos))
-            neg_scores = get_score_list(raw, cols["neg_scores"], len(neg))
+            pos_scores = get_score_list(raw, cols["pos_scores"], len(pos), spec.score_range)
+            neg_scores = get_score_list(raw, cols["neg_scores"], len(neg), spec.score_range)
             prompt = raw.values.get(cols["prompt"])
             label = raw.values.get(cols["label"])
         except RowError as err:
