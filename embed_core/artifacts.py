@@ -8,9 +8,11 @@ up by the next run). Readers go through the manifest and refuse outputs whose ha
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -100,6 +102,18 @@ def atomic_write_parquet(path: Path, table: pa.Table) -> None:
         raise
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``): a reader or
+    a kill sees the old or the new artifact, never neither. False where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 class StageWriter:
     """Collects one stage's outputs in a staging directory and swaps it in on ``commit``.
 
@@ -154,14 +168,17 @@ class StageWriter:
             "outputs": self.outputs,
         }).as_dict()
         atomic_write_json(self.staging / MANIFEST, manifest)
-        old = None
-        if self.final.exists():
-            old = self.run_dir / f".{self.stage}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(self.final, old)
-        os.replace(self.staging, self.final)
+        if self.final.exists() and _exchange(self.staging, self.final):
+            shutil.rmtree(self.staging, ignore_errors=True)  # now holds the previous artifact
+        else:
+            old = None
+            if self.final.exists():  # no atomic exchange here: a kill between the renames is undone by clean_leftovers
+                old = self.run_dir / f".{self.stage}.old-{uuid.uuid4().hex[:8]}"
+                os.replace(self.final, old)
+            os.replace(self.staging, self.final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
         self._committed = True
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
         return manifest
 
 

@@ -125,16 +125,16 @@ class PrepareConfig(_Strict):
         default_factory=list,
         description="Evaluation sets whose texts must not appear in training records (QZhou §6.1).")
 
-    @model_validator(mode="after")
-    def _unique_names(self) -> PrepareConfig:
-        for field_name in ("sources", "contamination"):
-            seen: set[str] = set()
-            for i, spec in enumerate(getattr(self, field_name)):
-                if spec.name in seen:
-                    raise ValueError(f"{field_name}[{i}]: two sources are named {spec.name!r} (each source writes "
-                                     "its own dataset: give them distinct names)")
-                seen.add(spec.name)
-        return self
+    @field_validator("sources", "contamination")
+    @classmethod
+    def _unique_names(cls, specs: list[SourceSpec]) -> list[SourceSpec]:
+        seen: dict[str, int] = {}
+        for i, spec in enumerate(specs):
+            if spec.name in seen:
+                raise ValueError(f"items {seen[spec.name]} and {i}: two sources are named {spec.name!r} (each source "
+                                 "writes its own dataset: give them distinct names)")
+            seen[spec.name] = i
+        return specs
 
 
 SynthStrategy = Literal["paraphrase", "augmentation", "hard_negative"]
@@ -280,6 +280,8 @@ class EvalTaskSpec(_Strict):
     delimiter: str | None = Field(None, description="Field delimiter for format 'delimited' (one character).")
     header: bool = Field(True, description="Whether the first line names the columns.")
     quoting: Literal["auto", "none", "minimal"] = Field("auto", description="CSV/TSV quoting: auto (sniffed), none (quotes are text), minimal (RFC 4180).")
+    multiline: bool = Field(False, description="CSV: quoted fields may span lines (RFC 4180), in the evaluated "
+                            "file and in train_path. Off: a quote still open at the end of its line is an error.")
     columns: dict[str, str | int] = Field(
         default_factory=dict,
         description="sts: text1, text2, score; pair_classification: text1, text2, label; classification: text, label.")
@@ -609,7 +611,7 @@ def parse_config(raw: dict, *, origin: str = "<config>") -> RunConfig:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "<root>"
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-        raise ConfigError(f"{origin}: {loc}: {first['msg']}{more}") from None
+        raise ConfigError(f"{origin}: {loc}: {first['msg'].removeprefix('Value error, ')}{more}") from None
 
 
 def config_hash(model: BaseModel) -> str:

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr = sys.stdout
     try:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
-        _command(args)
+        _command(args, error_stream)
         return 0
     except Exception as exc:  # noqa: BLE001 — the error boundary: user-input errors become one line
         message = _user_error(exc)
@@ -151,21 +151,50 @@ def _user_error(exc: BaseException) -> str | None:
 
 
 class _NoTracebackForUserErrors(logging.Filter):
-    """Console handlers skip the records that carry a user-input error's traceback (Prefect logs
-    one per failed task and flow run): the error is printed once, as one line, by ``main``. The
-    Prefect API handler still sends them, so the run's page in the UI keeps the traceback."""
+    """Prefect logs a traceback for every failed task and flow run; for a user-input error the
+    traceback says nothing the one-line message does not, so the record keeps its message and
+    loses the traceback (console and Prefect UI alike; ``--debug`` keeps it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and record.exc_info[1] is not None and _user_error(record.exc_info[1]))
+        if record.exc_info and record.exc_info[1] is not None and _user_error(record.exc_info[1]):
+            record.exc_info = None
+            record.exc_text = None
+        return True
 
 
-def _quiet_console_tracebacks() -> None:
+# Where Prefect's engines log a failed run (a logger-level filter: handlers may be set up anew).
+_RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+@contextmanager
+def _console_logs(error_stream, debug: bool) -> Iterator[None]:
+    """Console log handlers (ours, Prefect's) write to stdout for the block and, unless ``debug``,
+    run logs drop the tracebacks of user-input errors. Handlers set up before ``main`` swapped
+    stderr (a caller that imported prefect first) are re-pointed too, and restored afterwards."""
     quiet = _NoTracebackForUserErrors()
+    changed: list[tuple[logging.StreamHandler, object]] = []
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
-    for logger in loggers:
-        for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, logging.StreamHandler) and quiet not in handler.filters:
-                handler.addFilter(quiet)
+    handlers = {id(h): h for lg in loggers for h in getattr(lg, "handlers", []) if isinstance(h, logging.StreamHandler)}
+    for handler in handlers.values():
+        if handler.stream in (error_stream, sys.__stderr__) or getattr(handler.stream, "closed", False):
+            changed.append((handler, handler.stream))
+            handler.stream = sys.stdout  # not setStream: it flushes the old stream, which may be closed
+            if hasattr(handler, "console"):  # Prefect's rich console handler writes through its Console
+                handler.console.file = sys.stdout
+    if not debug:
+        for name in _RUN_LOGGERS:
+            logging.getLogger(name).addFilter(quiet)
+    try:
+        yield
+    finally:
+        for name in _RUN_LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
+        for handler, stream in changed:
+            if getattr(stream, "closed", False):
+                continue
+            handler.stream = stream
+            if hasattr(handler, "console"):
+                handler.console.file = stream
 
 
 def _die_with_parent() -> None:
@@ -215,7 +244,7 @@ def _popen_dying_with_parent(*args, **kwargs):
     return _real_popen(*args, preexec_fn=_die_with_parent, **kwargs)
 
 
-def _command(args) -> None:
+def _command(args, error_stream) -> None:
     if args.command == "inspect":
         from embed_core.inspect import inspect_path
 
@@ -255,9 +284,7 @@ def _command(args) -> None:
     with run_dir_lock(run_dir, f"embedpipe {args.command}"):
         import flows  # noqa: F401  (environment defaults, before prefect is imported)
 
-        with _prefect_api():
-            if not args.debug:
-                _quiet_console_tracebacks()
+        with _prefect_api(), _console_logs(error_stream, args.debug):
             _run_command(args, config, config_path, run_dir)
 
 

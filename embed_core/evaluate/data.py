@@ -40,7 +40,7 @@ def _columns(spec: EvalTaskSpec) -> dict[str, str | int]:
 
 def _rows(spec: EvalTaskSpec, path: Path, display: str, cols: dict[str, str | int]):
     for raw in read_rows(path, display, fmt=spec.format, delimiter=spec.delimiter, header=spec.header,
-                         quoting=spec.quoting, required=list(cols.values())):
+                         quoting=spec.quoting, multiline=spec.multiline, required=list(cols.values())):
         if isinstance(raw, RowError):
             raise raw
         yield raw

@@ -21,6 +21,7 @@ import numpy as np
 
 from embed_core.artifacts import FILE_MODE
 
+
 def text_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 

@@ -42,6 +42,13 @@ QUARANTINE_SCHEMA = pa.schema([
 LIBRARIES = ("pyarrow",)
 
 
+def _content_hash(path: Path) -> str:
+    """A source file's hash; a missing path or a directory keys as such (the reader then names the problem)."""
+    if path.is_file():
+        return sha256_file(path)
+    return "directory" if path.is_dir() else "missing"
+
+
 def input_fingerprint(config: RunConfig, run_dir: str | Path | None = None) -> Fingerprint:
     """Content hashes of every file the stage reads, plus its config and code identity.
 
@@ -51,7 +58,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path | None = None) -> F
     files: dict[str, str] = {}
     for spec in [*config.prepare.sources, *config.prepare.contamination]:
         for display, path in source_files(spec, config):
-            files[str(display)] = sha256_file(Path(path)) if Path(path).exists() else "missing"
+            files[str(display)] = _content_hash(Path(path))
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
         "files": files, "config": config_hash(config.prepare), "seed": config.seed, "schema": SCHEMA_VERSION})
 
@@ -64,8 +71,7 @@ def source_fingerprints(config: RunConfig) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     for spec in [*config.prepare.sources, *config.prepare.contamination]:
-        files = {str(display): sha256_file(Path(path)) if Path(path).exists() else "missing"
-                 for display, path in source_files(spec, config)}
+        files = {str(display): _content_hash(Path(path)) for display, path in source_files(spec, config)}
         out[spec.name] = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     return out
 
