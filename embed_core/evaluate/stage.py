@@ -3,7 +3,9 @@
 Writes ``<run_dir>/evaluate/``:
 * ``results.parquet`` — one row per (model, task, split, subset, metric) with every scalar mteb
   reports, ``main`` marking the task's main score; metrics are mteb's own;
-* ``mteb/<model label>/<task>.json`` — mteb's result JSON per task;
+* ``results/embedpipe__<model label>/<model fingerprint>/`` — mteb's own result cache layout
+  (``<task>.json``, ``model_meta.json``, ``run_settings.jsonl``): ``mteb.ResultCache(<run_dir>/evaluate)
+  .load_results(require_model_meta=True)`` and mteb's tooling read it;
 * ``report.md`` and ``plots/*.png`` (see ``embed_core.evaluate.report``);
 * ``manifest.json`` — models (path, fingerprint, settings), tasks, texts encoded, timings.
 
@@ -14,7 +16,6 @@ fingerprint in ``<run_dir>/cache/embeddings/`` (shared with mine) so a rerun enc
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -151,7 +152,8 @@ def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str)
 
 
 def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: RunConfig, run_dir: Path):
-    """Run mteb on ``specs`` for one model; returns (result rows, {task: json bytes}, stats)."""
+    """Run mteb on ``specs`` for one model; returns (result rows, mteb TaskResults, the model's mteb
+    ModelMeta, stats)."""
     import mteb
 
     from embed_core.evaluate.model import EvalModel
@@ -161,7 +163,7 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
     model = EvalModel(path, label=label, cache_root=run_dir / "cache" / "embeddings",
                       batch_size=cfg.batch_size, precision=cfg.precision)
     rows: list[dict[str, Any]] = []
-    jsons: dict[str, bytes] = {}
+    task_results: list[Any] = []
     seconds: dict[str, float] = {}
     for spec in specs:
         t0 = time.perf_counter()
@@ -169,7 +171,7 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
         result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
         for task_result in result.task_results:
             rows += _scalar_rows(task_result, task.metadata, label, path, model.fingerprint)
-            jsons[spec.name] = json.dumps(task_result.to_dict(), indent=2, default=str).encode()
+            task_results.append(task_result)
         seconds[spec.name] = round(time.perf_counter() - t0, 2)
         main = [r["value"] for r in rows if r["task"] == spec.name and r["main"]]
         log.info("evaluate %s on %s: %s = %.4f (%.1f s)", label, spec.name, task.metadata.main_score,
@@ -178,17 +180,34 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
              "settings": {"pooling": model.settings.pooling, "max_length": model.settings.max_length,
                           "use_instructions": model.settings.use_instructions, "source": model.settings.source},
              "texts_encoded": model.texts_encoded, "cache_size": len(model.cache), "seconds": seconds}
-    return rows, jsons, stats
+    return rows, task_results, model.mteb_model_meta, stats
+
+
+MTEB_RESULTS = "results"  # mteb's ResultCache keeps results under <cache_path>/results/
 
 
 def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
-    """Rows and mteb JSON files of the current evaluate artifact (if intact), to carry over."""
+    """Rows and mteb result-cache files of the current evaluate artifact (if intact), to carry over."""
     if not stage_is_intact(run_dir, STAGE):
         return [], {}
     stage_dir = run_dir / STAGE
     rows = pq.read_table(stage_dir / RESULTS).to_pylist() if (stage_dir / RESULTS).exists() else []
-    files = {str(p.relative_to(stage_dir)): p.read_bytes() for p in (stage_dir / "mteb").rglob("*.json")}
+    files = {str(p.relative_to(stage_dir)): p.read_bytes() for p in (stage_dir / MTEB_RESULTS).rglob("*")
+             if p.is_file()}
     return rows, files
+
+
+def _carried(files: dict[str, bytes], metas: dict[str, Any], task_names: set[str]) -> dict[str, bytes]:
+    """Previous result-cache files that stay: other models', and an evaluated model's other tasks
+    when its fingerprint (mteb revision) is unchanged."""
+    out = {}
+    for name, blob in files.items():
+        parts = Path(name).parts  # results/<model as path>/<revision>/<file>
+        meta = next((m for m in metas.values() if m.model_name_as_path() == parts[1]), None)
+        if meta is not None and (parts[2] != meta.revision or Path(name).stem in task_names):
+            continue
+        out[name] = blob
+    return out
 
 
 def model_geometries(config: RunConfig, models: dict[str, str]) -> list[dict[str, Any]]:
@@ -213,6 +232,8 @@ def model_geometries(config: RunConfig, models: dict[str, str]) -> list[dict[str
 
 def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
                  tasks: list[str] | None = None, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
+    import mteb
+
     from embed_core.evaluate.report import build_report
 
     cfg = _cfg(config)
@@ -226,14 +247,15 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
     evaluated = set(resolved)
     task_names = {s.name for s in specs}
     rows = [r for r in old_rows if not (r["model"] in evaluated and r["task"] in task_names)]
-    files = {k: v for k, v in old_files.items()
-             if not (Path(k).parts[1] in evaluated and Path(k).stem in task_names)}
     model_stats = []
+    new_results: list[tuple[Any, Any]] = []
+    metas: dict[str, Any] = {}
     for label, path in resolved.items():
-        new_rows, jsons, stats = evaluate_model(label, path, specs, config, run_dir)
+        new_rows, task_results, metas[label], stats = evaluate_model(label, path, specs, config, run_dir)
         rows += new_rows
-        files.update({f"mteb/{label}/{name}.json": blob for name, blob in jsons.items()})
+        new_results += [(metas[label], r) for r in task_results]
         model_stats.append(stats)
+    files = _carried(old_files, metas, task_names)
 
     table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
     geometry = model_geometries(config, resolved)
@@ -245,7 +267,11 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
     with StageWriter(run_dir, STAGE) as writer:
         writer.write_table(RESULTS, table, kind="results")
         for name, blob in sorted(files.items()):
-            writer.write_file(name, blob, kind="mteb_json")
+            writer.write_file(name, blob, kind="mteb_result")
+        cache = mteb.ResultCache(writer.staging)
+        for meta, task_result in new_results:
+            cache.save_to_cache(task_result, meta)
+        writer.register_tree(MTEB_RESULTS, kind="mteb_result")
         for name, png in plots.items():
             writer.write_file(f"plots/{name}", png, kind="plot")
         writer.write_file("report.md", report_md.encode(), kind="report")

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from embed_core import __version__
 from embed_core.errors import ConfigError
 from embed_core.model.encoder import POOLINGS, pool_hidden, resolve_model_path
-from embed_core.model.settings import DEFAULT_TEMPLATE, SETTINGS_FILE
+from embed_core.model.settings import DEFAULT_TEMPLATE, SETTINGS_FILE, read_model_settings, sentence_transformers_prompts
 
 
 class Embedder(nn.Module):
@@ -109,9 +110,10 @@ class Embedder(nn.Module):
     # -- save ----------------------------------------------------------------------------------
     def save(self, directory: str | Path, *, instructions: dict[str, str] | None = None,
              task_instructions: dict[str, str] | None = None, use_instructions: bool = False,
-             extra: dict[str, Any] | None = None) -> Path:
-        """Weights + tokenizer (transformers layout), sentence-transformers module files, and
-        ``embedpipe.json`` (pooling, max length, instructions, training config)."""
+             retrieval_datasets: list[str] | None = None, extra: dict[str, Any] | None = None) -> Path:
+        """Weights + tokenizer (transformers layout), sentence-transformers module files with the
+        named prompts the model was trained with, and ``embedpipe.json`` (pooling, max length,
+        instructions, training config)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         plain_model(self.model).save_pretrained(out)
@@ -130,14 +132,18 @@ class Embedder(nn.Module):
         (out / "2_Normalize").mkdir(exist_ok=True)
         (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": self.max_length,
                                                                    "do_lower_case": False}, indent=2))
-        (out / "config_sentence_transformers.json").write_text(json.dumps({
-            "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=2))
-        (out / SETTINGS_FILE).write_text(json.dumps({
+        settings = {
             "pooling": self.pooling, "max_length": self.max_length, "use_instructions": use_instructions,
             "instruction_template": self.instruction_template, "instructions": instructions or {},
-            "task_instructions": task_instructions or {},
+            "task_instructions": task_instructions or {}, "retrieval_datasets": sorted(retrieval_datasets or []),
             "exclude_instruction_from_pooling": self.exclude_instruction_from_pooling,
-            "bidirectional": self.bidirectional, **(extra or {})}, indent=2, default=str))
+            "bidirectional": self.bidirectional}
+        (out / SETTINGS_FILE).write_text(json.dumps({**settings, **(extra or {})}, indent=2, default=str))
+        prompts = sentence_transformers_prompts(read_model_settings(out))
+        # No default prompt: queries and passages of retrieval need different ones (as e5 / bge ship).
+        (out / "config_sentence_transformers.json").write_text(json.dumps({
+            "__version__": {"embedpipe": __version__}, "prompts": prompts, "default_prompt_name": None,
+            "similarity_fn_name": "cosine", "model_type": "SentenceTransformer"}, indent=2))
         return out
 
 

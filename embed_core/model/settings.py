@@ -34,12 +34,58 @@ class ModelSettings:
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers named prompts
     compress_tokens: int = 0  # pooling "compress" (AutoRegEmbed): k compression tokens
     instructions_fixed: bool = False  # the method's own task_instructions win over task prompts (AutoRegEmbed)
+    retrieval_datasets: list[str] = field(default_factory=list)  # names in `instructions` of retrieval data
     source: str = "defaults"
 
     def format(self, instruction: str | None, text: str) -> str:
         if not instruction:
             return text
         return self.instruction_template.format(instruction=instruction, text=text)
+
+
+# embedpipe task type -> MTEB task type (the key sentence-transformers' MTEB wrapper looks prompts up by)
+MTEB_TYPES = {"sts": "STS", "classification": "Classification", "pair_classification": "PairClassification",
+              "retrieval": "Retrieval"}
+
+
+def prompt_prefix(template: str, instruction: str) -> str | None:
+    """The text before the input that ``template`` puts around ``instruction`` (a sentence-
+    transformers prompt is a prefix), or None when the template puts text after the input."""
+    marker = "\0text\0"
+    filled = template.format(instruction=instruction, text=marker)
+    head, _, tail = filled.partition(marker)
+    return head if not tail else None
+
+
+def sentence_transformers_prompts(settings: ModelSettings) -> dict[str, str]:
+    """Named prompts that make ``SentenceTransformer(path).encode(text, prompt_name=…)`` give what the
+    evaluator (``embed_core.evaluate.model``) encodes for a model trained with instructions:
+    ``<dataset>`` for each trained dataset (on queries only for retrieval: ``<dataset>-document`` and
+    ``document`` are empty, as passages are encoded without instruction), ``query`` for retrieval
+    queries, and the MTEB task types (``STS``, ``Classification``, …) for symmetric tasks of any name.
+    Empty when the model is used without instructions or the template is not a prefix."""
+    if not settings.use_instructions:
+        return {}
+    prompts: dict[str, str] = {}
+
+    def add(name: str, instruction: str) -> None:
+        prefix = prompt_prefix(settings.instruction_template, instruction)
+        if prefix is not None:
+            prompts[name] = prefix
+
+    for kind, instruction in settings.task_instructions.items():
+        if kind in MTEB_TYPES and instruction:
+            add(MTEB_TYPES[kind] + ("-query" if kind == "retrieval" else ""), instruction)
+    if settings.task_instructions.get("retrieval"):
+        add("query", settings.task_instructions["retrieval"])
+        prompts["Retrieval-document"] = ""
+    prompts["document"] = ""
+    retrieval_names = set(settings.retrieval_datasets)
+    for name, instruction in settings.instructions.items():
+        add(name, instruction)
+        if name in retrieval_names:
+            prompts[f"{name}-document"] = ""
+    return prompts
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -60,7 +106,8 @@ def read_model_settings(path: str | Path) -> ModelSettings:
             instructions=dict(own.get("instructions", {})),
             task_instructions=dict(own.get("task_instructions", {})),
             compress_tokens=int(own.get("compress_tokens", 0)),
-            instructions_fixed=bool(own.get("instructions_fixed", False)), source=SETTINGS_FILE)
+            instructions_fixed=bool(own.get("instructions_fixed", False)),
+            retrieval_datasets=list(own.get("retrieval_datasets", [])), source=SETTINGS_FILE)
     settings = ModelSettings()
     pooling = _json(root / "1_Pooling" / "config.json")
     if pooling is not None:

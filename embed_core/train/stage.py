@@ -35,7 +35,10 @@ from embed_core.artifacts import StageWriter, read_manifest, read_records
 from embed_core.config import RunConfig, TrainConfig, TrainStageConfig, config_hash
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, code_identity
+from embed_core.losses import loss_for
+from embed_core.model.card import card_facts, describe_loss, render_card
 from embed_core.model.encoder import model_fingerprint, resolve_model_path
+from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 from embed_core.plots import pyplot, to_png
 from embed_core.stages import records_upstream
 from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
@@ -207,32 +210,45 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
             instructions[name] = found[0]
             task_instructions.setdefault(d.task, found[0])
     rows = [{k: r.get(k) for k in METRIC_SCHEMA.names} for r in metrics]
+    dataset_info = {n: {"task": d.task, "records": d.size, "weight": round(weights.get(n, 0.0), 6)}
+                    for n, d in datasets.items()}
+    counts = {"steps": trainer.step, "examples": sum(r["examples"] for r in rows),
+              "tokens": sum(r["tokens"] for r in rows), "final_loss": rows[-1]["loss"] if rows else None}
+    if stage.mode == "contrastive":
+        losses = {task: describe_loss(loss_for(task, stage.losses.get(task)))
+                  for task in sorted({d.task for d in datasets.values()})}
+    else:
+        losses = {"autoregembed": stage.mode}
+    card = card_facts(run_name=config.run_name, config_hash=config_hash(config), base_model=cfg.base_model,
+                      init_model=init, stage=stage.model_dump(mode="json"), datasets=dataset_info, losses=losses,
+                      counts=counts)
     with StageWriter(run_dir, stage_dir_name(stage)) as writer:
         training = {"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
                                  "train": cfg.model_dump(mode="json", exclude={"stages"}), "init_model": init,
-                                 "seed": config.seed}}
+                                 "seed": config.seed}, "card": card}
+        model_dir = writer.staging / "model"
         if stage.mode == "contrastive":
-            trainer.model.save(writer.staging / "model", instructions=instructions, task_instructions=task_instructions,
-                               use_instructions=cfg.use_instructions, extra=training)
+            trainer.model.save(model_dir, instructions=instructions, task_instructions=task_instructions,
+                               use_instructions=cfg.use_instructions, extra=training,
+                               retrieval_datasets=[n for n in instructions if datasets[n].task == "retrieval"])
         else:
             arc = cfg.autoregembed
-            trainer.model.save(writer.staging / "model", extra=training, task_instructions={
+            trainer.model.save(model_dir, extra=training, task_instructions={
                 "sts": arc.sts_instruction, "nli": arc.sts_instruction, "classification": arc.sts_instruction,
                 "pair_classification": arc.sts_instruction, "retrieval": arc.query_instruction,
                 "retrieval_passage": arc.passage_instruction})
+        prompts = sentence_transformers_prompts(read_model_settings(model_dir))
+        (model_dir / "README.md").write_text(render_card(card, prompts), encoding="utf-8")
         writer.register_tree("model", kind="model")
         writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
         writer.write_file("loss.png", _plot(rows), kind="plot")
-        tokens = sum(r["tokens"] for r in rows)
         secs = sum({r["step"]: r["seconds"] for r in rows}.values())
         manifest = writer.commit({
             "run_name": config.run_name, "input_fingerprint": fingerprint.key, "code": fingerprint.code,
             "stage_name": stage.name,
             "init_model": init, "steps": trainer.step,
-            "datasets": {n: {"task": d.task, "records": d.size, "weight": round(weights.get(n, 0.0), 6)}
-                         for n, d in datasets.items()},
-            "counts": {"steps": trainer.step, "examples": sum(r["examples"] for r in rows), "tokens": tokens,
-                       "final_loss": rows[-1]["loss"] if rows else None},
+            "datasets": dataset_info,
+            "counts": counts,
             "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
         })
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints

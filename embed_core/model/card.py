@@ -1,0 +1,90 @@
+"""The model card (``README.md`` of a saved model), as the Hugging Face Hub and sentence-transformers
+users expect it: YAML metadata (library, pipeline tag, base model, datasets, tags) and a body with
+the training data and its counts, the loss of each task with its parameters, the stage settings,
+how to encode with the model's prompts, and — once the evaluate stage has scored the model — the
+evaluation table of the run.
+
+The train stage writes the card without scores and keeps what the card says in ``embedpipe.json``
+(``card``); the evaluate stage renders it again with the scores for the model it releases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from embed_core import __version__
+
+
+def card_facts(*, run_name: str, config_hash: str, base_model: str, init_model: str, stage: dict[str, Any],
+               datasets: dict[str, dict[str, Any]], losses: dict[str, str], counts: dict[str, Any]) -> dict[str, Any]:
+    """What a card states about a trained model (plain data, stored in ``embedpipe.json``)."""
+    return {"run_name": run_name, "config_hash": config_hash, "pipeline_version": __version__,
+            "base_model": base_model, "init_model": init_model, "stage": stage, "datasets": datasets,
+            "losses": losses, "counts": counts}
+
+
+def describe_loss(loss: Any) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in loss.params.model_dump().items())
+    return f"{loss.name}({params})" if params else loss.name
+
+
+_STAGE_SETTINGS = ("steps", "lr", "warmup_steps", "batch_size", "num_hard_negatives", "alpha", "eta",
+                   "query_max_length", "passage_max_length", "grad_cache_chunk", "alternate_tasks")
+
+
+def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dict[str, Any]] | None = None) -> str:
+    """The card's markdown. ``scores``: main-score rows of the evaluate stage (model, task, metric,
+    value), for this model and, for comparison, the base model."""
+    meta = {
+        "library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity",
+        "tags": ["sentence-transformers", "feature-extraction", "sentence-similarity", "embedpipe"],
+        "base_model": facts["base_model"], "datasets": sorted(facts["datasets"]),
+    }
+    lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "",
+             f"# {facts['run_name']} / {facts['stage'].get('name', 'model')}", "",
+             f"A sentence embedding model trained by [embedpipe](https://github.com/embedpipe/embedpipe) "
+             f"{facts['pipeline_version']} from `{facts['init_model']}` (base model `{facts['base_model']}`).", "",
+             "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer", "",
+             "model = SentenceTransformer(\"path/to/this/model\")"]
+    query_prompt = next((n for n in ("query", *sorted(prompts)) if prompts.get(n)), None)
+    if query_prompt:
+        lines += [f"queries = model.encode([\"…\"], prompt_name=\"{query_prompt}\")",
+                  "documents = model.encode([\"…\"], prompt_name=\"document\")  # passages: no instruction"]
+    else:
+        lines += ["embeddings = model.encode([\"…\"])"]
+    lines += ["```", ""]
+    if prompts:
+        lines += ["Prompts (the instructions the model was trained with; `prompt_name=<dataset>` encodes like the "
+                  "evaluation did):", "", "| prompt name | prompt |", "|---|---|"]
+        lines += [f"| `{n}` | `{p!r}` |" for n, p in sorted(prompts.items())]
+        lines.append("")
+    lines += ["## Training data", "", "| dataset | task | records | sampling weight |", "|---|---|---:|---:|"]
+    for name, d in sorted(facts["datasets"].items()):
+        lines.append(f"| {name} | {d['task']} | {d['records']} | {d.get('weight', 0):.3f} |")
+    lines += ["", "## Losses", "", "| task | loss (parameters) |", "|---|---|"]
+    lines += [f"| {task} | `{loss}` |" for task, loss in sorted(facts["losses"].items())]
+    stage = facts["stage"]
+    lines += ["", "## Stage settings", "", "| setting | value |", "|---|---|"]
+    lines += [f"| {k} | `{stage[k]}` |" for k in _STAGE_SETTINGS if k in stage and stage[k] is not None]
+    counts = facts.get("counts") or {}
+    if counts:
+        lines += [f"| examples seen | {counts.get('examples')} |", f"| final loss | {counts.get('final_loss')} |"]
+    lines += ["", "## Evaluation", ""]
+    if scores:
+        models = list(dict.fromkeys(r["model"] for r in scores))
+        tasks = list(dict.fromkeys(r["task"] for r in scores))
+        lines += ["| task | metric | " + " | ".join(models) + " |", "|---|---|" + "---:|" * len(models)]
+        for task in tasks:
+            row = {r["model"]: r for r in scores if r["task"] == task}
+            metric = next(iter(row.values()))["metric"]
+            lines.append(f"| {task} | {metric} | " + " | ".join(
+                f"{100 * row[m]['value']:.2f}" if m in row else "–" for m in models) + " |")
+        lines += ["", "Scores are mteb's (× 100) on the run's evaluation tasks; the mteb result files are in the "
+                  "run's `evaluate/results/`."]
+    else:
+        lines.append("Not evaluated yet: the run's evaluate stage writes a copy of this model with the scores.")
+    lines += ["", "## Provenance", "", f"- run: `{facts['run_name']}`, config hash `{facts['config_hash'][:16]}`",
+              f"- pipeline: embedpipe {facts['pipeline_version']}", ""]
+    return "\n".join(lines)

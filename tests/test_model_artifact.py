@@ -1,0 +1,68 @@
+"""The trained model as a released artifact: a complete sentence-transformers model (its prompts
+reproduce the evaluator's embeddings), a model card, and results in mteb's result-cache layout."""
+
+import json
+
+import numpy as np
+import pytest
+from mteb.types import PromptType
+
+from embed_core.config import EvalTaskSpec, parse_config
+from tests.test_training import _config_dict
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model):
+    from embed_core.prepare.stage import run_prepare
+    from embed_core.train.stage import run_train_stage
+
+    tmp = tmp_path_factory.mktemp("artifact")
+    raw = _config_dict(tmp, tiny_model)
+    raw["train"]["stages"] = raw["train"]["stages"][:1]
+    raw["train"]["stages"][0].update(steps=2, tasks=["retrieval", "sts"])
+    config = parse_config(raw)
+    run_dir = tmp / "runs/demo"
+    run_prepare(config, run_dir)
+    run_train_stage(config, run_dir, "stage1")
+    return config, run_dir, run_dir / "train-stage1/model"
+
+
+def test_the_saved_model_loads_in_sentence_transformers_with_its_prompts_and_reproduces_the_evaluator(trained, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from embed_core.evaluate.model import EvalModel
+    from embed_core.evaluate.tasks import build_task
+
+    config, _, model_dir = trained
+    evaluator = EvalModel(str(model_dir), label="stage1", cache_root=tmp_path / "cache", precision="fp32")
+    assert evaluator.settings.use_instructions and evaluator.settings.instructions["scifact"]
+    task = build_task(EvalTaskSpec(name="scifact", type="retrieval", path="scifact"), config.resolve)
+    st = SentenceTransformer(str(model_dir), device="cpu")
+    assert st.prompts["scifact"].startswith("Instruct: ") and st.prompts["document"] == ""
+
+    query = "Vitamin D deficiency is linked to multiple sclerosis."
+    document = "We studied serum vitamin D levels in 200 patients with relapsing MS."
+    for text, prompt_type, prompt_name in ((query, PromptType.query, "scifact"), (document, PromptType.document, "document")):
+        expected = evaluator.encode([{"text": [text]}], task_metadata=task.metadata, hf_split="test",
+                                    hf_subset="default", prompt_type=prompt_type)
+        got = st.encode([text], prompt_name=prompt_name, convert_to_numpy=True)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    # the query prompt matters: without it the embedding differs
+    plain = st.encode([query], convert_to_numpy=True)
+    assert not np.allclose(plain, st.encode([query], prompt_name="scifact", convert_to_numpy=True), atol=1e-3)
+
+
+def test_the_saved_model_has_a_card_with_its_data_losses_and_settings(trained):
+    import yaml
+
+    config, run_dir, model_dir = trained
+    card = (model_dir / "README.md").read_text()
+    meta = yaml.safe_load(card.split("---")[1])
+    assert meta["library_name"] == "sentence-transformers" and meta["base_model"] == config.train.base_model
+    manifest_datasets = json.loads((run_dir / "train-stage1/manifest.json").read_text())["datasets"]
+    assert meta["datasets"] == sorted(manifest_datasets) and {"scifact", "stsb"} <= set(manifest_datasets)
+    for name, info in manifest_datasets.items():
+        assert f"| {name} | {info['task']} | {info['records']} |" in card
+    assert "| retrieval | `infonce(" in card and "| sts | `cosent(" in card
+    assert "| steps | `2` |" in card and "Not evaluated yet" in card
+    assert 'prompt_name="query"' in card
