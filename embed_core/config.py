@@ -499,6 +499,18 @@ class TrainConfig(_Strict):
         return self
 
 
+class TrackingConfig(_Strict):
+    """Experiment tracking (MLflow). One MLflow run per run directory (named after the run), and one
+    nested run per stage result: parameters, counts, per-step training metrics, evaluation scores and
+    the model as an artifact. Needs the ``tracking`` extra (``pip install -e ".[tracking]"``)."""
+
+    uri: str | None = Field(None, description="MLflow tracking URI (http://host:5000, databricks, sqlite:///path.db); "
+                            "None = sqlite:///<run_root>/mlflow.db with artifacts in <run_root>/mlartifacts.")
+    experiment: str = Field("embedpipe", description="MLflow experiment the runs are logged to.")
+    log_model: bool = Field(True, description="Upload the trained models (train stages) and the released model "
+                            "(evaluate) as run artifacts.")
+
+
 class RunConfig(_Strict):
     run_name: str = Field("run", description="Name of the run: its directory under run_root (one path component).")
     run_root: str = Field("runs", description="Runs are written to <run_root>/<run_name>/<stage>/.")
@@ -509,6 +521,7 @@ class RunConfig(_Strict):
     mine: MineConfig | None = Field(None, description="Hard-negative mining; omitted = stage skipped.")
     train: TrainConfig | None = Field(None, description="Training stages; omitted = stage skipped.")
     evaluate: EvaluateConfig | None = Field(None, description="MTEB evaluation; omitted = stage skipped.")
+    tracking: TrackingConfig | None = Field(None, description="Experiment tracking (MLflow); omitted = off.")
 
     @field_validator("run_name")
     @classmethod

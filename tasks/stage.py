@@ -99,6 +99,10 @@ def _run_stage_instance(stage: stages.Stage, config: RunConfig, run_dir: str, in
         get_run_logger().info("%s: cache hit (inputs %s unchanged) — reusing %s/%s, nothing recomputed\n%s",
                               instance, fingerprint.key[:12], run_dir, instance, summary)
     save_config_snapshot(run_dir, config)  # after the stage stands: a failed run keeps the last good snapshot
+    if config.tracking is not None:  # once per stage result: a cache hit that was logged before adds nothing
+        from embed_core.tracking import log_stage
+
+        log_stage(config, run_dir, instance, manifest)
     append_history(run_dir, {"stage": instance, "cached": cached, "seconds": seconds,
                              "input_fingerprint": manifest.get("input_fingerprint")})
     publish_stage_outputs(instance, manifest, run_dir, cached, summary, seconds,

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 
@@ -88,6 +89,9 @@ def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_pa
     from tests.conftest import add_tiny_stages
 
     add_tiny_stages(demo_copy, tmp_path, evaluate=True)
+    cfg = yaml.safe_load(demo_copy.read_text())
+    cfg["tracking"] = {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "test"}  # a real MLflow store
+    demo_copy.write_text(yaml.safe_dump(cfg))
 
     first = pipeline_flow(config_path=str(demo_copy))
     assert not first["evaluate"]["cached"] and not first["train-stage2"]["cached"]
@@ -100,8 +104,12 @@ def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_pa
     run_dir = Path(first["mine"]["run_dir"])
     assert (run_dir / "mine/score_hist.png").exists() and (run_dir / "mine/scifact.parquet").exists()
 
+    tracked = _tracked_runs(tmp_path / "mlflow.db")
+    assert set(tracked) == {"prepare", "mine", "train-stage1", "train-stage2", "evaluate"}
+
     second = pipeline_flow(config_path=str(demo_copy))
     assert all(second[k]["cached"] for k in ("prepare", "mine", "train-stage1", "train-stage2", "evaluate"))
+    assert _tracked_runs(tmp_path / "mlflow.db").keys() == tracked.keys()  # cache hits were logged already
 
     sts = demo_copy.parent / "data/stsb/train.csv"
     sts.write_text("A kitten naps in the sun.,A small cat sleeps in sunlight.,4.4\n" + sts.read_text())
@@ -114,3 +122,32 @@ def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_pa
     assert not third["train-stage2"]["cached"]
     weights = [r["train-stage2"]["manifest"]["outputs"]["model/model.safetensors"]["sha256"] for r in (second, third)]
     assert third["evaluate"]["cached"] == (weights[0] == weights[1])
+    after = _tracked_runs(tmp_path / "mlflow.db", every=True)
+    assert sorted(stage for stage, _ in after) == sorted(
+        [*tracked, "prepare", "mine", "train-stage2", *([] if third["evaluate"]["cached"] else ["evaluate"])])
+
+
+def _tracked_runs(db: Path, every: bool = False):
+    """The MLflow store read back: stage -> nested run (checked for what each stage logs)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name("test")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.run_name == "demo"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(children) == len(runs) - 1
+    if every:
+        return [(r.data.tags["embedpipe.stage"], r) for r in children]
+    by_stage = {r.data.tags["embedpipe.stage"]: r for r in children}
+    train = by_stage["train-stage2"]
+    assert train.data.params["stage.steps"] == "2" and train.data.params["loss.sts"].startswith("cosent(")
+    assert train.data.params["stage.eta"] == "0.72" and "dataset.scifact" in train.data.params
+    assert [m.step for m in client.get_metric_history(train.info.run_id, "train.loss")] == [1, 2]
+    assert "model/model.safetensors" in [a.path for a in client.list_artifacts(train.info.run_id, "model")]
+    scores = {k: v for k, v in parents[0].data.metrics.items() if k.endswith(".STSBenchmark")}
+    assert set(scores) == {"base.STSBenchmark", "stage1.STSBenchmark", "stage2.STSBenchmark"}
+    assert by_stage["evaluate"].data.metrics["stage2.STSBenchmark"] == scores["stage2.STSBenchmark"]
+    assert by_stage["prepare"].data.metrics["counts.totals.records_written"] > 0
+    return by_stage

@@ -66,3 +66,33 @@ def test_the_saved_model_has_a_card_with_its_data_losses_and_settings(trained):
     assert "| retrieval | `infonce(" in card and "| sts | `cosent(" in card
     assert "| steps | `2` |" in card and "Not evaluated yet" in card
     assert 'prompt_name="query"' in card
+
+
+def test_evaluate_releases_the_final_model_with_the_evaluation_table_in_its_card(trained, tmp_path):
+    import mteb
+    import yaml
+    from sentence_transformers import SentenceTransformer
+
+    from embed_core.evaluate.stage import run_evaluate
+
+    config, run_dir, model_dir = trained
+    raw = config.model_dump(mode="json")
+    raw["evaluate"] = {"base_model": config.train.base_model, "models": ["base", "trained"], "tasks": [
+        {"name": "LocalSTS", "type": "sts", "path": "stsb/test.csv", "header": False,
+         "columns": {"text1": 0, "text2": 1, "score": 2}, "max_rows": 40}]}
+    config = parse_config(raw)
+    manifest = run_evaluate(config, run_dir)
+    assert manifest["release"]["model"] == "stage1"
+    release = run_dir / "evaluate/model"
+    card = (release / "README.md").read_text()
+    assert yaml.safe_load(card.split("---")[1])["datasets"] == sorted(json.loads(
+        (run_dir / "train-stage1/manifest.json").read_text())["datasets"])
+    assert "| task | metric | base | stage1 |" in card
+    assert "| LocalSTS | cosine_spearman |" in card and "| retrieval | `infonce(" in card
+    # the weights are the trained stage's own files (linked, not rewritten)
+    assert (release / "model.safetensors").stat().st_ino == (model_dir / "model.safetensors").stat().st_ino
+    text = "A man is playing a guitar."
+    np.testing.assert_allclose(SentenceTransformer(str(release), device="cpu").encode([text], prompt_name="STS"),
+                               SentenceTransformer(str(model_dir), device="cpu").encode([text], prompt_name="STS"))
+    loaded = mteb.ResultCache(run_dir / "evaluate").load_results(require_model_meta=True, include_remote=False)
+    assert {m.model_name for m in loaded.model_results} == {"embedpipe/base", "embedpipe/stage1"}

@@ -7,6 +7,9 @@ Writes ``<run_dir>/evaluate/``:
   (``<task>.json``, ``model_meta.json``, ``run_settings.jsonl``): ``mteb.ResultCache(<run_dir>/evaluate)
   .load_results(require_model_meta=True)`` and mteb's tooling read it;
 * ``report.md`` and ``plots/*.png`` (see ``embed_core.evaluate.report``);
+* ``model/`` — the release: the run's final trained model (hard links to the train stage's files)
+  with its model card (README.md) completed by the evaluation table, ready for
+  ``SentenceTransformer("<run_dir>/evaluate/model")`` or an upload to the Hub;
 * ``manifest.json`` — models (path, fingerprint, settings), tasks, texts encoded, timings.
 
 Results accumulate: evaluating another model keeps the other models' rows from the previous
@@ -17,6 +20,8 @@ fingerprint in ``<run_dir>/cache/embeddings/`` (shared with mine) so a rerun enc
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +33,9 @@ from embed_core.artifacts import StageWriter, stage_is_intact
 from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.model.card import CARD_FACTS, read_card_facts, write_card
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
-from embed_core.model.settings import read_model_settings
+from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 
 log = logging.getLogger("embedpipe.evaluate")
 STAGE = "evaluate"
@@ -277,16 +283,51 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
         writer.write_file("report.md", report_md.encode(), kind="report")
         if geometry:
             writer.write_table(GEOMETRY, pa.Table.from_pylist(geometry), kind="geometry")
+        release = _write_release(writer, run_dir, rows)
         manifest = writer.commit({
             "run_name": config.run_name,
             "input_fingerprint": fingerprint.key,
             "code": fingerprint.code,
             "models": model_stats,
+            "release": release,
             "tasks": [s.name for s in specs],
             "counts": {"texts_encoded": sum(m["texts_encoded"] for m in model_stats), "result_rows": table.num_rows},
             "timings_s": {"total": round(time.perf_counter() - t0, 3)},
         })
     return manifest
+
+
+RELEASE = "model"
+_REWRITTEN = ("README.md", CARD_FACTS)
+
+
+def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Stage ``model/``: the last trained model of the run, if it has scores, with its card rendered
+    again with the evaluation table (its scores next to the base model's). Files are hard links
+    (artifacts are never modified in place, so sharing inodes is safe), copies across filesystems."""
+    trained = trained_models(run_dir)
+    scored = {r["model"] for r in rows if r["main"]}
+    label = next((lab for lab in reversed(trained) if lab in scored), None)
+    if label is None:
+        return None
+    source = Path(trained[label])
+    facts = read_card_facts(source)
+    if facts is None:  # a model saved before cards existed
+        return None
+    target = writer.staging / RELEASE
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        rel = path.relative_to(source)
+        if str(rel) in _REWRITTEN:
+            continue
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target / rel)
+        except OSError:
+            shutil.copy2(path, target / rel)
+    scores = [r for r in rows if r["main"] and r["model"] in (label, "base")]
+    write_card(target, facts, sentence_transformers_prompts(read_model_settings(source)), scores)
+    writer.register_tree(RELEASE, kind="model")
+    return {"model": label, "source": str(source), "path": RELEASE}
 
 
 def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -4,17 +4,22 @@ the training data and its counts, the loss of each task with its parameters, the
 how to encode with the model's prompts, and — once the evaluate stage has scored the model — the
 evaluation table of the run.
 
-The train stage writes the card without scores and keeps what the card says in ``embedpipe.json``
-(``card``); the evaluate stage renders it again with the scores for the model it releases.
+The train stage writes the card without scores and keeps what the card says in ``CARD_FACTS``
+(YAML: not among the files that identify a model's embeddings, so a card that changes — a dataset
+count — never makes an unchanged model look new); the evaluate stage renders the card again with
+the scores for the model it releases.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from embed_core import __version__
+
+CARD_FACTS = "embedpipe_card.yaml"
 
 
 def card_facts(*, run_name: str, config_hash: str, base_model: str, init_model: str, stage: dict[str, Any],
@@ -23,6 +28,18 @@ def card_facts(*, run_name: str, config_hash: str, base_model: str, init_model: 
     return {"run_name": run_name, "config_hash": config_hash, "pipeline_version": __version__,
             "base_model": base_model, "init_model": init_model, "stage": stage, "datasets": datasets,
             "losses": losses, "counts": counts}
+
+
+def write_card(model_dir: Path, facts: dict[str, Any], prompts: dict[str, str],
+               scores: list[dict[str, Any]] | None = None) -> None:
+    """``README.md`` and the facts it was made from, in ``model_dir``."""
+    (model_dir / CARD_FACTS).write_text(yaml.safe_dump(facts, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    (model_dir / "README.md").write_text(render_card(facts, prompts, scores), encoding="utf-8")
+
+
+def read_card_facts(model_dir: Path) -> dict[str, Any] | None:
+    path = Path(model_dir) / CARD_FACTS
+    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def describe_loss(loss: Any) -> str:

@@ -27,7 +27,12 @@ from torch import Tensor, nn
 from embed_core import __version__
 from embed_core.errors import ConfigError
 from embed_core.model.encoder import POOLINGS, pool_hidden, resolve_model_path
-from embed_core.model.settings import DEFAULT_TEMPLATE, SETTINGS_FILE, read_model_settings, sentence_transformers_prompts
+from embed_core.model.settings import (
+    DEFAULT_TEMPLATE,
+    SETTINGS_FILE,
+    read_model_settings,
+    sentence_transformers_prompts,
+)
 
 
 class Embedder(nn.Module):

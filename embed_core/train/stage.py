@@ -36,7 +36,7 @@ from embed_core.config import RunConfig, TrainConfig, TrainStageConfig, config_h
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, code_identity
 from embed_core.losses import loss_for
-from embed_core.model.card import card_facts, describe_loss, render_card
+from embed_core.model.card import card_facts, describe_loss, write_card
 from embed_core.model.encoder import model_fingerprint, resolve_model_path
 from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 from embed_core.plots import pyplot, to_png
@@ -225,7 +225,7 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     with StageWriter(run_dir, stage_dir_name(stage)) as writer:
         training = {"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
                                  "train": cfg.model_dump(mode="json", exclude={"stages"}), "init_model": init,
-                                 "seed": config.seed}, "card": card}
+                                 "seed": config.seed}}
         model_dir = writer.staging / "model"
         if stage.mode == "contrastive":
             trainer.model.save(model_dir, instructions=instructions, task_instructions=task_instructions,
@@ -237,8 +237,7 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
                 "sts": arc.sts_instruction, "nli": arc.sts_instruction, "classification": arc.sts_instruction,
                 "pair_classification": arc.sts_instruction, "retrieval": arc.query_instruction,
                 "retrieval_passage": arc.passage_instruction})
-        prompts = sentence_transformers_prompts(read_model_settings(model_dir))
-        (model_dir / "README.md").write_text(render_card(card, prompts), encoding="utf-8")
+        write_card(model_dir, card, sentence_transformers_prompts(read_model_settings(model_dir)))
         writer.register_tree("model", kind="model")
         writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
         writer.write_file("loss.png", _plot(rows), kind="plot")
