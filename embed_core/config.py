@@ -161,8 +161,15 @@ class LLMServerConfig(_Strict):
     startup_timeout_s: float = Field(300.0, gt=0, description="launch: seconds to wait for the server's health check.")
     timeout_s: float = Field(60.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(4, ge=0, description="Retries of a request on timeouts, 429, 5xx and connection errors.")
-    backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per retry, with full jitter.")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per retry, with full jitter. A "
+                             "Retry-After (or retry-after-ms) header of the server wins, up to max_retry_after_s.")
     max_backoff_s: float = Field(20.0, ge=0, description="Longest retry delay.")
+    max_retry_after_s: float = Field(60.0, ge=0, description="Longest Retry-After honoured; a server asking for "
+                                     "more gets the jittered backoff instead.")
+    structured_output: Literal["auto", "on", "off"] = Field(
+        "auto", description="mode chat: send a JSON-schema response_format built from the answer model "
+        "(OpenAI, vLLM and llama.cpp constrain the reply to it). auto = on, and off for the rest of the run "
+        "when the server rejects it; the reply is parsed and validated the same way either way.")
     max_concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
 
 

@@ -2,7 +2,8 @@
 
 A terminal gets a tqdm bar (when stderr is a TTY); the ``embedpipe.*`` logger gets an INFO line at
 most every ``every_s`` seconds (default 30) and one at the end, with the count, the rate and an
-ETA. Prefect forwards the ``embedpipe`` loggers to the run logs, so a UI user sees a stage that
+ETA, and the loop's own figures (``update(loss=…)``: the training loss, requests in flight and
+failed). Prefect forwards the ``embedpipe`` loggers to the run logs, so a UI user sees a stage that
 works for minutes move.
 """
 
@@ -29,6 +30,7 @@ class Progress:
                  every_s: float = LOG_EVERY_S):
         self.what, self.total, self.unit, self.log, self.every_s = what, total, unit, logger, every_s
         self.n = 0
+        self.figures: dict[str, object] = {}
         self.start = self.last = time.monotonic()
         self.bar = tqdm(total=total, desc=what, unit=f" {unit}", leave=False, disable=None)
 
@@ -38,10 +40,15 @@ class Progress:
         done = f"{self.n:,}/{self.total:,}" if self.total else f"{self.n:,}"
         eta = (f", ETA {_duration((self.total - self.n) / rate)}" if self.total and rate > 0 and self.n < self.total
                else "")
-        return f"{self.what}: {done} {self.unit} ({rate:,.1f}/s, {_duration(elapsed)} elapsed{eta})"
+        figures = "".join(f", {k} {v}" for k, v in self.figures.items())
+        return f"{self.what}: {done} {self.unit}{figures} ({rate:,.1f}/s, {_duration(elapsed)} elapsed{eta})"
 
-    def update(self, n: int = 1) -> None:
+    def update(self, n: int = 1, **figures: object) -> None:
+        """Count ``n`` more; ``figures`` (e.g. ``loss="0.4312"``) show on the bar and in the log lines."""
         self.n += n
+        if figures:
+            self.figures.update(figures)
+            self.bar.set_postfix({k: str(v) for k, v in self.figures.items()}, refresh=False)
         self.bar.update(n)
         now = time.monotonic()
         if now - self.last >= self.every_s:

@@ -2,8 +2,10 @@
 
 It answers ``POST /v1/completions`` and ``POST /v1/chat/completions`` the way an
 OpenAI-compatible server does, except that the first requests consume ``faults`` in order:
-``"429"``, ``"500"``, ``"503"``, ``"timeout"`` (waits longer than the client's timeout, then
-answers) and ``"bad_json"`` (a 200 whose body is not JSON). A prompt containing ``MALFORMED``
+``"429"``, ``"500"``, ``"503"``, ``"429:retry-after=S"`` (a 429 with a ``Retry-After: S`` header),
+``"timeout"`` (waits longer than the client's timeout, then answers) and ``"bad_json"`` (a 200
+whose body is not JSON). ``reject_response_format``: a request with a ``response_format`` gets the
+400 a server without structured outputs sends. ``bodies`` keeps every request body. A prompt containing ``MALFORMED``
 always gets a reply that is not the JSON the prompt asks for. Otherwise the reply is a
 deterministic rewrite of the prompt's last example (good enough to pass the stage's filters), so
 tests can check what the stage does with answers, failures and the cache. ``calls`` counts every
@@ -46,8 +48,12 @@ def _answer(prompt: str, chat: bool) -> str:
 
 
 class ScriptedLLMServer:
-    def __init__(self, faults: list[str] | None = None, timeout_sleep: float = 3.0):
+    def __init__(self, faults: list[str] | None = None, timeout_sleep: float = 3.0,
+                 reject_response_format: bool = False):
         self.faults = list(faults or [])
+        self.reject_response_format = reject_response_format
+        self.bodies: list[dict] = []
+        self.request_times: list[float] = []
         self.timeout_sleep = timeout_sleep
         self.calls: Counter = Counter()
         self.keys_seen: set[str] = set()
@@ -58,9 +64,12 @@ class ScriptedLLMServer:
             def log_message(self, *args) -> None:  # quiet
                 pass
 
-            def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            def _send(self, status: int, body: bytes, ctype: str = "application/json",
+                      headers: dict[str, str] | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 try:
@@ -81,6 +90,15 @@ class ScriptedLLMServer:
                     server.calls[self.path] += 1
                     server.keys_seen.add(self.headers.get("Authorization", ""))
                     fault = server.faults.pop(0) if server.faults else None
+                    server.bodies.append(body)
+                    server.request_times.append(time.monotonic())
+                if server.reject_response_format and "response_format" in body:
+                    self._send(400, json.dumps({"error": {"message": "response_format is not supported"}}).encode())
+                    return
+                if fault and fault.startswith("429:retry-after="):
+                    self._send(429, b'{"error": {"message": "slow down"}}',
+                               headers={"Retry-After": fault.split("=", 1)[1]})
+                    return
                 if fault in ("429", "500", "503"):
                     self._send(int(fault), json.dumps({"error": {"message": f"scripted {fault}"}}).encode())
                     return

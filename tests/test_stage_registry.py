@@ -103,9 +103,10 @@ def test_progress_logs_count_rate_and_eta_at_its_interval(caplog):
     with caplog.at_level(logging.INFO, logger="embedpipe.test-progress"):
         with Progress("encode", total=10, unit="texts", logger=logger, every_s=0.0) as progress:
             progress.update(4)
+            progress.update(1, loss="0.4312", failed=0)
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("encode: 4/10 texts (") and "ETA" in lines[0]
-    assert lines[-1].startswith("encode: 4/10 texts")
+    assert lines[-1].startswith("encode: 5/10 texts, loss 0.4312, failed 0 (")
     with caplog.at_level(logging.INFO, logger="embedpipe.test-progress"):
         caplog.clear()
         with Progress("quiet", total=3, logger=logger, every_s=3600) as progress:

@@ -286,3 +286,50 @@ def test_real_llama_cpp_server_paraphrase_and_hard_negatives(demo_copy, tmp_path
     # an unchanged rerun makes zero requests and does not start the server
     again = run_synthesize(config, run_dir)
     assert again["counts"]["client"]["requests"] == 0 and not again["counts"]["client"]["server"]["launched"]
+
+
+def _client(server: ScriptedLLMServer, tmp_path: Path, **server_cfg):
+    from embed_core.config import LLMServerConfig, SamplingConfig
+    from embed_core.synthesize.cache import RequestCache
+    from embed_core.synthesize.client import LLMClient
+
+    cfg = LLMServerConfig(base_url=server.base_url, model="scripted", launch="none", **server_cfg)
+    return LLMClient(cfg, SamplingConfig(), RequestCache(tmp_path / "requests.sqlite"))
+
+
+def _chat(client, text="Rewrite this sentence: A cat sits on a mat."):
+    import asyncio
+
+    return asyncio.run(client.complete(prompt_name="p", prompt_version="1", prompt=[{"role": "user", "content": text}],
+                                       stop=(), schema=("text_answer", {"type": "object"})))
+
+
+def test_a_retry_after_header_sets_the_wait_before_the_retry(tmp_path):
+    with ScriptedLLMServer(faults=["429:retry-after=1.5", "429"]) as server:
+        client = _client(server, tmp_path, mode="chat", backoff_s=0.01, max_backoff_s=0.01)
+        answer = _chat(client)
+    first, second, third = server.request_times
+    assert second - first >= 1.5  # the server's Retry-After, not the 10 ms backoff
+    assert third - second < 1.0   # a 429 without the header: the jittered backoff
+    assert json.loads(answer.text)["text"] and client.stats.errors["http_429"] == 2 and client.stats.retries == 2
+
+
+def test_chat_requests_carry_the_answer_schema_and_fall_back_when_the_server_rejects_it(tmp_path):
+    from embed_core.synthesize.prompts import load_templates
+
+    template = load_templates(None)["paraphrase-sentence"]
+    name, schema = template.answer_schema()
+    assert schema == {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],
+                      "additionalProperties": False}
+    with ScriptedLLMServer() as server:
+        _chat(_client(server, tmp_path / "a", mode="chat"))
+        assert server.bodies[0]["response_format"]["type"] == "json_schema"
+    with ScriptedLLMServer(reject_response_format=True) as server:
+        client = _client(server, tmp_path / "b", mode="chat")
+        first, second = _chat(client), _chat(client, "Rewrite this sentence: A dog runs.")
+        assert json.loads(first.text) and json.loads(second.text)
+        assert ["response_format" in b for b in server.bodies] == [True, False, False]  # one rejection, then plain
+        assert client.stats.errors == {"response_format_unsupported": 1}
+    with ScriptedLLMServer() as server:
+        _chat(_client(server, tmp_path / "c", mode="chat", structured_output="off"))
+        assert "response_format" not in server.bodies[0]

@@ -1,9 +1,11 @@
 """Requests to an OpenAI-compatible server through the ``openai`` package (``AsyncOpenAI``).
 
 * chat (``/chat/completions``) or plain completion (``/completions``, base models) mode;
-* bounded concurrency (a semaphore), a per-request timeout, and retries with exponential backoff
-  and full jitter on timeouts, connection errors, 429 and 5xx (other 4xx are not retried: a bad
-  request stays bad);
+* bounded concurrency (a semaphore), a per-request timeout, and retries (tenacity) on timeouts,
+  connection errors, 429 and 5xx: the server's ``Retry-After`` / ``retry-after-ms`` when it sends
+  one, else exponential backoff with full jitter (other 4xx are not retried: a bad request stays bad);
+* chat mode sends a JSON-schema ``response_format`` built from the answer model (structured
+  outputs); a server that rejects it gets plain requests for the rest of the run (``auto``);
 * a run budget (requests, tokens): once spent, further requests fail with reason ``budget`` and
   the stage finishes cleanly with what it has;
 * every answer goes through ``RequestCache`` first: a cached answer costs no request and no budget.
@@ -15,14 +17,17 @@ object only; it is never logged or returned.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 import os
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import openai
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from embed_core.config import LLMServerConfig, SamplingConfig
 from embed_core.synthesize.cache import RequestCache, request_key
@@ -79,6 +84,43 @@ def _retryable(exc: Exception) -> str | None:
     return None
 
 
+def retry_after_seconds(exc: BaseException) -> float | None:
+    """The delay a server asked for in its ``retry-after-ms`` or ``Retry-After`` header (seconds or
+    an HTTP date), or None."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    parsed = email.utils.parsedate_tz(value) if value else None
+    if parsed is not None:
+        return max(0.0, email.utils.mktime_tz(parsed) - time.time())
+    return None
+
+
+class _Retryable(Exception):
+    """Internal: an attempt failed for a reason worth another try (carries the reason)."""
+
+    def __init__(self, reason: str, exc: Exception):
+        super().__init__(str(exc))
+        self.reason = reason
+        self.exc = exc
+
+
+def _response_format_rejected(exc: Exception) -> bool:
+    """A 400/422 that is about response_format: the server has no structured outputs."""
+    return (isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 422)
+            and any(w in str(exc).lower() for w in ("response_format", "json_schema", "schema")))
+
+
 class LLMClient:
     def __init__(self, server: LLMServerConfig, sampling: SamplingConfig, cache: RequestCache, *,
                  base_url: str | None = None, max_requests: int | None = None, max_tokens: int | None = None,
@@ -95,6 +137,8 @@ class LLMClient:
         self._start_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(server.max_concurrency)
         self._rng = random.Random(seed)
+        self.structured = server.mode == "chat" and server.structured_output != "off"
+        self.in_flight = 0  # requests holding a concurrency slot now
 
     def _api_key(self) -> str:
         if self.server.launch != "none":
@@ -114,9 +158,14 @@ class LLMClient:
                                                   timeout=self.server.timeout_s, max_retries=0)
             return self._client
 
-    def sampling_params(self, stop: tuple[str, ...], attempt: int) -> dict[str, Any]:
+    def sampling_params(self, stop: tuple[str, ...], attempt: int,
+                        schema: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
                                   "max_tokens": self.sampling.max_tokens}
+        if schema is not None and self.structured:
+            name, json_schema = schema
+            params["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": name, "schema": json_schema, "strict": True}}
         if stop and self.server.mode == "completion":
             params["stop"] = list(stop)
         if self.sampling.seed is not None:
@@ -141,10 +190,47 @@ class LLMClient:
         usage = getattr(resp, "usage", None)
         return text, int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0)
 
+    def _wait(self, state: RetryCallState) -> float:
+        """Tenacity's wait: the server's Retry-After if it sent one (within max_retry_after_s), else
+        full jitter over an exponential backoff."""
+        failure = state.outcome.exception() if state.outcome else None
+        asked = retry_after_seconds(failure.exc) if isinstance(failure, _Retryable) else None
+        if asked is not None and asked <= self.server.max_retry_after_s:
+            return asked
+        ceiling = min(self.server.max_backoff_s, self.server.backoff_s * 2 ** (state.attempt_number - 1))
+        return self._rng.uniform(0, ceiling)
+
+    async def _attempt(self, client: openai.AsyncOpenAI, prompt: Any, params: dict[str, Any]) -> tuple[str, int, int]:
+        """One HTTP request: budget checked first; a failure comes out as ``_Retryable`` or ``RequestFailed``."""
+        if not self._budget_left():
+            self.stats.budget_exhausted = True
+            raise RequestFailed("budget", "run budget (max_requests / max_tokens) spent")
+        self.stats.requests += 1
+        try:
+            return await self._send(client, prompt, params)
+        except Exception as exc:  # noqa: BLE001 — sorted into retryable or not below
+            if "response_format" in params and self.server.structured_output == "auto" \
+                    and _response_format_rejected(exc):
+                self.stats.errors["response_format_unsupported"] += 1
+                self.structured = False  # this server has no structured outputs: plain requests from now on
+                log.warning("synthesize: the server rejected response_format (%s); sending plain requests",
+                            str(exc)[:200])
+                params.pop("response_format")
+                raise _Retryable("response_format_unsupported", exc) from None
+            reason = _retryable(exc)
+            if reason is None:
+                status = getattr(exc, "status_code", None)
+                reason = f"http_{status}" if status else type(exc).__name__
+                self.stats.errors[reason] += 1
+                raise RequestFailed(reason, str(exc)[:300]) from None
+            self.stats.errors[reason] += 1
+            raise _Retryable(reason, exc) from None
+
     async def complete(self, *, prompt_name: str, prompt_version: str, prompt: Any, stop: tuple[str, ...],
-                       attempt: int = 0) -> Answer:
-        """The answer to ``prompt`` (from the cache when there), or ``RequestFailed``."""
-        params = self.sampling_params(stop, attempt)
+                       attempt: int = 0, schema: tuple[str, dict[str, Any]] | None = None) -> Answer:
+        """The answer to ``prompt`` (from the cache when there), or ``RequestFailed``. ``schema``:
+        (name, JSON schema) of the answer, sent as a structured-output response_format in chat mode."""
+        params = self.sampling_params(stop, attempt, schema)
         key = request_key(model=self.server.model, mode=self.server.mode, prompt=prompt_name,
                           prompt_version=prompt_version, rendered=prompt, sampling=params, attempt=attempt)
         hit = self.cache.get(key)
@@ -152,33 +238,30 @@ class LLMClient:
             self.stats.cache_hits += 1
             return Answer(hit["text"], True, hit["prompt_tokens"], hit["completion_tokens"])
         async with self._slots:
-            client = await self._connect()
-            for retry in range(self.server.max_retries + 1):
-                if not self._budget_left():
-                    self.stats.budget_exhausted = True
-                    raise RequestFailed("budget", "run budget (max_requests / max_tokens) spent")
-                self.stats.requests += 1
-                try:
-                    text, p_tok, c_tok = await self._send(client, prompt, params)
-                except Exception as exc:  # noqa: BLE001 — sorted into retryable or not below
-                    reason = _retryable(exc)
-                    if reason is None:
-                        status = getattr(exc, "status_code", None)
-                        reason = f"http_{status}" if status else type(exc).__name__
-                        self.stats.errors[reason] += 1
-                        raise RequestFailed(reason, str(exc)[:300]) from None
-                    self.stats.errors[reason] += 1
-                    if retry == self.server.max_retries:
-                        raise RequestFailed(reason, f"gave up after {retry + 1} tries: {str(exc)[:200]}") from None
-                    self.stats.retries += 1
-                    delay = min(self.server.max_backoff_s, self.server.backoff_s * 2 ** retry)
-                    await asyncio.sleep(self._rng.uniform(0, delay))   # full jitter
-                    continue
-                self.stats.prompt_tokens += p_tok
-                self.stats.completion_tokens += c_tok
-                self.cache.put(key, text, p_tok, c_tok)
-                return Answer(text, False, p_tok, c_tok)
-        raise AssertionError("unreachable")
+            self.in_flight += 1
+            try:
+                return await self._request(key, prompt, params)
+            finally:
+                self.in_flight -= 1
+
+    async def _request(self, key: str, prompt: Any, params: dict[str, Any]) -> Answer:
+        """Send one request with retries (tenacity) and cache its answer."""
+        client = await self._connect()
+        retrying = AsyncRetrying(stop=stop_after_attempt(self.server.max_retries + 1), wait=self._wait,
+                                 retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
+                                 before_sleep=lambda _: self._count_retry(), reraise=True)
+        try:
+            text, p_tok, c_tok = await retrying(self._attempt, client, prompt, params)
+        except _Retryable as failure:
+            raise RequestFailed(failure.reason, f"gave up after {self.server.max_retries + 1} tries: "
+                                                f"{str(failure.exc)[:200]}") from None
+        self.stats.prompt_tokens += p_tok
+        self.stats.completion_tokens += c_tok
+        self.cache.put(key, text, p_tok, c_tok)
+        return Answer(text, False, p_tok, c_tok)
+
+    def _count_retry(self) -> None:
+        self.stats.retries += 1
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -72,6 +72,15 @@ class PromptTemplate:
     source: str = ""
     digest: str = field(default="", compare=False)
 
+    def answer_schema(self) -> tuple[str, dict]:
+        """(name, JSON schema) of the answer this template asks for: every field a required string,
+        nothing else (the shape OpenAI's strict structured outputs accept)."""
+        model = ANSWER_MODELS[self.output]
+        schema = model.model_json_schema()
+        schema = {"type": "object", "properties": {k: {"type": "string"} for k in schema["properties"]},
+                  "required": list(schema["properties"]), "additionalProperties": False}
+        return f"{self.output}_answer", schema
+
     def _values(self, values: dict[str, str], one_line: bool) -> dict[str, str]:
         out = {}
         for k, v in values.items():

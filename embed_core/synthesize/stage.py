@@ -141,7 +141,7 @@ async def _run_job(client: LLMClient, job: Job, mode: str, max_parse_retries: in
     for attempt in range(max_parse_retries + 1):
         try:
             answer = await client.complete(prompt_name=tpl.name, prompt_version=tpl.version, prompt=prompt,
-                                           stop=tpl.stop, attempt=attempt)
+                                           stop=tpl.stop, attempt=attempt, schema=tpl.answer_schema())
         except RequestFailed as exc:
             return Outcome(job, reason=exc.reason, detail=exc.detail, raw=last_raw, attempts=attempt + 1)
         try:
@@ -152,13 +152,18 @@ async def _run_job(client: LLMClient, job: Job, mode: str, max_parse_retries: in
 
 
 async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_retries: int) -> list[Outcome]:
-    bar = Progress("synthesize", total=len(jobs), unit="requests", logger=log)
+    bar = Progress("synthesize", total=len(jobs), unit="jobs", logger=log)
+    failed = 0
 
     async def one(job: Job) -> Outcome:
+        nonlocal failed
+        outcome = None
         try:
-            return await _run_job(client, job, mode, max_parse_retries)
+            outcome = await _run_job(client, job, mode, max_parse_retries)
+            return outcome
         finally:
-            bar.update(1)
+            failed += outcome is None or outcome.answer is None
+            bar.update(1, requests=client.stats.requests, in_flight=client.in_flight, failed=failed)
 
     try:
         return list(await asyncio.gather(*(one(j) for j in jobs)))

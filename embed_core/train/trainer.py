@@ -379,7 +379,7 @@ class Trainer:
                             logger=logging.getLogger("embedpipe.train"))
         while self.step < self.stage.steps:
             rows = self.train_step()
-            progress.update()
+            progress.update(loss=f"{rows[-1]['loss']:.4f}" if rows else "-")
             if self.step % self.stage.log_every == 0 or self.step == self.stage.steps:
                 r = rows[-1]
                 self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
