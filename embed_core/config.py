@@ -156,8 +156,9 @@ class LLMServerConfig(_Strict):
     gguf: str = Field("default", description="launch: GGUF weights path, or 'default' (packaged Gemma-3-270M).")
     port: int = Field(0, ge=0, le=65535, description="launch: loopback port (0 = a free one).")
     n_ctx: int = Field(2048, ge=256, description="launch: context length.")
-    n_threads: int | None = Field(None, ge=1, description="launch: CPU threads (None = all cores). llama.cpp's "
-                                  "threads spin at barriers: on a machine busy with other work, 1 is much faster.")
+    n_threads: int | None = Field(None, ge=1, description="launch: CPU threads. None = the cores minus one (at least "
+                                  "1, at most 8): llama.cpp's threads spin at barriers, so with every core in use one "
+                                  "other busy process can slow generation 40x; a spare core keeps it steady.")
     startup_timeout_s: float = Field(300.0, gt=0, description="launch: seconds to wait for the server's health check.")
     timeout_s: float = Field(60.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(4, ge=0, description="Retries of a request on timeouts, 429, 5xx and connection errors.")

@@ -40,6 +40,19 @@ def resolve_gguf(gguf: str) -> Path:
     return path
 
 
+def default_threads(cores: int | None = None) -> int:
+    """llama.cpp threads when the config leaves it open: the cores minus one, at least one, at most 8.
+
+    llama.cpp's threads spin at barriers: when another process takes one of their cores, every
+    token waits for the descheduled thread. Measured with Gemma-3-270M on a 2-core machine
+    (tests/benchmarks/bench_llama_threads.py, docs/experiments.md): 2 threads give 46 tokens/s idle,
+    0.6-26 with one busy-looping process and 13 beside a torch process; 1 thread gives 24 idle, 28
+    and 25 under the same loads. Half the idle speed on 2 cores buys never stalling; with more cores
+    one spare core costs little. Past 8 threads a 270M model gains nothing."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(8, cores - 1))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,7 +68,7 @@ class LlamaCppServer:
         self.n_ctx = n_ctx
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.n_threads = n_threads or default_threads()
         self.proc: subprocess.Popen | None = None
 
     @property
