@@ -332,6 +332,17 @@ class EvaluateConfig(_Strict):
         "fp32", description="fp32 by default so published scores reproduce on any hardware.")
     geometry: GeometryConfig | None = Field(None, description="Token-embedding geometry of every evaluated model "
                                             "(CoDiEmb §4) on the sentences of an STS task; omitted = not computed.")
+    push_to_hub: bool = Field(False, description="Upload the released model (<run_dir>/evaluate/model: weights, "
+                              "prompts, model card with the scores) to the Hugging Face Hub after the stage commits; "
+                              "needs hub_model_id, network and a token (HF_TOKEN or huggingface-cli login).")
+    hub_model_id: str | None = Field(None, description="Hub repository for push_to_hub, e.g. my-org/my-embedder.")
+    hub_private: bool = Field(True, description="Create the Hub repository as private (if it does not exist).")
+
+    @model_validator(mode="after")
+    def _hub_target(self) -> "EvaluateConfig":
+        if self.push_to_hub and not self.hub_model_id:
+            raise ValueError("push_to_hub needs hub_model_id (e.g. my-org/my-embedder)")
+        return self
 
     @model_validator(mode="after")
     def _geometry_task(self) -> "EvaluateConfig":

@@ -96,3 +96,23 @@ def test_evaluate_releases_the_final_model_with_the_evaluation_table_in_its_card
                                SentenceTransformer(str(model_dir), device="cpu").encode([text], prompt_name="STS"))
     loaded = mteb.ResultCache(run_dir / "evaluate").load_results(require_model_meta=True, include_remote=False)
     assert {m.model_name for m in loaded.model_results} == {"embedpipe/base", "embedpipe/stage1"}
+
+
+def test_push_to_hub_without_network_is_a_clear_error_after_the_release_is_committed(trained, monkeypatch):
+    """The offline case (this machine has no Hub); the upload itself needs a network and a token."""
+    from embed_core.errors import EmbedpipeError
+    from embed_core.evaluate.stage import run_evaluate
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config, run_dir, _ = trained
+    raw = config.model_dump(mode="json")
+    raw["evaluate"] = {"base_model": config.train.base_model, "models": ["trained"], "push_to_hub": True,
+                       "hub_model_id": "someone/tiny-embedder", "tasks": [
+                           {"name": "LocalSTS", "type": "sts", "path": "stsb/test.csv", "header": False,
+                            "columns": {"text1": 0, "text2": 1, "score": 2}, "max_rows": 20}]}
+    with pytest.raises(EmbedpipeError, match=r"push_to_hub to someone/tiny-embedder failed \(.*\); the release is "
+                                             r"committed in .*evaluate/model: upload it with `huggingface-cli upload"):
+        run_evaluate(parse_config(raw), run_dir)
+    assert (run_dir / "evaluate/model/README.md").exists()
+    with pytest.raises(Exception, match="push_to_hub needs hub_model_id"):
+        parse_config({**raw, "evaluate": {**raw["evaluate"], "hub_model_id": None}})

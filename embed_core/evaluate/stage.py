@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from embed_core.artifacts import StageWriter, stage_is_intact
 from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
-from embed_core.errors import ConfigError
+from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.model.card import CARD_FACTS, read_card_facts, write_card
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
@@ -294,7 +294,29 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
             "counts": {"texts_encoded": sum(m["texts_encoded"] for m in model_stats), "result_rows": table.num_rows},
             "timings_s": {"total": round(time.perf_counter() - t0, 3)},
         })
+    if cfg.push_to_hub and release is not None:
+        push_release(run_dir / STAGE / RELEASE, cfg.hub_model_id, private=cfg.hub_private)
     return manifest
+
+
+def push_release(folder: Path, repo_id: str, *, private: bool = True) -> str:
+    """Upload the released model to the Hugging Face Hub; returns the commit URL. Runs after the
+    stage committed, so a failure (offline, no token, no permission) loses nothing: the error says
+    where the release is and how to upload it by hand."""
+    from huggingface_hub import HfApi
+
+    try:
+        api = HfApi()
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id,
+                                 commit_message="Upload embedding model trained by embedpipe")
+    except Exception as exc:  # noqa: BLE001 — offline mode, HTTP and auth errors all end the same way
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise EmbedpipeError(f"evaluate: push_to_hub to {repo_id} failed ({type(exc).__name__}: {detail}); the "
+                             f"release is committed in {folder}: upload it with `huggingface-cli upload {repo_id} "
+                             f"{folder}`") from None
+    log.info("evaluate: pushed %s to the Hub: %s", folder, info)
+    return str(info)
 
 
 RELEASE = "model"
