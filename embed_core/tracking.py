@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from embed_core.config import RunConfig
-from embed_core.errors import ConfigError
+from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.model.card import read_card_facts
 
 log = logging.getLogger("embedpipe.tracking")
@@ -94,12 +94,24 @@ def already_logged(config: RunConfig, run_dir: str | Path, stage: str, manifest:
 
 def log_stage(config: RunConfig, run_dir: str | Path, stage: str, manifest: dict[str, Any]) -> str | None:
     """Log one stage result (see the module docstring); returns the nested run's id, or None when
-    this result was logged before."""
-    if config.tracking is None or already_logged(config, run_dir, stage, manifest):
+    this result was logged before. A store that cannot be reached is an ``EmbedpipeError``."""
+    if config.tracking is None:
         return None
+    try:
+        if already_logged(config, run_dir, stage, manifest):
+            return None
+        return _log_stage(config, Path(run_dir), stage, manifest)
+    except (ConfigError, ImportError):
+        raise
+    except Exception as exc:  # noqa: BLE001 — MLflow's REST, SQL and file errors alike
+        detail = " ".join(str(exc).split())[:200]
+        raise EmbedpipeError(f"tracking: could not log {stage} to {tracking_uri(config)} ({type(exc).__name__}: "
+                             f"{detail}); the stage's artifact is committed, the next run logs it") from None
+
+
+def _log_stage(config: RunConfig, run_dir: Path, stage: str, manifest: dict[str, Any]) -> str:
     from mlflow.entities import Metric, Param
 
-    run_dir = Path(run_dir)
     client, experiment_id = _client(config)
     parent = _parent_run(client, experiment_id, run_dir, config)
     tags = {"mlflow.parentRunId": parent, RUN_DIR_TAG: str(run_dir.resolve()), STAGE_TAG: stage, ROLE_TAG: "stage",
