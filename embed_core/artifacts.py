@@ -235,14 +235,15 @@ def stage_is_intact(run_dir: Path, stage: str, input_fingerprint: str | None = N
     return True
 
 
-def read_records(run_dir: Path, stage: str, *, validate: bool = True) -> dict[str, pa.Table]:
-    """Record tables of a finished stage, by file name, checked against the manifest and the schema."""
+def read_records(run_dir: Path, stage: str, *, validate: bool = True, kind: str = "records") -> dict[str, pa.Table]:
+    """Record tables of a finished stage, by file name, checked against the manifest and the schema
+    (``kind="dev_records"``: the dev records prepare sets aside)."""
     manifest = read_manifest(run_dir, stage)
     if manifest is None:
         raise EmbedpipeError(f"{Path(run_dir) / stage}: no {MANIFEST} (stage not run, or interrupted)")
     tables = {}
     for name, info in manifest["outputs"].items():
-        if info.get("kind") != "records":
+        if info.get("kind") != kind:
             continue
         path = Path(run_dir) / stage / name
         if not path.exists() or sha256_file(path) != info["sha256"]:

@@ -64,6 +64,11 @@ class SourceSpec(_Strict):
                             "at the end of its line is a stray quote, that line is quarantined and the next line "
                             "is read as a new row, so one bad quote never swallows later rows.")
     allow_empty: bool = Field(False, description="Accept a source with no data rows (otherwise an error).")
+    dev_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="Set aside this fraction of the source's rows "
+                                "(seeded, by source row, so both directions of a pair stay together) as dev records: "
+                                "written to prepare/dev/<name>.parquet, never to training or mining.")
+    dev_path: str | None = Field(None, description="A dev file of the same format and columns (e.g. STS-B's "
+                                 "sts-dev.csv): all its rows are dev records. Not for beir (use dev_fraction).")
     score_range: tuple[float, float] | None = Field(
         None, description="Scored kinds (sts, flagembedding scores): inclusive [min, max] of a valid score; a row "
         "outside it is quarantined (reason score_range). None = any finite score.")
@@ -102,6 +107,14 @@ class SourceSpec(_Strict):
     @classmethod
     def _one_character(cls, v: str | None) -> str | None:
         return one_character_delimiter(v)
+
+    @model_validator(mode="after")
+    def _one_dev_split(self) -> SourceSpec:
+        if self.dev_path and self.dev_fraction:
+            raise ValueError("give dev_path or dev_fraction, not both")
+        if self.dev_path and self.kind == "beir":
+            raise ValueError("beir sources set aside dev queries with dev_fraction (dev_path is for files)")
+        return self
 
     @field_validator("score_range")
     @classmethod

@@ -31,7 +31,8 @@ from embed_core.schema import SCHEMA_VERSION, Record, records_to_table, validate
 log = logging.getLogger("embedpipe.prepare")
 
 STAGE = "prepare"
-QUARANTINE_FILE = "_quarantine.parquet"  # leading underscore: ignored by pyarrow dataset discovery
+QUARANTINE_FILE = "_quarantine.parquet"
+DEV_DIR = "dev"  # <run_dir>/prepare/dev/<dataset>.parquet: dev records (kind dev_records)  # leading underscore: ignored by pyarrow dataset discovery
 QUARANTINE_SCHEMA = pa.schema([
     ("dataset", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("field", pa.string()),
     ("reason", pa.string()), ("message", pa.string()),
@@ -93,6 +94,51 @@ def collect_eval_texts(config: RunConfig) -> EvalTexts:
     return evals
 
 
+def _converted(spec, config: RunConfig, counts: Counter, reasons: Counter,
+               quarantine: list[dict[str, Any]]):
+    """The valid records of one source file set, counting and quarantining the rest."""
+    cleaning = config.prepare.cleaning
+    for item in iterate(convert_source(spec, config), f"prepare {spec.name}", unit="rows", logger=log):
+        if isinstance(item, Skipped):
+            counts["skipped"] += 1
+            continue
+        if isinstance(item, RowError):
+            quarantine.append(_quarantine_row(spec.name, item))
+            reasons[item.reason] += 1
+            continue
+        counts["converted"] += 1
+        try:
+            record, cut = limit_length(item, cleaning.max_chars, cleaning.over_long)
+            file, _, row = record.source_ref.rpartition(":")
+            validate_row(record.to_row(), file=file, row_number=int(row) if row.isdigit() else None)
+        except (RowError, SchemaError) as err:
+            quarantine.append(_quarantine_row(spec.name, err))
+            reasons[err.reason] += 1
+            continue
+        counts["truncated_texts"] += cut
+        yield record
+
+
+def _in_dev(record: Record, fraction: float, seed: int) -> bool:
+    """Seeded choice by source row (file:line or query id), so every record of one row — both
+    directions of a pair — lands on the same side."""
+    key = record.source_ref if record.task != "retrieval" else record.id.split("~")[0]
+    digest = hashlib.sha256(f"{seed}:dev:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2 ** 64 < fraction
+
+
+def _dev_texts(records: list[Record]) -> EvalTexts:
+    """What a training record must not share with its dataset's dev records: a dev pair (query with
+    a positive, either order), or a dev query of a retrieval or classification set."""
+    out = EvalTexts()
+    for rec in records:
+        for pos in rec.positives:
+            out.pairs.add(pair_key(rec.query, pos))
+        if rec.task in ("retrieval", "classification"):
+            out.texts.add(normalize_text(rec.query))
+    return out
+
+
 def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     """Run the prepare stage and return its manifest. Raises ``EmbedpipeError`` on a config or
     whole-source problem before anything is written. ``fingerprint``: this run's inputs, when the
@@ -105,30 +151,19 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
     t_eval = time.perf_counter()
 
     by_dataset: dict[str, list[Record]] = defaultdict(list)
+    dev_by_dataset: dict[str, list[Record]] = defaultdict(list)
     quarantine: list[dict[str, Any]] = []
     per_source: list[dict[str, Any]] = []
     for spec in config.prepare.sources:
         counts: Counter = Counter()
         reasons: Counter = Counter()
-        for item in iterate(convert_source(spec, config), f"prepare {spec.name}", unit="rows", logger=log):
-            if isinstance(item, Skipped):
-                counts["skipped"] += 1
-                continue
-            if isinstance(item, RowError):
-                quarantine.append(_quarantine_row(spec.name, item))
-                reasons[item.reason] += 1
-                continue
-            counts["converted"] += 1
-            try:
-                record, cut = limit_length(item, cleaning.max_chars, cleaning.over_long)
-                file, _, row = record.source_ref.rpartition(":")
-                validate_row(record.to_row(), file=file, row_number=int(row) if row.isdigit() else None)
-            except (RowError, SchemaError) as err:
-                quarantine.append(_quarantine_row(spec.name, err))
-                reasons[err.reason] += 1
-                continue
-            counts["truncated_texts"] += cut
-            by_dataset[spec.name].append(record)
+        parts = [(spec, False)]
+        if spec.dev_path:  # the source's own dev file: read like the source, every row a dev record
+            parts.append((spec.model_copy(update={"path": spec.dev_path, "dev_path": None}), True))
+        for part, is_dev_file in parts:
+            for record in _converted(part, config, counts, reasons, quarantine):
+                dev = is_dev_file or (spec.dev_fraction > 0 and _in_dev(record, spec.dev_fraction, config.seed))
+                (dev_by_dataset if dev else by_dataset)[spec.name].append(record)
         if not (counts["converted"] or counts["skipped"] or reasons) and not spec.allow_empty:
             raise SourceError(spec.path, None, None, "empty_source",
                               f"source '{spec.name}' has no data rows (set allow_empty: true on the source to accept "
@@ -136,19 +171,28 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
         per_source.append({"source": spec.name, "kind": spec.kind, "path": spec.path,
                            "records_converted": counts["converted"], "rows_skipped": counts["skipped"],
                            "quarantined": sum(reasons.values()), "quarantined_by_reason": dict(reasons),
-                           "truncated_texts": counts["truncated_texts"]})
+                           "truncated_texts": counts["truncated_texts"],
+                           "dev_records": len(dev_by_dataset.get(spec.name, []))})
     t_convert = time.perf_counter()
 
     per_dataset: dict[str, dict[str, Any]] = {}
     tables: dict[str, pa.Table] = {}
+    dev_tables: dict[str, pa.Table] = {}
+    for dataset, records in dev_by_dataset.items():
+        dev_kept, _, _ = dedupe(records, cleaning.dedupe)
+        dev_tables[f"{DEV_DIR}/{dataset}.parquet"] = records_to_table(dev_kept)
     for dataset, records in by_dataset.items():
         kept, n_exact, n_norm = dedupe(records, cleaning.dedupe)
         clean: list[Record] = []
-        excluded = 0
+        excluded = excluded_dev = 0
+        dev = _dev_texts(dev_by_dataset.get(dataset, []))
         for rec in kept:
             fld = contaminated_field(rec, eval_texts)
             if fld is not None:
                 excluded += 1
+                continue
+            if dev and contaminated_field(rec, dev) is not None:
+                excluded_dev += 1
                 continue
             clean.append(rec)
         seen_ids: set[str] = set()
@@ -158,7 +202,9 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
             seen_ids.add(rec.id)
         per_dataset[dataset] = {"dataset": dataset, "records_in": len(records), "deduped_exact": n_exact,
                                 "deduped_normalized": n_norm, "excluded_contamination": excluded,
-                                "written": len(clean),
+                                "excluded_dev_overlap": excluded_dev, "written": len(clean),
+                                "dev_records": dev_tables[f"{DEV_DIR}/{dataset}.parquet"].num_rows
+                                if f"{DEV_DIR}/{dataset}.parquet" in dev_tables else 0,
                                 "tasks": dict(Counter(r.task for r in clean))}
         if clean:
             tables[f"{dataset}.parquet"] = records_to_table(clean)
@@ -167,6 +213,8 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
     with StageWriter(run_dir, STAGE) as writer:
         for name, table in sorted(tables.items()):
             writer.write_table(name, table, kind="records")
+        for name, table in sorted(dev_tables.items()):  # not "records": no training or mining stage reads them
+            writer.write_table(name, table, kind="dev_records")
         writer.write_table(QUARANTINE_FILE, pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA), kind="quarantine")
         totals = {
             "rows_read": sum(s["records_converted"] for s in per_source) + len(quarantine)

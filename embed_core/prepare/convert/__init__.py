@@ -144,6 +144,8 @@ def source_files(spec: SourceSpec, config: RunConfig) -> list[tuple[str, "object
         files = beir_files(config.resolve(spec.path), spec.path.rstrip("/"), spec.split)
         return [(display, path) for path, display in files.values()]
     out = [(spec.path, config.resolve(spec.path))]
+    if spec.dev_path:
+        out.append((spec.dev_path, config.resolve(spec.dev_path)))
     if spec.kind == "claim_evidence" and spec.corpus:
         out.append((spec.corpus, config.resolve(spec.corpus)))
     return out
