@@ -422,6 +422,35 @@ MOVED_LOSS_FIELDS: dict[str, tuple[str, str, str]] = {
     "codiemb_sts_weights": ("sts", "codiemb_sts", "pearson_weight/rank_kl_weight/pro_weight")}
 
 
+class DevTaskSpec(EvalTaskSpec):
+    """A dev task: declared like an evaluation task (a local file or BEIR directory in ``path``), or
+    ``dataset: <name>`` for the dev records prepare set aside for that dataset (sts, nli and
+    pair_classification records become an sts task, retrieval records a retrieval task over their
+    positives and negatives)."""
+
+    path: str | list[str] = Field("", description="Task data as for evaluate tasks (unused with dataset).")
+    dataset: str | None = Field(None, description="Use prepare's dev records of this dataset (prepare/dev/<name>.parquet).")
+    weight: float = Field(1.0, ge=0, description="Weight of this task's main score in the selection score.")
+
+    @model_validator(mode="after")
+    def _data(self) -> DevTaskSpec:
+        if not self.dataset and not self.path:
+            raise ValueError(f"dev task {self.name!r}: give path (a task file) or dataset (prepare's dev records)")
+        return self
+
+
+class DevConfig(_Strict):
+    """Evaluation on dev tasks while a stage trains (never on evaluate's test sets), and which
+    weights the stage keeps."""
+
+    tasks: list[DevTaskSpec] = Field(min_length=1, description="Dev tasks, scored every eval_every steps.")
+    eval_every: int = Field(100, ge=1, description="Score the dev tasks every this many steps (and at the last step).")
+    max_rows: int | None = Field(500, ge=1, description="Rows (pairs, queries, texts) per dev task unless the task "
+                                 "sets max_rows; None = all.")
+    select: Literal["best", "last"] = Field("best", description="best: the stage's model is the weights with the "
+                                            "highest weighted dev score; last: the final step's.")
+
+
 class TrainStageConfig(_Strict):
     """One training stage. Defaults are QZhou §6.3's where it states them (τ 0.02, 4 hard negatives,
     weight decay 0.01, warm-up 300, lr 3e-5 / 2e-5, batch 256 for InfoNCE data and 768 for CoSENT
@@ -466,6 +495,8 @@ class TrainStageConfig(_Strict):
         "the losses and their parameters are listed in docs/configuration.md."))
     alternate_tasks: bool = Field(False, description="Alternate retrieval and non-retrieval batches step by step "
                                   "(CoDiEmb); off = draw by the sampling weights.")
+    dev: DevConfig | None = Field(None, description="Dev evaluation during training and best-model selection; "
+                                  "None = train to the last step.")
 
     @model_validator(mode="before")
     @classmethod

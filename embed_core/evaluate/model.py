@@ -93,12 +93,16 @@ class EvalModel(AbsEncoder):
         name = get_prompt_name(self.model_prompts, task_metadata, prompt_type)
         return self.model_prompts[name] if name else ""
 
-    def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str,
-               prompt_type: PromptType | None = None, **kwargs: Any) -> np.ndarray:
+    def model_inputs(self, inputs, task_metadata, prompt_type: PromptType | None) -> list[str]:
+        """The exact texts the model encodes for mteb's ``inputs``: instruction or prompt included."""
         texts = [text for batch in inputs for text in batch["text"]]
         prefix = self.instruction_for(task_metadata, prompt_type)
         if prefix and self.settings.use_instructions:
-            texts = [self.settings.format(prefix, t) for t in texts]
-        elif prefix:
-            texts = [prefix + t for t in texts]  # sentence-transformers prompt semantics
-        return self.cache.get_or_encode(texts, self._encode_texts)
+            return [self.settings.format(prefix, t) for t in texts]
+        if prefix:
+            return [prefix + t for t in texts]  # sentence-transformers prompt semantics
+        return texts
+
+    def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str,
+               prompt_type: PromptType | None = None, **kwargs: Any) -> np.ndarray:
+        return self.cache.get_or_encode(self.model_inputs(inputs, task_metadata, prompt_type), self._encode_texts)

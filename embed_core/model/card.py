@@ -88,6 +88,9 @@ def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dic
     counts = facts.get("counts") or {}
     if counts:
         lines += [f"| examples seen | {counts.get('examples')} |", f"| final loss | {counts.get('final_loss')} |"]
+        if counts.get("selected_step") is not None:
+            lines.append(f"| weights kept | step {counts['selected_step']} (dev selection score "
+                         f"{counts['selected_dev_score']:.4f}) |")
     lines += ["", "## Evaluation", ""]
     if scores:
         models = list(dict.fromkeys(r["model"] for r in scores))

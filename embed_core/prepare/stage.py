@@ -180,6 +180,8 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
     dev_tables: dict[str, pa.Table] = {}
     for dataset, records in dev_by_dataset.items():
         dev_kept, _, _ = dedupe(records, cleaning.dedupe)
+        # dev records select models during training: a test text among them would leak the test set
+        dev_kept = [r for r in dev_kept if contaminated_field(r, eval_texts) is None]
         dev_tables[f"{DEV_DIR}/{dataset}.parquet"] = records_to_table(dev_kept)
     for dataset, records in by_dataset.items():
         kept, n_exact, n_norm = dedupe(records, cleaning.dedupe)

@@ -38,7 +38,7 @@ from embed_core.fingerprint import Fingerprint, code_identity
 from embed_core.losses import loss_for
 from embed_core.model.card import card_facts, describe_loss, write_card
 from embed_core.model.encoder import model_fingerprint, resolve_model_path
-from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
+from embed_core.model.settings import ModelSettings, read_model_settings, sentence_transformers_prompts
 from embed_core.plots import pyplot, to_png
 from embed_core.stages import records_upstream
 from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
@@ -152,16 +152,50 @@ def load_datasets(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> 
     return out
 
 
-def _plot(rows: list[dict[str, Any]]) -> bytes:
+def _instructions(datasets: dict[str, DatasetRecords]) -> tuple[dict[str, str], dict[str, str]]:
+    """(dataset -> instruction, task -> instruction) the model is trained with: the largest dataset
+    of a task names the task's."""
+    instructions: dict[str, str] = {}
+    task_instructions: dict[str, str] = {}
+    for name, d in sorted(datasets.items(), key=lambda kv: -kv[1].size):
+        found = sorted(d.instructions())
+        if found:
+            instructions[name] = found[0]
+            task_instructions.setdefault(d.task, found[0])
+    return instructions, task_instructions
+
+
+def _plot(rows: list[dict[str, Any]], dev_rows: list[dict[str, Any]] | None = None,
+          best: dict[str, Any] | None = None) -> bytes:
+    """Training loss per task; with dev evaluation, a second panel with the dev scores per task,
+    the selection score and the step whose weights were kept."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    panels = 2 if dev_rows else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 3.5), squeeze=False)
+    ax = axes[0][0]
     for task in sorted({r["task"] for r in rows}):
         pts = [(r["step"], r["loss"]) for r in rows if r["task"] == task]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", markersize=2, linewidth=0.8, label=task)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
+    if dev_rows:
+        ax = axes[0][1]
+        for task in dict.fromkeys(r["task"] for r in dev_rows):
+            pts = [(r["step"], r["score"]) for r in dev_rows if r["task"] == task]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, linewidth=0.8, label=task)
+        steps = sorted({r["step"]: r["selection"] for r in dev_rows}.items())
+        ax.plot([s for s, _ in steps], [v for _, v in steps], "k--", linewidth=1, label="selection")
+        if best:
+            ax.axvline(best["step"], color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xlabel("step")
+        ax.set_ylabel("dev main score")
+        ax.legend(fontsize=8)
     return to_png(fig)
+
+
+DEV_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("task", pa.string()), ("score", pa.float64()),
+                        ("selection", pa.float64())])
 
 
 METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("dataset", pa.string()), ("task", pa.string()),
@@ -191,10 +225,21 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
         marker.write_text(fingerprint.key)
     barrier()  # every rank sees the same checkpoints to resume from
 
+    instructions, task_instructions = _instructions(datasets)
     if stage.mode == "contrastive":
         trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed,
                           log=log.info)
+        if stage.dev is not None and main:
+            from embed_core.train.dev import DevEvaluator
+
+            settings = ModelSettings(
+                pooling=cfg.pooling, max_length=cfg.max_length, use_instructions=cfg.use_instructions,
+                instruction_template=cfg.instruction_template, instructions=instructions,
+                task_instructions=task_instructions, source="training")
+            trainer.dev_evaluator = DevEvaluator(stage.dev, config, run_dir, ckpt_dir / "dev-data", settings)
     else:
+        if stage.dev is not None:
+            raise ConfigError(f"train stage {stage.name}: dev evaluation is for contrastive stages, not {stage.mode}")
         trainer = _autoregembed_trainer(config, run_dir, stage, datasets, init, ckpt_dir)
     metrics = trainer.fit(resume=resume)
     if not main:  # rank 0 writes the stage; the others wait until it is committed
@@ -202,18 +247,15 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
         return read_manifest(run_dir, stage_dir_name(stage))
     sizes = {n: d.size for n, d in datasets.items()}
     weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta)
-    instructions: dict[str, str] = {}
-    task_instructions: dict[str, str] = {}
-    for name, d in sorted(datasets.items(), key=lambda kv: -kv[1].size):  # largest dataset names the task's
-        found = sorted(d.instructions())
-        if found:
-            instructions[name] = found[0]
-            task_instructions.setdefault(d.task, found[0])
     rows = [{k: r.get(k) for k in METRIC_SCHEMA.names} for r in metrics]
     dataset_info = {n: {"task": d.task, "records": d.size, "weight": round(weights.get(n, 0.0), 6)}
                     for n, d in datasets.items()}
     counts = {"steps": trainer.step, "examples": sum(r["examples"] for r in rows),
               "tokens": sum(r["tokens"] for r in rows), "final_loss": rows[-1]["loss"] if rows else None}
+    if getattr(trainer, "dev_rows", None):
+        counts["selected_step"] = trainer.best["step"] if stage.dev.select == "best" else trainer.step
+        counts["selected_dev_score"] = trainer.best["score"] if stage.dev.select == "best" else \
+            trainer.dev_rows[-1]["selection"]
     if stage.mode == "contrastive":
         losses = {task: describe_loss(loss_for(task, stage.losses.get(task)))
                   for task in sorted({d.task for d in datasets.values()})}
@@ -240,7 +282,13 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
         write_card(model_dir, card, sentence_transformers_prompts(read_model_settings(model_dir)))
         writer.register_tree("model", kind="model")
         writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
-        writer.write_file("loss.png", _plot(rows), kind="plot")
+        dev_rows = getattr(trainer, "dev_rows", [])
+        selected = None
+        if dev_rows:
+            writer.write_table("dev.parquet", pa.Table.from_pylist(dev_rows, schema=DEV_SCHEMA), kind="metrics")
+            selected = {"select": stage.dev.select, "step": trainer.best["step"] if stage.dev.select == "best"
+                        else trainer.step, "best": trainer.best}
+        writer.write_file("loss.png", _plot(rows, dev_rows, trainer.best if dev_rows else None), kind="plot")
         secs = sum({r["step"]: r["seconds"] for r in rows}.values())
         manifest = writer.commit({
             "run_name": config.run_name, "input_fingerprint": fingerprint.key, "code": fingerprint.code,
@@ -248,6 +296,7 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
             "init_model": init, "steps": trainer.step,
             "datasets": dataset_info,
             "counts": counts,
+            "selected": selected,
             "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
         })
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints

@@ -166,6 +166,9 @@ class Trainer:
         self.step = 0
         self._tokens = 0
         self.metrics: list[dict[str, Any]] = []
+        self.dev_evaluator = None  # embed_core.train.dev.DevEvaluator, set by the stage when it has dev tasks
+        self.dev_rows: list[dict[str, Any]] = []  # one row per (evaluation step, dev task)
+        self.best: dict[str, Any] | None = None  # {"step", "score"} of the best dev selection score so far
 
     def _deepspeed(self, ds_config: dict[str, Any], stage: TrainStageConfig):
         """Wrap model, optimizer and scheduler in a DeepSpeed engine (ZeRO per ``ds_config``).
@@ -339,7 +342,8 @@ class Trainer:
                             "scheduler": self.scheduler.state_dict()}, tmp / "state.pt")
             (tmp / "trainer_state.json").write_text(json.dumps({
                 "step": self.step, "stage": self.stage.model_dump(mode="json"), "seed": self.seed, "world": self.world,
-                "sampler": self.sampler.state_dict(), "metrics": self.metrics}, default=_json_default))
+                "sampler": self.sampler.state_dict(), "metrics": self.metrics, "dev": self.dev_rows,
+                "best": self.best}, default=_json_default))
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)  # a checkpoint is visible only once complete
@@ -369,6 +373,8 @@ class Trainer:
         _set_rng_state(_load_plain(path / f"rng-{self.rank}.pt"))
         self.step = meta["step"]
         self.metrics = meta["metrics"]
+        self.dev_rows = meta.get("dev", [])
+        self.best = meta.get("best")
 
     def fit(self, *, resume: bool = False) -> list[dict[str, Any]]:
         if resume and self.checkpoints():
@@ -384,10 +390,43 @@ class Trainer:
                 r = rows[-1]
                 self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
                          f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s")
+            if self.dev_evaluator is not None and (self.step % self.stage.dev.eval_every == 0
+                                                   or self.step == self.stage.steps):
+                self.evaluate_dev()
             if self.step % self.stage.checkpoint_every == 0:
                 self.save_checkpoint()
         progress.close()
+        if self.dev_evaluator is not None and self.stage.dev.select == "best" and self.best is not None \
+                and self.best["step"] != self.step and self.rank == 0:
+            self.model.load_state_dict(_load_plain(self._best_path(), map_location=self.device))
+            self.log(f"{self.stage.name}: keeping the weights of step {self.best['step']} (best dev score "
+                     f"{self.best['score']:.4f}), not the last step's")
         return self.metrics
+
+    # -- dev evaluation ------------------------------------------------------------------------
+    def _best_path(self) -> Path:
+        return self.checkpoint_dir / "best" / "model.pt"
+
+    def evaluate_dev(self) -> None:
+        """Score the dev tasks (rank 0; the others go on to the next step's collective and wait there),
+        log them, and keep the weights when the selection score is the best so far."""
+        if self.rank != 0:
+            return
+        scores = self.dev_evaluator.score(self.model)
+        selection = self.dev_evaluator.selection_score(scores)
+        for task, value in scores.items():
+            self.dev_rows.append({"stage": self.stage.name, "step": self.step, "task": task, "score": value,
+                                  "selection": selection})
+        self.log(f"{self.stage.name} step {self.step} dev: " + ", ".join(f"{t} {v:.4f}" for t, v in scores.items())
+                 + f" (selection {selection:.4f}" + (f", best {self.best['score']:.4f} at step {self.best['step']})"
+                                                     if self.best else ")"))
+        if self.best is None or selection > self.best["score"]:
+            self.best = {"step": self.step, "score": selection}
+            if self.stage.dev.select == "best":
+                path = self._best_path()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.model.state_dict(), path.with_suffix(".tmp"))
+                os.replace(path.with_suffix(".tmp"), path)
 
 
 def _json_default(obj: Any) -> Any:

@@ -1,0 +1,149 @@
+"""Evaluation on dev tasks while a stage trains, and the selection of the weights a stage keeps.
+
+Every ``dev.eval_every`` steps (and at the last step) rank 0 scores the stage's dev tasks with
+mteb — the same task definitions, metrics and instruction handling as the evaluate stage
+(``embed_core.evaluate``), on the model being trained (in eval mode, no gradients, no embedding
+cache: the weights change). Dev tasks come from files (like evaluation tasks) or from the dev
+records prepare set aside (``dataset: <name>``); evaluate's test sets are never read here.
+
+The selection score is the weighted mean of the tasks' main scores; ``select: best`` keeps the
+weights of the best one (saved under the stage's checkpoint directory, so a resumed run keeps its
+best), ``select: last`` the final step's.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embed_core.artifacts import read_records
+from embed_core.config import DevConfig, DevTaskSpec, EvalTaskSpec, RunConfig
+from embed_core.errors import ConfigError
+from embed_core.evaluate.model import EvalModel
+from embed_core.model.settings import ModelSettings
+
+log = logging.getLogger("embedpipe.train")
+
+PAIR_TASKS = ("sts", "nli", "pair_classification")
+
+
+def materialize(spec: DevTaskSpec, run_dir: Path, work_dir: Path) -> EvalTaskSpec:
+    """The dev task as an evaluation task spec; a ``dataset`` task's dev records are written to
+    ``work_dir`` in the local task layout (an sts CSV, or a BEIR directory)."""
+    fields = spec.model_dump(exclude={"dataset", "weight"})
+    if not spec.dataset:
+        return EvalTaskSpec(**fields)
+    tables = read_records(run_dir, "prepare", kind="dev_records")
+    table = tables.get(f"dev/{spec.dataset}.parquet")
+    if table is None or table.num_rows == 0:
+        raise ConfigError(f"dev task {spec.name}: prepare set aside no dev records for dataset {spec.dataset!r} "
+                          "(give the source dev_fraction or dev_path)")
+    records = table.to_pylist()
+    out = work_dir / f"dev-{spec.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    if spec.type == "sts":
+        seen: set[tuple[str, str]] = set()
+        with open(out / "pairs.csv", "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["sentence1", "sentence2", "score"])
+            for r in records:
+                if r["task"] not in PAIR_TASKS or not r["positive_scores"]:
+                    continue
+                key = tuple(sorted((r["query"], r["positives"][0])))
+                if key not in seen:  # both directions of a pair are one dev pair
+                    seen.add(key)
+                    writer.writerow([r["query"], r["positives"][0], r["positive_scores"][0]])
+        lo = min((r["positive_scores"][0] for r in records if r["positive_scores"]), default=0.0)
+        hi = max((r["positive_scores"][0] for r in records if r["positive_scores"]), default=1.0)
+        return EvalTaskSpec(**{**fields, "path": str(out / "pairs.csv"), "format": "csv", "header": True,
+                               "columns": {}, "score_range": (min(lo, 0.0), max(hi, lo + 1e-6))})
+    if spec.type == "retrieval":
+        docs: dict[str, str] = {}
+        (out / "qrels").mkdir(exist_ok=True)
+        with open(out / "queries.jsonl", "w", encoding="utf-8") as q, open(out / "qrels/test.tsv", "w", encoding="utf-8") as j:
+            j.write("query-id\tcorpus-id\tscore\n")
+            for i, r in enumerate(records):
+                q.write(json.dumps({"_id": f"q{i}", "text": r["query"]}) + "\n")
+                for text in (*r["positives"], *r["negatives"]):
+                    docs.setdefault(text, f"d{len(docs)}")
+                for text in r["positives"]:
+                    j.write(f"q{i}\t{docs[text]}\t1\n")
+        with open(out / "corpus.jsonl", "w", encoding="utf-8") as c:
+            for text, did in docs.items():
+                c.write(json.dumps({"_id": did, "title": "", "text": text}) + "\n")
+        return EvalTaskSpec(**{**fields, "path": str(out), "split": "test"})
+    raise ConfigError(f"dev task {spec.name}: dev records make sts or retrieval tasks, not {spec.type} "
+                      "(give the task a path instead)")
+
+
+class LiveModel(EvalModel):
+    """The evaluator's encoder over the model being trained: the same instructions and prompts as
+    ``EvalModel``, encoded by the trainer's ``Embedder`` without a cache."""
+
+    def __init__(self, embedder, settings: ModelSettings, *, batch_size: int = 64):
+        from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+        self.embedder = embedder
+        self.settings = settings
+        self.batch_size = batch_size
+        self.label = "training"
+        self.model_prompts = None
+        self.mteb_model_meta = ModelMeta.create_empty(overwrites=dict(
+            name="embedpipe/training", revision="live", embed_dim=embedder.dim, max_tokens=settings.max_length,
+            similarity_fn_name=ScoringFunction.COSINE, use_instructions=settings.use_instructions,
+            framework=["PyTorch"], loader=None, modalities=["text"]))
+
+    def _encode_texts(self, texts: list[str]) -> np.ndarray:
+        device = next(self.embedder.parameters()).device
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(texts), self.batch_size):
+                features = self.embedder.tokenize(texts[i:i + self.batch_size])  # pools over every token, as EvalModel
+                out.append(self.embedder({k: v.to(device) for k, v in features.items()}).float().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0, self.embedder.dim), dtype=np.float32)
+
+    def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None, **kwargs: Any):
+        return self._encode_texts(self.model_inputs(inputs, task_metadata, prompt_type))
+
+
+class DevEvaluator:
+    def __init__(self, dev: DevConfig, config: RunConfig, run_dir: Path, work_dir: Path, settings: ModelSettings,
+                 batch_size: int = 64):
+        from embed_core.evaluate.tasks import build_task
+
+        self.dev = dev
+        self.settings = settings
+        self.batch_size = batch_size
+        self.weights = {t.name: t.weight for t in dev.tasks}
+        self.tasks = []
+        for spec in dev.tasks:
+            task_spec = materialize(spec, Path(run_dir), Path(work_dir))
+            if task_spec.max_rows is None and dev.max_rows is not None:
+                task_spec = task_spec.model_copy(update={"max_rows": dev.max_rows})
+            self.tasks.append((spec.name, build_task(task_spec, config.resolve, seed=config.seed)))
+
+    def score(self, embedder) -> dict[str, float]:
+        """Main score of every dev task for the model as it is now (its training mode restored after)."""
+        import mteb
+
+        was_training = embedder.training
+        embedder.eval()
+        try:
+            model = LiveModel(embedder, self.settings, batch_size=self.batch_size)
+            scores = {}
+            for name, task in self.tasks:
+                result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
+                scores[name] = float(result.task_results[0].get_score())
+            return scores
+        finally:
+            embedder.train(was_training)
+
+    def selection_score(self, scores: dict[str, float]) -> float:
+        total = sum(self.weights[n] for n in scores)
+        return sum(self.weights[n] * v for n, v in scores.items()) / total if total else float("nan")
