@@ -562,6 +562,30 @@ class TrainConfig(_Strict):
         return self
 
 
+class SweepConfig(_Strict):
+    """A search over one train stage's settings (``embedpipe sweep``): every variant is that stage
+    with some settings changed, trained on the run's cached upstream artifacts, scored on the
+    stage's dev tasks; the best dev score wins and is evaluated on the test tasks."""
+
+    stage: str = Field(description="Name of the train stage whose settings vary (it must have a dev section).")
+    method: Literal["grid", "random"] = Field("grid", description="grid: every combination; random: `samples` "
+                                              "combinations drawn with the run's seed.")
+    samples: int = Field(8, ge=1, description="random: variants drawn from the grid (without repetition).")
+    params: dict[str, list[Any]] = Field(min_length=1, description="Stage setting -> values to try; dotted names "
+                                         "reach into mappings (losses.sts, batch_size.retrieval). E.g. "
+                                         "{lr: [1.0e-5, 2.0e-5], losses.sts: [cosent, angle]}.")
+    max_concurrency: int = Field(1, ge=1, description="Variants trained at once (each in its own process, so "
+                                 "results do not depend on it).")
+
+    @field_validator("params")
+    @classmethod
+    def _non_empty(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        empty = [k for k, values in v.items() if not values]
+        if empty:
+            raise ValueError(f"params.{empty[0]}: give at least one value")
+        return v
+
+
 class TrackingConfig(_Strict):
     """Experiment tracking (MLflow). One MLflow run per run directory (named after the run), and one
     nested run per stage result: parameters, counts, per-step training metrics, evaluation scores and
@@ -585,6 +609,8 @@ class RunConfig(_Strict):
     train: TrainConfig | None = Field(None, description="Training stages; omitted = stage skipped.")
     evaluate: EvaluateConfig | None = Field(None, description="MTEB evaluation; omitted = stage skipped.")
     tracking: TrackingConfig | None = Field(None, description="Experiment tracking (MLflow); omitted = off.")
+    sweep: SweepConfig | None = Field(None, description="Settings search over one train stage (`embedpipe sweep`); "
+                                      "ignored by the pipeline.")
 
     @field_validator("run_name")
     @classmethod

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(stage.name, help=f"run the {stage.name} stage only: {stage.help}")
         _run_args(sp)
         _option_args(sp, stage.options)
+    sw = sub.add_parser("sweep", help="train every variant of the config's sweep section on the run's cached "
+                                      "upstream artifacts, pick the best on dev, evaluate it, write sweep-<stage>/")
+    _run_args(sw)
     wa = sub.add_parser("watch", help="fingerprint the sources, emit change events, run the pipeline (what the "
                                       "scheduled data-watch deployment does)")
     _run_args(wa, force=False)
@@ -326,6 +329,17 @@ def _run_command(args, config, config_path: str, run_dir: str) -> None:
             _print_result(res)
         if "evaluate" in results:
             print(f"\nreport: {Path(results['evaluate']['run_dir']) / 'evaluate' / 'report.md'}")
+    elif args.command == "sweep":
+        from flows.sweep import sweep_flow
+
+        out = sweep_flow(**common, force=args.force)
+        for variant in out["variants"]:
+            state = "cache hit" if variant["cached"] else "trained"
+            print(f"{variant['variant']} ({state}): dev {out['dev_scores'][variant['variant']]:.4f}  {variant['overrides']}")
+        print(f"winner: {out['winner']} {out['settings']}")
+        for score in out["test"]:
+            print(f"  {score['task']}: {score['metric']} {100 * score['value']:.2f}")
+        print(f"report: {out['report']}")
     elif args.command == "watch":
         from flows.watch import data_watch_flow
 

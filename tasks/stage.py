@@ -75,15 +75,16 @@ def library_logs_to_prefect():
 
 
 def run_stage_instance(stage: stages.Stage, config: RunConfig, run_dir: str, instance: str, options: Any = None,
-                       force: bool = False) -> dict[str, Any]:
+                       force: bool = False, snapshot: bool = True) -> dict[str, Any]:
     """Run one stage instance through its task; report whether it was a cache hit (run log,
-    returned summary, ``history.jsonl``) and publish its artifacts."""
+    returned summary, ``history.jsonl``) and publish its artifacts. ``snapshot``: record ``config``
+    as the run directory's config (off for sweep variants, whose configs are not the run's)."""
     with library_logs_to_prefect():
-        return _run_stage_instance(stage, config, run_dir, instance, options, force)
+        return _run_stage_instance(stage, config, run_dir, instance, options, force, snapshot)
 
 
 def _run_stage_instance(stage: stages.Stage, config: RunConfig, run_dir: str, instance: str, options: Any,
-                        force: bool) -> dict[str, Any]:
+                        force: bool, snapshot: bool = True) -> dict[str, Any]:
     options = options if options is not None else stage.options()
     t0 = time.perf_counter()
     fingerprint = stage.fingerprint(config, Path(run_dir), instance, options)  # once per run
@@ -98,7 +99,8 @@ def _run_stage_instance(stage: stages.Stage, config: RunConfig, run_dir: str, in
     if cached:
         get_run_logger().info("%s: cache hit (inputs %s unchanged) — reusing %s/%s, nothing recomputed\n%s",
                               instance, fingerprint.key[:12], run_dir, instance, summary)
-    save_config_snapshot(run_dir, config)  # after the stage stands: a failed run keeps the last good snapshot
+    if snapshot:
+        save_config_snapshot(run_dir, config)  # after the stage stands: a failed run keeps the last good snapshot
     if config.tracking is not None:  # once per stage result: a cache hit that was logged before adds nothing
         from embed_core.tracking import log_stage
 

@@ -1,0 +1,157 @@
+"""Sweeps: a grid or random search over one train stage's settings, chosen on dev.
+
+A variant is the swept stage with some settings changed (``sweep.params``), named
+``<stage>-<hash of its settings>`` so the same settings always train into the same directory
+(``train-<variant>/``) under the same cache key: an unchanged rerun of a sweep is all cache hits,
+and a sweep that adds values trains only the new variants. Every variant reads the run's cached
+upstream artifacts (prepare, mine, earlier train stages). The winner is the variant with the best
+dev selection score (its ``dev`` section, ``select: best``); it alone is evaluated on the test
+tasks. ``sweep-<stage>/`` holds ``variants.parquet``, ``report.md`` and ``winner.yaml`` — the run
+config with the winner's settings, which reproduces it as an ordinary run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import yaml
+
+from embed_core.artifacts import StageWriter, read_manifest
+from embed_core.config import RunConfig, parse_config
+from embed_core.errors import ConfigError
+
+
+def _set(mapping: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        mapping = mapping.setdefault(key, {})
+        if not isinstance(mapping, dict):
+            raise ConfigError(f"sweep.params.{dotted}: {key} is not a mapping")
+    mapping[keys[-1]] = value
+
+
+def combinations(config: RunConfig) -> list[dict[str, Any]]:
+    """The settings of every variant, in a stable order (grid), or ``samples`` of them drawn with
+    the run's seed (random)."""
+    sweep = config.sweep
+    names = sorted(sweep.params)
+    grid = [dict(zip(names, values)) for values in itertools.product(*(sweep.params[n] for n in names))]
+    if sweep.method == "random" and sweep.samples < len(grid):
+        grid = random.Random(config.seed).sample(grid, sweep.samples)
+    return grid
+
+
+def variant_name(stage: str, overrides: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{stage}-{digest}"
+
+
+def variant_config(config: RunConfig, overrides: dict[str, Any]) -> tuple[str, RunConfig]:
+    """(variant stage name, the run config in which the swept stage has ``overrides`` and that name;
+    later stages dropped)."""
+    sweep = config.sweep
+    raw = config.model_dump(mode="json")
+    stages = raw["train"]["stages"]
+    index = next(i for i, s in enumerate(stages) if s["name"] == sweep.stage)
+    stage = json.loads(json.dumps(stages[index]))
+    for dotted, value in overrides.items():
+        _set(stage, dotted, value)
+    name = variant_name(sweep.stage, overrides)
+    stage["name"] = name
+    if stage.get("init_from") is None and index > 0:
+        stage["init_from"] = stages[index - 1]["name"]  # the variant starts where the swept stage would
+    raw["train"]["stages"] = [*stages[:index], stage]
+    raw.pop("sweep")
+    return name, parse_config(raw, origin=f"sweep variant {name}")
+
+
+def check(config: RunConfig) -> None:
+    if config.sweep is None:
+        raise ConfigError("the run config has no 'sweep' section")
+    if config.train is None or config.sweep.stage not in [s.name for s in config.train.stages]:
+        raise ConfigError(f"sweep.stage {config.sweep.stage!r} is not a train stage of this config")
+    stage = next(s for s in config.train.stages if s.name == config.sweep.stage)
+    if stage.dev is None or stage.dev.select != "best":
+        raise ConfigError(f"sweep: train stage {stage.name!r} needs a dev section with select: best (the winner is "
+                          "chosen on dev)")
+
+
+def variants(config: RunConfig) -> list[tuple[str, dict[str, Any], RunConfig]]:
+    check(config)
+    out = []
+    for overrides in combinations(config):
+        name, cfg = variant_config(config, overrides)
+        out.append((name, overrides, cfg))
+    return out
+
+
+def winner_config(config: RunConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The run config with the swept stage's settings replaced by the winner's (name kept, later
+    stages kept, the sweep section removed): it reproduces the winner as an ordinary run."""
+    raw = config.model_dump(mode="json")
+    raw.pop("sweep")
+    stage = next(s for s in raw["train"]["stages"] if s["name"] == config.sweep.stage)
+    for dotted, value in overrides.items():
+        _set(stage, dotted, value)
+    return raw
+
+
+def dev_score(run_dir: str | Path, variant: str) -> float:
+    """The dev selection score a variant's stage kept (its manifest)."""
+    manifest = read_manifest(Path(run_dir), f"train-{variant}") or {}
+    value = manifest.get("counts", {}).get("selected_dev_score")
+    if value is None:
+        raise ConfigError(f"sweep: train-{variant} has no dev score (was it trained with its dev section?)")
+    return float(value)
+
+
+def ranking_key(variant: str, score: float | None) -> tuple[float, str]:
+    """Sort key of the ranking: best dev score first, ties by variant name (deterministic)."""
+    return (-(score if score is not None else float("-inf")), variant)
+
+
+def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:
+    from embed_core.evaluate.stage import main_scores as evaluated
+
+    return evaluated(run_dir)
+
+
+def write_report(config: RunConfig, run_dir: Path, results: list[dict[str, Any]],
+                 test_scores: list[dict[str, Any]]) -> dict[str, Any]:
+    """``sweep-<stage>/``: one row per variant, the report, and the winner's config."""
+    rows = []
+    for r in results:
+        manifest = read_manifest(run_dir, f"train-{r['variant']}") or {}
+        counts = manifest.get("counts", {})
+        rows.append({"variant": r["variant"], "settings": json.dumps(r["overrides"], sort_keys=True),
+                     "dev_score": counts.get("selected_dev_score"), "selected_step": counts.get("selected_step"),
+                     "train_seconds": manifest.get("timings_s", {}).get("total"), "cached": r["cached"]})
+    ranked = sorted(rows, key=lambda r: ranking_key(r["variant"], r["dev_score"]))
+    winner = ranked[0]
+    overrides = json.loads(winner["settings"])
+    lines = [f"# Sweep of {config.sweep.stage} ({config.sweep.method}, {len(rows)} variants)", "",
+             "| variant | settings | dev score | step kept | train s |", "|---|---|---:|---:|---:|"]
+    for r in ranked:
+        mark = " **winner**" if r is winner else ""
+        lines.append(f"| {r['variant']}{mark} | `{r['settings']}` | {r['dev_score']:.4f} | {r['selected_step']} | "
+                     f"{r['train_seconds']} |")
+    lines += ["", f"## The winner on the test tasks ({winner['variant']})", "", "| task | metric | score |",
+              "|---|---|---:|"]
+    lines += [f"| {s['task']} | {s['metric']} | {100 * s['value']:.2f} |" for s in test_scores]
+    lines += ["", f"`winner.yaml` reproduces it: `embedpipe run --config runs/.../sweep-{config.sweep.stage}/winner.yaml`."]
+    with StageWriter(run_dir, f"sweep-{config.sweep.stage}") as writer:
+        writer.write_table("variants.parquet", pa.Table.from_pylist(ranked), kind="sweep")
+        writer.write_file("report.md", "\n".join(lines).encode(), kind="report")
+        writer.write_file("winner.yaml", yaml.safe_dump(winner_config(config, overrides), sort_keys=False).encode(),
+                          kind="config")
+        return writer.commit({"run_name": config.run_name, "input_fingerprint": hashlib.sha256(
+            json.dumps(ranked, sort_keys=True, default=str).encode()).hexdigest(), "winner": winner["variant"],
+            "winner_settings": overrides, "counts": {"variants": len(rows), "trained": sum(not r["cached"] for r in rows)},
+            "test": test_scores, "timings_s": {"written_at": time.time()}})

@@ -1,0 +1,67 @@
+"""The sweep flow: the run's upstream stages (cache hits when unchanged), every variant of the swept
+train stage (``embed_core.sweep``), the winner's test evaluation, and the sweep report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.task_runners import ProcessPoolTaskRunner
+
+from embed_core import stages as registry
+from embed_core import sweep
+from embed_core.config import RunConfig
+from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
+from tasks.stage import run_stage_instance
+from tasks.sweep import train_variant
+
+
+@flow(name="sweep", log_prints=True, flow_run_name=flow_run_name)
+def sweep_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None, config: RunConfig | None = None,
+               run_name: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Train every variant of ``sweep.stage`` (``sweep.max_concurrency`` at once, each in its own
+    process), pick the best on dev, evaluate it on the test tasks, write ``sweep-<stage>/``.
+
+    Args:
+        config_path: YAML run config with a ``sweep`` section (ignored when ``config`` is given).
+        run_dir: run directory; defaults to ``<run_root>/<run_name>``.
+        config: inline run config.
+        run_name: overrides the config's ``run_name``.
+        force: retrain every variant even when its inputs are unchanged.
+    """
+    cfg, rdir = resolve_run(config_path, config, run_dir, run_name)
+    variants = sweep.variants(cfg)
+    base = variants[0][2]
+    with run_context(cfg, rdir, "sweep"):
+        upstream: dict[str, Any] = {}
+        for stage in registry.enabled_stages(base):  # what the variants read: prepare, mine, earlier train stages
+            if stage.name in ("train", "evaluate"):
+                continue
+            for instance in stage.instance_names(base):
+                upstream[instance] = run_stage_instance(stage, base, rdir, instance, stage.options(), False)
+        train = registry.get("train")
+        for earlier in [s.name for s in base.train.stages][:-1]:
+            upstream[f"train-{earlier}"] = run_stage_instance(train, base, rdir, f"train-{earlier}",
+                                                              train.options(stage=earlier), False)
+        if cfg.sweep.max_concurrency > 1:
+            runner = ProcessPoolTaskRunner(max_workers=cfg.sweep.max_concurrency)
+            with runner:
+                futures = [runner.submit(train_variant, {"config": c, "run_dir": rdir, "variant": n, "force": force})
+                           for n, _, c in variants]
+                results = [f.result() for f in futures]
+        else:
+            results = [train_variant(c, rdir, n, force) for n, _, c in variants]
+        trained = [{"variant": n, "overrides": o, "cached": r["cached"]} for (n, o, _), r in zip(variants, results)]
+        scores = {t["variant"]: (sweep.dev_score(rdir, t["variant"])) for t in trained}
+        winner = min(scores, key=lambda v: sweep.ranking_key(v, scores[v]))
+        test_scores: list[dict[str, Any]] = []
+        if cfg.evaluate is not None:
+            evaluate = registry.get("evaluate")
+            winner_cfg = next(c for n, _, c in variants if n == winner)
+            options = evaluate.options(models=[f"{rdir}/train-{winner}/model"])
+            result = run_stage_instance(evaluate, winner_cfg, rdir, "evaluate", options, False, snapshot=False)
+            test_scores = [r for r in sweep.main_scores(rdir) if r["model"] == winner]
+            upstream["evaluate"] = result
+        manifest = sweep.write_report(cfg, rdir, trained, test_scores)
+    return {"winner": manifest["winner"], "settings": manifest["winner_settings"], "variants": trained,
+            "dev_scores": scores, "test": test_scores, "report": f"{rdir}/sweep-{cfg.sweep.stage}/report.md"}
