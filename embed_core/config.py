@@ -576,6 +576,9 @@ class SweepConfig(_Strict):
                                          "{lr: [1.0e-5, 2.0e-5], losses.sts: [cosent, angle]}.")
     max_concurrency: int = Field(1, ge=1, description="Variants trained at once (each in its own process, so "
                                  "results do not depend on it).")
+    soup_top_k: int | None = Field(None, ge=2, description="Also average the weights of the k best variants on dev "
+                                   "(a uniform model soup, Wortsman et al. 2022) into sweep-<stage>-soup/model, "
+                                   "scored on dev and test next to the winner; None = no soup.")
 
     @field_validator("params")
     @classmethod

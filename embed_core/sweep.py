@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import random
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -117,14 +118,66 @@ def ranking_key(variant: str, score: float | None) -> tuple[float, str]:
     return (-(score if score is not None else float("-inf")), variant)
 
 
+def soup_dev_score(config: RunConfig, run_dir: str | Path, model_dir: Path) -> float:
+    """The dev selection score of a saved model on the swept stage's dev tasks (as the variants were scored)."""
+    from embed_core.model.embedder import Embedder
+    from embed_core.model.settings import read_model_settings
+    from embed_core.train.dev import DevEvaluator
+
+    stage = config.train.stages[-1]
+    settings = read_model_settings(model_dir)
+    with tempfile.TemporaryDirectory() as work:
+        evaluator = DevEvaluator(stage.dev, config, Path(run_dir), Path(work), settings)
+        embedder = Embedder(str(model_dir), pooling=settings.pooling, max_length=settings.max_length)
+        return evaluator.selection_score(evaluator.score(embedder))
+
+
 def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:
     from embed_core.evaluate.stage import main_scores as evaluated
 
     return evaluated(run_dir)
 
 
+def make_soup(config: RunConfig, run_dir: Path, ranked_variants: list[str]) -> Path:
+    """``sweep-<stage>-soup/model``: the uniform average of the weights of the top-k variants (same
+    architecture: they share the swept stage's initial model), with the best variant's tokenizer,
+    settings and prompts, and a card that says what it averages."""
+    from safetensors.torch import load_file, save_file
+
+    from embed_core.model.card import read_card_facts, write_card
+    from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
+
+    k = config.sweep.soup_top_k
+    members = ranked_variants[:k]
+    sources = [run_dir / f"train-{v}" / "model" for v in members]
+    total: dict[str, Any] = {}
+    for source in sources:
+        for name, tensor in load_file(source / "model.safetensors").items():
+            total[name] = total[name] + tensor.float() if name in total else tensor.float().clone()
+    first = load_file(sources[0] / "model.safetensors")
+    soup = {name: (tensor / len(sources)).to(first[name].dtype).contiguous() for name, tensor in total.items()}
+    name = f"sweep-{config.sweep.stage}-soup"
+    with StageWriter(run_dir, name) as writer:
+        out = writer.staging / "model"
+        for path in sorted(p for p in sources[0].rglob("*") if p.is_file()):
+            if path.name in ("model.safetensors", "README.md"):
+                continue
+            target = out / path.relative_to(sources[0])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+        save_file(soup, str(out / "model.safetensors"), metadata={"format": "pt"})
+        facts = read_card_facts(sources[0]) or {}
+        facts = {**facts, "soup_of": members}
+        write_card(out, facts, sentence_transformers_prompts(read_model_settings(out)))
+        writer.register_tree("model", kind="model")
+        key = hashlib.sha256(json.dumps([str(s) for s in sources] + [
+            (read_manifest(run_dir, f"train-{v}") or {}).get("input_fingerprint", "") for v in members]).encode())
+        writer.commit({"run_name": config.run_name, "input_fingerprint": key.hexdigest(), "soup_of": members})
+    return run_dir / name / "model"
+
+
 def write_report(config: RunConfig, run_dir: Path, results: list[dict[str, Any]],
-                 test_scores: list[dict[str, Any]]) -> dict[str, Any]:
+                 test_scores: list[dict[str, Any]], soup: dict[str, Any] | None = None) -> dict[str, Any]:
     """``sweep-<stage>/``: one row per variant, the report, and the winner's config."""
     rows = []
     for r in results:
@@ -145,6 +198,11 @@ def write_report(config: RunConfig, run_dir: Path, results: list[dict[str, Any]]
     lines += ["", f"## The winner on the test tasks ({winner['variant']})", "", "| task | metric | score |",
               "|---|---|---:|"]
     lines += [f"| {s['task']} | {s['metric']} | {100 * s['value']:.2f} |" for s in test_scores]
+    if soup is not None:
+        lines += ["", f"## Model soup: the mean of the {len(soup['members'])} best variants' weights", "",
+                  f"Members: {', '.join(soup['members'])}; dev score {soup['dev_score']:.4f} (winner "
+                  f"{winner['dev_score']:.4f}); `{soup['path']}`.", "", "| task | metric | score |", "|---|---|---:|"]
+        lines += [f"| {s['task']} | {s['metric']} | {100 * s['value']:.2f} |" for s in soup["test"]]
     lines += ["", f"`winner.yaml` reproduces it: `embedpipe run --config runs/.../sweep-{config.sweep.stage}/winner.yaml`."]
     with StageWriter(run_dir, f"sweep-{config.sweep.stage}") as writer:
         writer.write_table("variants.parquet", pa.Table.from_pylist(ranked), kind="sweep")
@@ -154,4 +212,4 @@ def write_report(config: RunConfig, run_dir: Path, results: list[dict[str, Any]]
         return writer.commit({"run_name": config.run_name, "input_fingerprint": hashlib.sha256(
             json.dumps(ranked, sort_keys=True, default=str).encode()).hexdigest(), "winner": winner["variant"],
             "winner_settings": overrides, "counts": {"variants": len(rows), "trained": sum(not r["cached"] for r in rows)},
-            "test": test_scores, "timings_s": {"written_at": time.time()}})
+            "test": test_scores, "soup": soup, "timings_s": {"written_at": time.time()}})

@@ -3,6 +3,7 @@ train stage (``embed_core.sweep``), the winner's test evaluation, and the sweep 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -54,14 +55,26 @@ def sweep_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None, co
         trained = [{"variant": n, "overrides": o, "cached": r["cached"]} for (n, o, _), r in zip(variants, results)]
         scores = {t["variant"]: (sweep.dev_score(rdir, t["variant"])) for t in trained}
         winner = min(scores, key=lambda v: sweep.ranking_key(v, scores[v]))
+        winner_cfg = next(c for n, _, c in variants if n == winner)
+        models = [f"{rdir}/train-{winner}/model"]
+        soup = None
+        if cfg.sweep.soup_top_k:
+            ranked = sorted(scores, key=lambda v: sweep.ranking_key(v, scores[v]))
+            soup_dir = sweep.make_soup(cfg, Path(rdir), ranked)
+            soup = {"members": ranked[:cfg.sweep.soup_top_k], "path": str(soup_dir),
+                    "dev_score": sweep.soup_dev_score(winner_cfg, rdir, soup_dir), "test": []}
+            models.append(str(soup_dir))
         test_scores: list[dict[str, Any]] = []
         if cfg.evaluate is not None:
             evaluate = registry.get("evaluate")
-            winner_cfg = next(c for n, _, c in variants if n == winner)
-            options = evaluate.options(models=[f"{rdir}/train-{winner}/model"])
-            result = run_stage_instance(evaluate, winner_cfg, rdir, "evaluate", options, False, snapshot=False)
-            test_scores = [r for r in sweep.main_scores(rdir) if r["model"] == winner]
-            upstream["evaluate"] = result
-        manifest = sweep.write_report(cfg, rdir, trained, test_scores)
+            options = evaluate.options(models=models)
+            upstream["evaluate"] = run_stage_instance(evaluate, winner_cfg, rdir, "evaluate", options, False,
+                                                      snapshot=False)
+            evaluated = sweep.main_scores(rdir)
+            test_scores = [r for r in evaluated if r["model"] == winner]
+            if soup is not None:
+                soup["test"] = [r for r in evaluated if r["model"] == Path(soup["path"]).parent.name]
+        manifest = sweep.write_report(cfg, rdir, trained, test_scores, soup)
     return {"winner": manifest["winner"], "settings": manifest["winner_settings"], "variants": trained,
-            "dev_scores": scores, "test": test_scores, "report": f"{rdir}/sweep-{cfg.sweep.stage}/report.md"}
+            "dev_scores": scores, "test": test_scores, "soup": soup,
+            "report": f"{rdir}/sweep-{cfg.sweep.stage}/report.md"}

@@ -24,7 +24,7 @@ def _sweep_config(tmp_path, tiny_model, concurrency):
         {"name": "STSBenchmark", "type": "sts", "path": "stsb/test.csv", "header": False,
          "columns": {"text1": 0, "text2": 1, "score": 2}, "max_rows": 40}]}
     raw["sweep"] = {"stage": "stage2", "params": {"lr": [1e-4, 5e-3], "losses.sts": ["cosent", "angle"]},
-                    "method": "random", "samples": 3, "max_concurrency": concurrency}
+                    "method": "random", "samples": 3, "max_concurrency": concurrency, "soup_top_k": 2}
     path = tmp_path / f"sweep-{concurrency}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -44,6 +44,18 @@ def test_a_sweep_picks_the_best_dev_variant_reproducibly_and_writes_a_config_tha
     assert rows[0]["variant"] == first["winner"] and [r["dev_score"] for r in rows] == sorted(scores.values(), reverse=True)
     assert [s["task"] for s in first["test"]] == ["STSBenchmark"]  # only the winner is evaluated on test
     assert "winner" in (run_dir / "sweep-stage2/report.md").read_text()
+
+    # the soup: the mean of the two best variants' weights, scored on dev and test like the winner
+    from safetensors.torch import load_file
+
+    soup = first["soup"]
+    ranked = [r["variant"] for r in rows]
+    assert soup["members"] == ranked[:2] and [s["task"] for s in soup["test"]] == ["STSBenchmark"]
+    weights = [load_file(run_dir / f"train-{v}/model/model.safetensors") for v in ranked[:2]]
+    averaged = load_file(run_dir / "sweep-stage2-soup/model/model.safetensors")
+    name = next(iter(averaged))
+    assert averaged[name].allclose((weights[0][name] + weights[1][name]) / 2, atol=1e-6)
+    assert "model soup" in (run_dir / "sweep-stage2-soup/model/README.md").read_text()
 
     # the same sweep again, one variant at a time: all cache hits, the same winner and dev scores
     again = sweep_flow(config_path=str(_sweep_config(tmp_path, tiny_model, 1)), run_dir=str(run_dir))

@@ -77,6 +77,10 @@ def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dic
                   "evaluation did):", "", "| prompt name | prompt |", "|---|---|"]
         lines += [f"| `{n}` | `{p!r}` |" for n, p in sorted(prompts.items())]
         lines.append("")
+    if facts.get("soup_of"):
+        lines += [f"The weights are the uniform average (a model soup) of {len(facts['soup_of'])} sweep variants: "
+                  + ", ".join(f"`{m}`" for m in facts["soup_of"]) + "; the data, losses and settings below are the "
+                  "best variant's.", ""]
     lines += ["## Training data", "", "| dataset | task | records | sampling weight |", "|---|---|---:|---:|"]
     for name, d in sorted(facts["datasets"].items()):
         lines.append(f"| {name} | {d['task']} | {d['records']} | {d.get('weight', 0):.3f} |")
