@@ -17,6 +17,7 @@ import logging
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,6 +110,15 @@ def _print_downstream(config, result: dict) -> None:
               "recomputes them (stages whose inputs still match are cache hits)")
     elif rows:
         print("downstream stages still match their inputs (this stage's outputs did not change what they read)")
+
+
+def _wall_times(results: dict, total: float) -> str:
+    """The wall time of every stage of a pipeline run, and the run's (Prefect and server overhead included)."""
+    lines = ["", "wall time per stage:"]
+    for name, res in results.items():
+        lines.append(f"  {name:<24}{res['seconds']:>9.1f} s{'  (cache hit)' if res['cached'] else ''}")
+    lines.append(f"  {'total (whole command)':<24}{total:>9.1f} s")
+    return "\n".join(lines)
 
 
 def _print_result(result: dict) -> None:
@@ -324,11 +334,13 @@ def _run_command(args, config, config_path: str, run_dir: str) -> None:
     if args.command == "run":
         from flows.pipeline import pipeline_flow
 
+        t0 = time.perf_counter()
         results = pipeline_flow(**common)
         for res in results.values():
             _print_result(res)
         if "evaluate" in results:
             print(f"\nreport: {Path(results['evaluate']['run_dir']) / 'evaluate' / 'report.md'}")
+        print(_wall_times(results, time.perf_counter() - t0))
     elif args.command == "sweep":
         from flows.sweep import sweep_flow
 

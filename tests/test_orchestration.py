@@ -218,3 +218,17 @@ def test_config_snapshot_keys_every_stage_like_the_original_config(tmp_path):
     assert prepare.input_fingerprint(snapshot).key == prepare.input_fingerprint(original).key
     assert (evaluate.input_fingerprint(snapshot, tmp_path, ["base"]).key
             == evaluate.input_fingerprint(original, tmp_path, ["base"]).key)
+
+
+def test_embedpipe_run_ends_with_the_wall_time_of_every_stage(prefect_harness, tmp_path, capfd):
+    from tests.cli_run import in_process, write_config
+
+    (tmp_path / "s.csv").write_text("sentence1,sentence2,score\nA man plays.,A man is playing.,4.5\n")
+    config = write_config(tmp_path, [{"name": "sts", "kind": "sts", "path": "s.csv"}])
+    first = in_process(capfd, "run", "--config", config)
+    assert first.rc == 0, first.err
+    times = first.out[first.out.index("wall time per stage:"):].splitlines()
+    assert times[1].split()[0] == "prepare" and times[1].split()[2] == "s" and "cache hit" not in times[1]
+    assert times[-1].split()[:3] == ["total", "(whole", "command)"]
+    again = in_process(capfd, "run", "--config", config)
+    assert "(cache hit)" in again.out[again.out.index("wall time per stage:"):]
