@@ -57,6 +57,9 @@ class RowError(EmbedpipeError):
             where += f": field '{self.field}'"
         super().__init__(f"{where}: {self.detail}")
 
+    def __reduce__(self):  # picklable (errors cross process boundaries, e.g. Prefect's process pool)
+        return type(self), (self.file, self.row, self.field, self.reason, self.detail)
+
 
 class SourceError(RowError):
     """A problem that makes a whole source unreadable (missing file, missing column in the header)."""

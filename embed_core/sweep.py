@@ -87,9 +87,12 @@ def check(config: RunConfig) -> None:
 def variants(config: RunConfig) -> list[tuple[str, dict[str, Any], RunConfig]]:
     check(config)
     out = []
+    seen: set[str] = set()
     for overrides in combinations(config):
         name, cfg = variant_config(config, overrides)
-        out.append((name, overrides, cfg))
+        if name not in seen:  # a value listed twice is one variant (one directory, one training)
+            seen.add(name)
+            out.append((name, overrides, cfg))
     return out
 
 
@@ -114,8 +117,10 @@ def dev_score(run_dir: str | Path, variant: str) -> float:
 
 
 def ranking_key(variant: str, score: float | None) -> tuple[float, str]:
-    """Sort key of the ranking: best dev score first, ties by variant name (deterministic)."""
-    return (-(score if score is not None else float("-inf")), variant)
+    """Sort key of the ranking: best dev score first (a missing or NaN score last), ties by
+    variant name (deterministic)."""
+    usable = score is not None and score == score  # NaN != NaN
+    return (-score if usable else float("inf"), variant)
 
 
 def soup_dev_score(config: RunConfig, run_dir: str | Path, model_dir: Path) -> float:

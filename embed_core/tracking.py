@@ -114,8 +114,9 @@ def _log_stage(config: RunConfig, run_dir: Path, stage: str, manifest: dict[str,
 
     client, experiment_id = _client(config)
     parent = _parent_run(client, experiment_id, run_dir, config)
+    # The fingerprint tag is set last: a run cut short by an error does not count as logged.
     tags = {"mlflow.parentRunId": parent, RUN_DIR_TAG: str(run_dir.resolve()), STAGE_TAG: stage, ROLE_TAG: "stage",
-            FINGERPRINT_TAG: manifest.get("input_fingerprint", ""), "embedpipe.code": str(manifest.get("code", ""))[:250]}
+            "embedpipe.code": str(manifest.get("code", ""))[:250]}
     run_id = client.create_run(experiment_id, run_name=stage, tags=tags).info.run_id
     now = int(time.time() * 1000)
     params: dict[str, Any] = {}
@@ -148,14 +149,15 @@ def _log_stage(config: RunConfig, run_dir: Path, stage: str, manifest: dict[str,
         client.log_batch(run_id, metrics=everything[i:i + 1000])
     for i in range(0, len(params_list), 100):
         client.log_batch(run_id, params=params_list[i:i + 100])
-    if scores:
-        client.log_batch(parent, metrics=scores)
+    for i in range(0, len(scores), 1000):
+        client.log_batch(parent, metrics=scores[i:i + 1000])
     if config.tracking.log_model:
         model_dir = stage_dir / "model"
         if model_dir.is_dir():
             client.log_artifacts(run_id, str(model_dir), artifact_path="model")
         if (stage_dir / "report.md").exists():
             client.log_artifact(run_id, str(stage_dir / "report.md"))
+    client.set_tag(run_id, FINGERPRINT_TAG, manifest.get("input_fingerprint", ""))
     client.set_terminated(run_id)
     log.info("tracking: %s logged to %s (run %s)", stage, tracking_uri(config), run_id)
     return run_id

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import json
 import logging
 import signal
@@ -158,9 +159,15 @@ def _user_error(exc: BaseException) -> str | None:
 
     if isinstance(exc, EmbedpipeError):
         return str(exc)
-    if isinstance(exc, OSError) and exc.filename is not None:  # permissions, disk full, a file where a directory belongs
+    if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _USER_ERRNOS:
         return printable(f"{exc.filename}: {exc.strerror or exc}", 600)
     return None
+
+
+# OS errors that come from the user's files or machine (permissions, a full or read-only disk, a
+# file where a directory belongs); others (e.g. a vanished file) may be bugs and keep their traceback.
+_USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EISDIR, errno.ENOTDIR,
+                errno.ENAMETOOLONG}
 
 
 class _NoTracebackForUserErrors(logging.Filter):
@@ -212,8 +219,9 @@ def _console_logs(error_stream, debug: bool) -> Iterator[None]:
 
 def _die_with_parent() -> None:
     """In a child, before exec: the kernel sends it SIGTERM when the process that started it dies
-    (Linux ``PR_SET_PDEATHSIG``), SIGKILL included."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    (Linux ``PR_SET_PDEATHSIG``), SIGKILL included. ``prctl`` is looked up in the parent: nothing
+    between fork and exec may load a library."""
+    _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 @contextmanager
@@ -227,6 +235,8 @@ def _prefect_api() -> Iterator[None]:
     if PREFECT_API_URL.value() or not sys.platform.startswith("linux"):
         yield
         return
+    global _PRCTL
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
     server = SubprocessASGIServer()
     # Started from the main thread, which lives as long as the process (the death signal follows the
     # thread that forked).
@@ -251,6 +261,7 @@ def _drain_prefect_workers() -> None:
 
 
 _real_popen = subprocess.Popen
+_PRCTL = None  # libc's prctl, resolved in the parent before the server is started
 
 
 def _popen_dying_with_parent(*args, **kwargs):

@@ -109,3 +109,15 @@ def test_beir_zero_judgments_become_negatives_and_unknown_ids_are_quarantined(tm
     (rec,) = tables["b.parquet"].to_pylist()
     assert rec["positives"] == ["T3 highly relevant"] and rec["positive_scores"] == [2.0]
     assert rec["weak_positives"] == ["T1 relevant"] and rec["negatives"] == ["judged irrelevant"]
+
+
+def test_row_errors_survive_pickling_across_processes():
+    import pickle
+
+    from embed_core.errors import RowError
+
+    err = SourceError("a.csv", 3, "score", "bad_score", "not a number: 'x'")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is SourceError and str(back) == str(err) == "a.csv:3: field 'score': not a number: 'x'"
+    assert (back.file, back.row, back.field, back.reason) == ("a.csv", 3, "score", "bad_score")
+    assert isinstance(back, RowError)

@@ -73,3 +73,32 @@ def test_no_test_text_is_encoded_during_training(trained_with_dev):
     # an encoded text is the instruction template around the text: its last line after "Query: "
     texts = {normalize_text(t.split("\n")[-1].removeprefix("Query: ")) for t in encoded}
     assert len(test_texts) > 100 and not texts & test_texts
+
+
+def test_dev_evaluation_does_not_change_what_is_trained(tmp_path, tiny_model):
+    """mteb seeds the global RNGs when it evaluates; the trainer restores them, so a stage with dev
+    evaluation (select: last) ends with exactly the weights of the same stage without it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from embed_core.prepare.stage import run_prepare
+    from embed_core.train.stage import run_train_stage
+
+    weights = []
+    for with_dev in (False, True):
+        raw = _config_dict(tmp_path / str(with_dev), tiny_model)
+        for source in raw["prepare"]["sources"]:
+            if source["name"] == "stsb":
+                source["dev_fraction"] = 0.2
+        stage = dict(raw["train"]["stages"][1], name="s", steps=4, lr=5e-3, init_from="base")
+        if with_dev:
+            stage["dev"] = {"eval_every": 1, "max_rows": 20, "select": "last",
+                            "tasks": [{"name": "StsDev", "type": "sts", "dataset": "stsb"}]}
+        raw["train"]["stages"] = [stage]
+        config = parse_config(raw)
+        run_dir = tmp_path / str(with_dev) / "run"
+        run_prepare(config, run_dir)
+        run_train_stage(config, run_dir, "s")
+        weights.append(load_file(run_dir / "train-s/model/model.safetensors"))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

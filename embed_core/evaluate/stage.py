@@ -56,11 +56,15 @@ def _cfg(config: RunConfig) -> EvaluateConfig:
     return config.evaluate
 
 
-def trained_models(run_dir: Path) -> dict[str, str]:
+def trained_models(run_dir: Path, config: RunConfig | None = None) -> dict[str, str]:
     """label -> model directory for every finished train stage in the run, in stage order
-    (``<run_dir>/train-<stage>/model``, labelled by the stage name)."""
+    (``<run_dir>/train-<stage>/model``, labelled by the stage name); with ``config``, only its train
+    stages (not, e.g., the variants a sweep trained into the same run directory)."""
+    wanted = {f"train-{s.name}" for s in config.train.stages} if config is not None and config.train else None
     found: dict[str, tuple[float, str]] = {}
     for model_dir in Path(run_dir).glob("train-*/model"):
+        if wanted is not None and model_dir.parent.name not in wanted:
+            continue
         if (model_dir / "config.json").exists() and (model_dir.parent / "manifest.json").exists():
             found[model_dir.parent.name.removeprefix("train-")] = ((model_dir.parent / "manifest.json").stat().st_mtime,
                                                                    str(model_dir))
@@ -84,7 +88,7 @@ def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = 
         if item == "base":
             out["base"] = resolve(cfg.base_model)
         elif item == "trained":
-            out.update(trained_models(run_dir))
+            out.update(trained_models(run_dir, config))
         else:
             path = resolve(item)
             p = Path(path)
@@ -283,7 +287,7 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
         writer.write_file("report.md", report_md.encode(), kind="report")
         if geometry:
             writer.write_table(GEOMETRY, pa.Table.from_pylist(geometry), kind="geometry")
-        release = _write_release(writer, run_dir, rows)
+        release = _write_release(writer, run_dir, rows, config)
         manifest = writer.commit({
             "run_name": config.run_name,
             "input_fingerprint": fingerprint.key,
@@ -323,11 +327,12 @@ RELEASE = "model"
 _REWRITTEN = ("README.md", CARD_FACTS)
 
 
-def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]],
+                   config: RunConfig) -> dict[str, Any] | None:
     """Stage ``model/``: the last trained model of the run, if it has scores, with its card rendered
     again with the evaluation table (its scores next to the base model's). Files are hard links
     (artifacts are never modified in place, so sharing inodes is safe), copies across filesystems."""
-    trained = trained_models(run_dir)
+    trained = trained_models(run_dir, config)
     scored = {r["model"] for r in rows if r["main"]}
     label = next((lab for lab in reversed(trained) if lab in scored), None)
     if label is None:

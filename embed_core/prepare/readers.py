@@ -229,8 +229,8 @@ def read_jsonl(path: Path, display: str) -> Iterator[RawRow | RowError]:
         except json.JSONDecodeError as exc:
             yield RowError(display, line_no, None, "malformed_json", f"malformed JSON: {exc.msg} at column {exc.colno}")
             continue
-        except RecursionError:
-            yield RowError(display, line_no, None, "malformed_json", "malformed JSON: nested too deeply")
+        except (RecursionError, ValueError) as exc:  # nesting depth, integers over the digit limit
+            yield RowError(display, line_no, None, "malformed_json", f"malformed JSON: {type(exc).__name__}: {exc}"[:300])
             continue
         if not isinstance(obj, dict):
             yield RowError(display, line_no, None, "malformed_json", f"expected a JSON object, got {type(obj).__name__}")

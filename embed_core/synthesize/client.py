@@ -181,12 +181,13 @@ class LLMClient:
     async def _send(self, client: openai.AsyncOpenAI, prompt: Any, params: dict[str, Any]) -> tuple[str, int, int]:
         if self.server.mode == "completion":
             resp = await client.completions.create(model=self.server.model, prompt=prompt, **params)
-            text = resp.choices[0].text
         else:
             resp = await client.chat.completions.create(model=self.server.model, messages=prompt, **params)
-            text = resp.choices[0].message.content
-        if not resp.choices or text is None:
-            raise ValueError("the response has no choices or no text")
+        if not resp.choices:
+            raise ValueError("the response has no choices")
+        text = resp.choices[0].text if self.server.mode == "completion" else resp.choices[0].message.content
+        if text is None:
+            raise ValueError("the response has no text")
         usage = getattr(resp, "usage", None)
         return text, int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0)
 
@@ -231,8 +232,11 @@ class LLMClient:
         """The answer to ``prompt`` (from the cache when there), or ``RequestFailed``. ``schema``:
         (name, JSON schema) of the answer, sent as a structured-output response_format in chat mode."""
         params = self.sampling_params(stop, attempt, schema)
+        # keyed without response_format: the answer to a prompt is the same question with or without
+        # structured outputs (and `auto` may switch it off mid-run)
         key = request_key(model=self.server.model, mode=self.server.mode, prompt=prompt_name,
-                          prompt_version=prompt_version, rendered=prompt, sampling=params, attempt=attempt)
+                          prompt_version=prompt_version, rendered=prompt, attempt=attempt,
+                          sampling={k: v for k, v in params.items() if k != "response_format"})
         hit = self.cache.get(key)
         if hit is not None:
             self.stats.cache_hits += 1

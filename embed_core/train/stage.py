@@ -133,7 +133,30 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str) -
         "processes": int(os.environ.get("WORLD_SIZE", "1")),
         "upstream": _used_outputs(run_dir / records_upstream(config, STAGE), upstream, stage),
         "train": config_hash(cfg.model_copy(update={"stages": [], "work_pool": None})), "stage": config_hash(stage), "init": init,
-        "seed": config.seed})
+        "dev": _dev_inputs(config, run_dir, stage), "seed": config.seed})
+
+
+def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, str]:
+    """Hashes of what the dev tasks read (with select: best they decide which weights are kept):
+    prepare's dev records of their datasets and their files."""
+    if stage.dev is None:
+        return {}
+    from embed_core.fingerprint import sha256_file
+
+    out: dict[str, str] = {}
+    prepared = read_manifest(run_dir, "prepare") or {"outputs": {}}
+    for task in stage.dev.tasks:
+        if task.dataset:
+            info = prepared["outputs"].get(f"dev/{task.dataset}.parquet")
+            out[f"{task.name}:dev/{task.dataset}"] = info["sha256"] if info else "missing"
+            continue
+        paths = [task.path] if isinstance(task.path, str) else list(task.path)
+        for path in [*paths, *([task.train_path] if task.train_path else [])]:
+            resolved = config.resolve(path)
+            files = sorted(p for p in resolved.rglob("*") if p.is_file()) if resolved.is_dir() else [resolved]
+            for f in files:
+                out[f"{task.name}:{f.name}"] = sha256_file(f) if f.is_file() else "missing"
+    return out
 
 
 def load_datasets(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, DatasetRecords]:
@@ -229,6 +252,9 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     if stage.mode == "contrastive":
         trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed,
                           log=log.info)
+        if stage.dev is not None and cfg.deepspeed is not None:
+            raise ConfigError(f"train stage {stage.name}: dev evaluation runs on rank 0 alone, which DeepSpeed's "
+                              "partitioned parameters do not allow; drop train.deepspeed or the stage's dev section")
         if stage.dev is not None and main:
             from embed_core.train.dev import DevEvaluator
 

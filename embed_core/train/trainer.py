@@ -398,22 +398,28 @@ class Trainer:
         progress.close()
         if self.dev_evaluator is not None and self.stage.dev.select == "best" and self.best is not None \
                 and self.best["step"] != self.step and self.rank == 0:
-            self.model.load_state_dict(_load_plain(self._best_path(), map_location=self.device))
+            self.model.load_state_dict(_load_plain(self._best_path(self.best["step"]), map_location=self.device))
             self.log(f"{self.stage.name}: keeping the weights of step {self.best['step']} (best dev score "
                      f"{self.best['score']:.4f}), not the last step's")
         return self.metrics
 
     # -- dev evaluation ------------------------------------------------------------------------
-    def _best_path(self) -> Path:
-        return self.checkpoint_dir / "best" / "model.pt"
+    def _best_path(self, step: int) -> Path:
+        return self.checkpoint_dir / "best" / f"step-{step:07d}.pt"
 
     def evaluate_dev(self) -> None:
         """Score the dev tasks (rank 0; the others go on to the next step's collective and wait there),
         log them, and keep the weights when the selection score is the best so far."""
         if self.rank != 0:
             return
-        scores = self.dev_evaluator.score(self.model)
+        rng = _rng_state()  # mteb seeds the global RNGs: training must not depend on whether it evaluates
+        try:
+            scores = self.dev_evaluator.score(self.model)
+        finally:
+            _set_rng_state(rng)
         selection = self.dev_evaluator.selection_score(scores)
+        if math.isnan(selection):
+            selection = float("-inf")  # a diverged or constant model never becomes the best
         for task, value in scores.items():
             self.dev_rows.append({"stage": self.stage.name, "step": self.step, "task": task, "score": value,
                                   "selection": selection})
@@ -423,7 +429,9 @@ class Trainer:
         if self.best is None or selection > self.best["score"]:
             self.best = {"step": self.step, "score": selection}
             if self.stage.dev.select == "best":
-                path = self._best_path()
+                # one file per step, named in `best`: a resume restores the `best` of its checkpoint
+                # together with the file it names, whatever was written after that checkpoint
+                path = self._best_path(self.step)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(self.model.state_dict(), path.with_suffix(".tmp"))
                 os.replace(path.with_suffix(".tmp"), path)
