@@ -60,3 +60,12 @@ def write_config(tmp_path: Path, sources: list[dict], name: str = "config.yaml",
     path = tmp_path / name
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+STS_SOURCE = {"name": "sts", "kind": "sts", "path": "sts.csv"}
+
+
+def write_sts_data(directory: Path) -> Path:
+    """A one-pair STS file, ``sts.csv``, that STS_SOURCE reads."""
+    (directory / "sts.csv").write_text("sentence1,sentence2,score\nA man plays.,A man is playing.,4.5\n")
+    return directory

@@ -3,15 +3,14 @@ nothing runs and nothing is written."""
 
 import pytest
 
-from tests.cli_run import in_process, write_config
+from tests.cli_run import STS_SOURCE, in_process, write_config, write_sts_data
 
-STS = {"name": "sts", "kind": "sts", "path": "sts.csv"}
+STS = STS_SOURCE
 
 
 @pytest.fixture
 def data(tmp_path):
-    (tmp_path / "sts.csv").write_text("sentence1,sentence2,score\nA man plays.,A man is playing.,4.5\n")
-    return tmp_path
+    return write_sts_data(tmp_path)
 
 
 def test_a_config_that_is_not_utf8_names_the_file_and_line(data, capfd):

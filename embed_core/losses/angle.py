@@ -25,15 +25,7 @@ from pydantic import Field
 from torch import Tensor
 
 from embed_core.losses.base import Loss, LossContext, LossParams
-from embed_core.losses.cosent import cosent
-
-
-def _ranked(sim: Tensor, scores: Tensor) -> Tensor:
-    """CoSENT's ranking term for any pair similarity ``sim`` [n] (already scaled)."""
-    diff = sim[None, :] - sim[:, None]  # diff[p, q] = s_q − s_p, a term where y_p > y_q
-    diff = diff.masked_fill(~(scores[:, None] > scores[None, :]), float("-inf"))
-    zero = torch.zeros(1, dtype=diff.dtype, device=diff.device)
-    return torch.logsumexp(torch.cat([zero, diff.flatten()]), dim=0)
+from embed_core.losses.cosent import cosent, rank_pairs
 
 
 def angle_similarity(a: Tensor, b: Tensor) -> Tensor:
@@ -68,7 +60,7 @@ def angle_loss(a: Tensor, b: Tensor, scores: Tensor, *, w_cos: float = 1.0, w_ib
     if w_ibn:
         total = total + w_ibn * in_batch_negatives(a, b, scores >= ibn_min_score, tau=tau_ibn)
     if w_angle:
-        total = total + w_angle * _ranked(angle_similarity(a, b) * scale_angle, scores)
+        total = total + w_angle * rank_pairs(angle_similarity(a, b) * scale_angle, scores)
     return total
 
 

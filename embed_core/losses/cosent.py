@@ -17,14 +17,19 @@ from torch import Tensor
 from embed_core.losses.base import Loss, LossContext, LossParams
 
 
-def cosent(a: Tensor, b: Tensor, scores: Tensor, *, tau: float = 0.05) -> Tensor:
-    """a, b: [n, d] (pair i is (a_i, b_i)); scores: [n] gold scores."""
-    sim = (a * b).sum(dim=-1) / tau  # [n]
+def rank_pairs(sim: Tensor, scores: Tensor) -> Tensor:
+    """CoSENT's ranking term for any (already scaled) pair similarity ``sim`` [n]:
+    log(1 + Σ_{y_p > y_q} exp(s_q − s_p))."""
     diff = sim[None, :] - sim[:, None]  # diff[p, q] = s_q − s_p ; a term where y_p > y_q
     mask = scores[:, None] > scores[None, :]
     diff = diff.masked_fill(~mask, float("-inf"))
     zero = torch.zeros(1, dtype=diff.dtype, device=diff.device)  # the "1 +" inside the log
     return torch.logsumexp(torch.cat([zero, diff.flatten()]), dim=0)
+
+
+def cosent(a: Tensor, b: Tensor, scores: Tensor, *, tau: float = 0.05) -> Tensor:
+    """a, b: [n, d] (pair i is (a_i, b_i)); scores: [n] gold scores."""
+    return rank_pairs((a * b).sum(dim=-1) / tau, scores)
 
 
 class CoSENT(Loss):
