@@ -73,5 +73,6 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) tests/benchmarks/bench_mine.py
 	$(PY) tests/benchmarks/bench_train.py
+	$(PY) tests/benchmarks/bench_evaluate.py
 	@if [ -f $(LLM_STAMP) ]; then $(PY) tests/benchmarks/bench_llama_threads.py; \
 	  else echo "bench_llama_threads: skipped (make install-llm first)"; fi

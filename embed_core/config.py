@@ -236,12 +236,22 @@ class SynthesizeConfig(_Strict):
 
 
 class IndexConfig(_Strict):
-    type: Literal["flat", "ivf", "hnsw"] = Field(
-        "flat", description="flat = exact inner product (default); ivf / hnsw for pools beyond ~1M texts.")
-    nlist: int = Field(1024, ge=1, description="ivf: number of clusters (capped at pool size / 39).")
-    nprobe: int = Field(32, ge=1, description="ivf: clusters searched per query.")
-    hnsw_m: int = Field(32, ge=4, description="hnsw: graph degree.")
-    ef_search: int = Field(128, ge=1, description="hnsw: search depth.")
+    """The FAISS index the pool is searched with: any ``faiss.index_factory`` string over inner
+    product (cosine on the L2-normalised embeddings)."""
+
+    factory: str = Field(
+        "Flat", description="faiss.index_factory string: 'Flat' (exact, the default), 'HNSW32' (graph), "
+                            "'IVF4096,Flat' (clusters), 'IVF4096,PQ64' (clusters + product quantisation: "
+                            "about 64 bytes per vector for pools of 10M+). Indexes that need training are "
+                            "trained on a seeded sample of train_size pool vectors.")
+    nprobe: int = Field(32, ge=1, description="IVF indexes: clusters searched per query (capped at their number).")
+    ef_search: int = Field(128, ge=1, description="HNSW indexes: search depth (at least 2 × range_max).")
+    train_size: int = Field(100_000, ge=1, description="IVF / PQ: pool vectors sampled (seeded) to train the index; "
+                                                       "faiss wants about 39 per cluster.")
+    add_chunk_size: int = Field(16384, ge=1, description="Pool texts encoded and added to the index at a time "
+                                                         "(memory stays flat in the pool size).")
+    gpu: bool = Field(True, description="Search on every visible GPU when faiss-gpu is installed "
+                                        "(faiss.index_cpu_to_all_gpus); ignored without one.")
 
 
 class MineConfig(_Strict):
@@ -314,6 +324,10 @@ class EvalTaskSpec(_Strict):
     instruction: str | None = Field(None, description="Instruction for instruction-following models "
                                                       "(default: MTEB's task prompt, else none).")
     max_rows: int | None = Field(None, ge=1, description="Evaluate only the first N rows/queries (smoke runs).")
+    max_corpus: int | None = Field(None, ge=1, description="retrieval: search a corpus of N documents: every "
+                                   "document judged for the evaluated queries plus a seeded sample of the others "
+                                   "(quick runs; scores are not comparable with the full corpus's, so give the task "
+                                   "its own name).")
 
     @field_validator("name")
     @classmethod
@@ -330,6 +344,17 @@ class GeometryConfig(_Strict):
     task: str = Field(description="Name of an sts task in evaluate.tasks whose sentences are analysed.")
     max_texts: int = Field(1000, ge=2, description="Unique sentences analysed (first N of the file).")
     max_length: int = Field(128, ge=4, description="Tokens per sentence.")
+
+
+class EmbeddingCacheConfig(_Strict):
+    """Where embeddings of models that do not change with the run (the base model, models outside
+    the run directory) are cached; the run's own models always use <run_dir>/cache/embeddings."""
+
+    machine_wide: bool = Field(True, description="Share those embeddings across run directories on this machine "
+                                                 "($EMBEDPIPE_CACHE_DIR, default ~/.cache/embedpipe/embeddings); "
+                                                 "false keeps every embedding inside the run directory.")
+    max_gb: float = Field(20.0, gt=0, description="Size cap of the machine-wide cache: the least recently used "
+                                                  "models' embeddings are removed beyond it.")
 
 
 class EvaluateConfig(_Strict):
@@ -480,6 +505,10 @@ class TrainStageConfig(_Strict):
     grad_cache_chunk: int | None = Field(None, ge=1, description="GradCache: embed in chunks of this many texts "
                                          "with cached gradients (memory independent of batch size); None = off.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (less memory, more time).")
+    length_buckets: int = Field(4, ge=1, description="Each text group of a batch is length-sorted and encoded in at "
+                                "most this many forward passes, each padded to its own longest text (the split "
+                                "that wastes the fewest padded positions); the loss still sees the whole batch. "
+                                "1 = one pass padded to the group's longest text.")
     alpha: float = Field(0.5, ge=0, description="Dataset sampling exponent (Eq. 4).")
     eta: float | None = Field(None, ge=0, le=1,
                               description="Global retrieval ratio η (stage 2: 0.72); None = Eq. 4 only.")
@@ -612,6 +641,8 @@ class RunConfig(_Strict):
     train: TrainConfig | None = Field(None, description="Training stages; omitted = stage skipped.")
     evaluate: EvaluateConfig | None = Field(None, description="MTEB evaluation; omitted = stage skipped.")
     tracking: TrackingConfig | None = Field(None, description="Experiment tracking (MLflow); omitted = off.")
+    embedding_cache: EmbeddingCacheConfig = Field(default_factory=EmbeddingCacheConfig,
+                                                  description="Embedding cache shared by mine and evaluate.")
     sweep: SweepConfig | None = Field(None, description="Settings search over one train stage (`embedpipe sweep`); "
                                       "ignored by the pipeline.")
 

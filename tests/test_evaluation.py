@@ -209,3 +209,56 @@ def test_cli_compare_missing_results_exits_2(tmp_path):
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("embedpipe: error:") and "nope" in proc.stderr
+
+
+def test_the_base_model_is_encoded_once_per_machine_and_a_run_model_stays_in_its_run(local_data, tmp_path,
+                                                                                    tiny_model, monkeypatch):
+    from embed_core.evaluate.stage import run_evaluate
+
+    machine = tmp_path / "machine-cache"
+    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(machine))
+    config = _config(local_data, tmp_path / "runs", LOCAL_TASKS[:2], base_model=str(tiny_model))
+    first = run_evaluate(config, tmp_path / "runs/a")
+    fresh = run_evaluate(config, tmp_path / "runs/b")  # another run directory on the same machine
+    assert first["counts"]["texts_encoded"] > 0 and fresh["counts"]["texts_encoded"] == 0
+    assert [p.name.endswith("-float32") for p in machine.iterdir()] == [True]
+    assert not (tmp_path / "runs/a/cache/embeddings").exists()
+    # a model inside the run directory (what the run trains) is cached in the run, not machine-wide
+    shutil.copytree(tiny_model, tmp_path / "runs/b/train-stage1/model")
+    trained = run_evaluate(config, tmp_path / "runs/b", models=[str(tmp_path / "runs/b/train-stage1/model")])
+    assert trained["counts"]["texts_encoded"] > 0 and len(list(machine.iterdir())) == 1
+    assert len(list((tmp_path / "runs/b/cache/embeddings").iterdir())) == 1
+    # machine_wide: false keeps everything in the run directory
+    local = _config(local_data, tmp_path / "runs", LOCAL_TASKS[:2], base_model=str(tiny_model))
+    local = local.model_copy(update={"embedding_cache": local.embedding_cache.model_copy(update={"machine_wide": False})})
+    assert run_evaluate(local, tmp_path / "runs/c")["counts"]["texts_encoded"] > 0
+
+
+def test_the_machine_wide_cache_drops_the_least_recently_used_models_beyond_its_cap(tmp_path):
+    import os
+
+    import numpy as np
+
+    from embed_core.model.embedding_cache import EmbeddingCache
+
+    for age, name in enumerate(["old", "middle", "new"]):
+        cache = EmbeddingCache(tmp_path, name, 64, "float32")
+        cache.add([f"{name} {i}" for i in range(100)], np.ones((100, 64), dtype=np.float32))  # 25.6 kB of vectors
+        os.utime(cache.dir, (1_000_000 + age, 1_000_000 + age))
+    EmbeddingCache(tmp_path, "old", 64, "float32", max_bytes=60_000)  # opening "old" makes it the newest in use
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new-float32", "old-float32"]
+    assert len(EmbeddingCache(tmp_path, "old", 64, "float32")) == 100
+
+
+def test_two_writers_of_one_cache_never_overwrite_each_others_shards(tmp_path):
+    import numpy as np
+
+    from embed_core.model.embedding_cache import EmbeddingCache
+
+    a, b = EmbeddingCache(tmp_path, "m", 4, "float32"), EmbeddingCache(tmp_path, "m", 4, "float32")
+    a.add(["x", "y"], np.eye(4, dtype=np.float32)[:2])
+    b.add(["z"], np.eye(4, dtype=np.float32)[2:3])  # b has not seen a's shard: both are "its first"
+    reader = EmbeddingCache(tmp_path, "m", 4, "float32")
+    assert len(reader) == 3
+    got = reader.get_or_encode(["z", "x"], lambda texts: pytest.fail(f"encoded {texts}"))
+    assert got.tolist() == [[0, 0, 1, 0], [1, 0, 0, 0]]

@@ -130,3 +130,60 @@ def test_too_few_are_reported_and_padded_only_when_asked():
     out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus)
     assert len(out[0].negatives) == 4 and stats.padded == 2 and "pos" not in out[0].negatives
     assert len(out[0].negative_scores) == 4
+
+
+def _pq_exact_corpus(n: int = 700, seed: int = 0):
+    """Vectors PQ can store exactly: each 4-d quarter is one of 16 unit codewords (PQ4x4 has 16
+    centroids per quarter), so every index type below returns exact scores on this corpus."""
+    rng = np.random.default_rng(seed)
+    codewords = rng.normal(size=(4, 16, 4)).astype(np.float32)
+    codewords /= np.linalg.norm(codewords, axis=2, keepdims=True)
+    combos = list(dict.fromkeys(tuple(int(c) for c in rng.integers(0, 16, size=4)) for _ in range(2 * n)))[:n]
+    vecs = {f"c{i}": np.concatenate([codewords[q, c] for q, c in enumerate(combo)]) / 2.0
+            for i, combo in enumerate(combos)}
+    return vecs, rng
+
+
+@pytest.mark.parametrize("factory", ["HNSW32", "IVF4,Flat", "PQ4x4"])
+def test_every_index_factory_keeps_the_window_and_margin_rules_of_the_flat_index(factory):
+    vecs, rng = _pq_exact_corpus()
+    corpus = list(vecs)
+    records = []
+    for i in range(30):
+        q = unit(*rng.normal(size=16))
+        vecs[f"q{i}"] = q
+        ranked = sorted(corpus, key=lambda t: -float(q @ vecs[t]))
+        records.append(rec(i, f"q{i}", [ranked[3]]))  # a positive ranked 4th: the margin has work to do
+    settings = dict(range_min=2, range_max=8, num_negatives=4, relative_margin=0.95, nprobe=4, train_size=700,
+                    add_chunk_size=100)
+    flat, flat_stats = mine_records(records, table_embed(vecs), MineSettings(**settings), corpus)
+    other, stats = mine_records(records, table_embed(vecs), MineSettings(index_factory=factory, **settings), corpus)
+    assert flat_stats.filtered_scores and stats.index["factory"] == factory and stats.index["size"] == len(corpus)
+    assert [r.negatives for r in other] == [r.negatives for r in flat]
+    assert [r.negative_scores for r in other] == pytest.approx([r.negative_scores for r in flat], abs=1e-5)
+    assert len(stats.filtered_scores) == len(flat_stats.filtered_scores)
+
+
+def test_a_bad_index_factory_or_too_many_clusters_is_a_config_error_naming_the_setting():
+    from embed_core.errors import ConfigError
+
+    vecs, _ = _pq_exact_corpus(200)
+    vecs["q"] = unit(*np.ones(16))
+    with pytest.raises(ConfigError, match=r"mine.index.factory.*'IVF9,Nonsense'"):
+        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineSettings(index_factory="IVF9,Nonsense"), list(vecs))
+    with pytest.raises(ConfigError, match=r"64 clusters need at least 2496 training vectors.*201"):
+        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineSettings(index_factory="IVF64,Flat"), list(vecs))
+
+
+def test_the_pool_is_encoded_in_chunks_never_all_at_once():
+    vecs, rng = _pq_exact_corpus(500)
+    vecs["q"] = unit(*rng.normal(size=16))
+    calls = []
+
+    def embed(texts):
+        calls.append(len(texts))
+        return np.stack([vecs[t] for t in texts])
+
+    mine_records([rec(0, "q", ["c1"])], embed, MineSettings(add_chunk_size=128, relative_margin=None),
+                 [t for t in vecs if t != "q"])
+    assert max(calls) <= 128 and sum(calls) >= 500

@@ -219,6 +219,54 @@ def test_grad_cache_with_dropout_on_equals_the_uncached_gradient_of_the_same_for
     assert any(not torch.allclose(reference[n], other_masks[n], atol=1e-6, rtol=1e-5) for n in reference)
 
 
+def test_length_bucketed_passes_give_the_loss_and_gradients_of_one_padded_pass(prepared, tiny_model):
+    """A batch's texts encoded in length-sorted passes (each cut to its own longest text) give the
+    loss and gradients of one pass padded to the longest text: fp32, dropout off, within 1e-5."""
+    from embed_core.config import TrainStageConfig
+    from embed_core.train.batches import build_batch
+    from embed_core.train.stage import load_datasets
+    from embed_core.train.trainer import Trainer
+
+    tmp, run_dir = prepared
+    config = parse_config(_config_dict(tmp, tiny_model))
+    results = []
+    for buckets in (1, 4):
+        stage = TrainStageConfig(name="lb", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
+                                 num_hard_negatives=2, length_buckets=buckets, query_max_length=32, passage_max_length=48)
+        datasets = load_datasets(config, run_dir, stage)
+        trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "lb", seed=0)
+        trainer.model.eval()
+        passes = []
+        trainer.model.register_forward_hook(lambda _m, args, _out: passes.append(args[0]["input_ids"].shape))
+        batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
+                            query_max_length=32, passage_max_length=48, use_instructions=True)
+        loss = trainer._forward_backward(batch, 1.0)
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        results.append((loss, grads, passes))
+    (loss1, grads1, passes1), (loss4, grads4, passes4) = results
+    assert len(passes1) == len(batch.groups) and len(passes4) > len(passes1)  # the batch really was split
+    padded = lambda passes: sum(rows * width for rows, width in passes)  # noqa: E731
+    assert padded(passes4) < padded(passes1)
+    assert abs(loss1 - loss4) < 1e-5
+    for name in grads1:
+        assert torch.allclose(grads1[name], grads4[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_length_buckets_pick_the_split_with_the_fewest_padded_positions():
+    from itertools import combinations
+
+    from embed_core.train.trainer import length_buckets
+
+    lengths = [40, 38, 37, 20, 20, 19, 7, 6, 6, 5]
+    best = length_buckets(lengths, 3)
+    cost = lambda bounds: sum((e - s) * lengths[s] for s, e in bounds)  # noqa: E731
+    brute = min(cost([(a, b) for a, b in zip((0, *cuts), (*cuts, len(lengths)))])
+                for k in range(3) for cuts in combinations(range(1, len(lengths)), k))
+    assert cost(best) == brute == 3 * 40 + 3 * 20 + 4 * 7
+    assert [b for _, b in best][-1] == len(lengths) and best[0][0] == 0
+    assert length_buckets(lengths, 1) == [(0, 10)] and length_buckets([9, 9, 9], 4) == [(0, 3)]
+
+
 def test_grad_cache_under_deepspeed_is_refused_with_the_reason():
     from embed_core.errors import ConfigError
 

@@ -7,6 +7,7 @@ a quarantined row: silently dropping test pairs would change the score.
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,13 @@ def load_retrieval(spec: EvalTaskSpec, resolve):
     if unknown:
         raise SourceError(files["qrels"][1], None, "corpus-id", "missing_document",
                           f"{len(unknown)} judged documents are not in the corpus (e.g. {unknown[0][1]!r})")
+    if spec.max_corpus and len(ids) > spec.max_corpus:
+        judged = {d for docs in qrels.values() for d in docs}
+        others = [i for i, d in enumerate(ids) if d not in judged]
+        room = max(0, spec.max_corpus - len(judged))
+        keep = {i for i, d in enumerate(ids) if d in judged}
+        keep.update(random.Random(f"{spec.name}:{spec.split}").sample(others, min(room, len(others))))
+        ids, titles, texts = ([xs[i] for i in sorted(keep)] for xs in (ids, titles, texts))
     return {
         "corpus": Dataset.from_dict({"id": ids, "title": titles, "text": texts}),
         "queries": Dataset.from_dict({"id": qids, "text": [queries[q][0] for q in qids]}),

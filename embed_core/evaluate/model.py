@@ -36,7 +36,7 @@ MTEB_TO_TASK = {"STS": "sts", "Retrieval": "retrieval", "Classification": "class
 
 class EvalModel(AbsEncoder):
     def __init__(self, model: str, *, label: str, cache_root: str | Path, batch_size: int = 64,
-                 precision: str = "fp32", device: str | None = None):
+                 precision: str = "fp32", device: str | None = None, cache_max_bytes: int | None = None):
         import torch
         from transformers import AutoConfig
 
@@ -51,7 +51,8 @@ class EvalModel(AbsEncoder):
                                              uses_bf16(precision, device_type))
         hf_config = AutoConfig.from_pretrained(self.path)
         self.dim = int(getattr(hf_config, "hidden_size", None) or getattr(hf_config, "d_model"))
-        self.cache = EmbeddingCache(Path(cache_root), self.fingerprint, self.dim, dtype="float32")
+        self.cache = EmbeddingCache(Path(cache_root), self.fingerprint, self.dim, dtype="float32",
+                                    max_bytes=cache_max_bytes)
         self._encoder: Encoder | None = None
         self.model_prompts = self.settings.prompts or None
         self.mteb_model_meta = ModelMeta.create_empty(overwrites=dict(

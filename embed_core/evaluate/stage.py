@@ -14,7 +14,8 @@ Writes ``<run_dir>/evaluate/``:
 
 Results accumulate: evaluating another model keeps the other models' rows from the previous
 evaluate artifact, and re-evaluating a model replaces its rows. Embeddings are cached per model
-fingerprint in ``<run_dir>/cache/embeddings/`` (shared with mine) so a rerun encodes nothing.
+fingerprint (shared with mine): the run's trained models in ``<run_dir>/cache/embeddings/``, the base
+model and other fixed models machine-wide, so a rerun or a fresh run directory encodes nothing again.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_ha
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.model.card import CARD_FACTS, read_card_facts, write_card
+from embed_core.model.embedding_cache import embedding_cache_root, machine_cache_dir
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
 from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 
@@ -170,8 +172,9 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
     from embed_core.evaluate.tasks import build_task
 
     cfg = _cfg(config)
-    model = EvalModel(path, label=label, cache_root=run_dir / "cache" / "embeddings",
-                      batch_size=cfg.batch_size, precision=cfg.precision)
+    root = embedding_cache_root(path, run_dir, config.embedding_cache.machine_wide)
+    model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size, precision=cfg.precision,
+                      cache_max_bytes=int(config.embedding_cache.max_gb * 1e9) if root == machine_cache_dir() else None)
     rows: list[dict[str, Any]] = []
     task_results: list[Any] = []
     seconds: dict[str, float] = {}

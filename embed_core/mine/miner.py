@@ -15,6 +15,7 @@ Records that end with fewer are reported, never silently padded unless ``pad_ran
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import faiss
 import numpy as np
 
 from embed_core.config import MineConfig
+from embed_core.errors import ConfigError
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import Record
 
@@ -44,11 +46,12 @@ class MineSettings:
     only_missing: bool = True
     pad_random: bool = False
     tasks: tuple[str, ...] = ("retrieval", "classification")
-    index_type: str = "flat"
-    nlist: int = 1024
+    index_factory: str = "Flat"
     nprobe: int = 32
-    hnsw_m: int = 32
     ef_search: int = 128
+    train_size: int = 100_000
+    add_chunk_size: int = 16384
+    gpu: bool = True
     query_chunk_size: int = 2048
     seed: int = 42
 
@@ -57,8 +60,9 @@ class MineSettings:
         return cls(range_min=cfg.range_min, range_max=cfg.range_max, num_negatives=cfg.num_negatives,
                    relative_margin=cfg.relative_margin, absolute_margin=cfg.absolute_margin,
                    sampling=cfg.sampling, only_missing=cfg.only_missing, pad_random=cfg.pad_random,
-                   tasks=tuple(cfg.tasks), index_type=cfg.index.type, nlist=cfg.index.nlist,
-                   nprobe=cfg.index.nprobe, hnsw_m=cfg.index.hnsw_m, ef_search=cfg.index.ef_search,
+                   tasks=tuple(cfg.tasks), index_factory=cfg.index.factory, nprobe=cfg.index.nprobe,
+                   ef_search=cfg.index.ef_search, train_size=cfg.index.train_size,
+                   add_chunk_size=cfg.index.add_chunk_size, gpu=cfg.index.gpu,
                    query_chunk_size=cfg.query_chunk_size, seed=seed)
 
 
@@ -84,27 +88,60 @@ class MineStats:
                 "kept_score": q(self.kept_scores), "filtered_score": q(self.filtered_scores)}
 
 
-def build_index(vectors: np.ndarray, s: MineSettings) -> tuple[faiss.Index, dict[str, Any]]:
-    """Inner-product index over L2-normalised vectors (= cosine). Flat unless configured."""
-    dim = vectors.shape[1]
-    if s.index_type == "flat" or len(vectors) < 10_000:
-        index, info = faiss.IndexFlatIP(dim), {"type": "flat"}
-        if s.index_type != "flat":
-            info["note"] = f"{s.index_type} requested, flat used for a pool of {len(vectors)}"
-    elif s.index_type == "ivf":
-        nlist = max(1, min(s.nlist, len(vectors) // 39))  # faiss wants >= 39 points per centroid
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+def new_index(dim: int, s: MineSettings) -> faiss.Index:
+    """An empty inner-product index from ``s.index_factory`` (a ConfigError names a bad string)."""
+    try:
+        return faiss.index_factory(dim, s.index_factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        lines = [x for x in str(exc).strip().splitlines() if x.strip()]
+        reason = lines[-1].strip() if lines else "not understood"
+        raise ConfigError(f"mine.index.factory: faiss.index_factory cannot build {s.index_factory!r} for "
+                          f"{dim}-d vectors ({reason[:200]})") from None
+
+
+def build_index(pool: list[str], embed: Embed, s: MineSettings) -> tuple[faiss.Index, dict[str, Any]]:
+    """The pool's index, filled ``add_chunk_size`` texts at a time: the pool's embeddings are never
+    all in memory outside the index (with the embedding cache, a chunk is encoded once and read
+    back from its memory-mapped shards). Indexes that need training (IVF, PQ) are trained first on
+    a seeded sample of ``train_size`` pool vectors; IVF's clusters are capped at sample / 39."""
+    first = embed(pool[: s.add_chunk_size])
+    index = new_index(first.shape[1], s)
+    info: dict[str, Any] = {"factory": s.index_factory}
+    if not index.is_trained:
+        rng = np.random.default_rng(s.seed)
+        sample = np.sort(rng.choice(len(pool), size=min(s.train_size, len(pool)), replace=False))
+        vectors = embed([pool[i] for i in sample])
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None and ivf.nlist * 39 > len(vectors):
+            raise ConfigError(f"mine.index.factory {s.index_factory!r}: {ivf.nlist} clusters need at least "
+                              f"{ivf.nlist * 39} training vectors, the pool sample has {len(vectors)}; use fewer "
+                              "clusters (about pool / 39 at most) or 'Flat' for small pools")
         index.train(vectors)
-        index.nprobe = min(s.nprobe, nlist)
-        info = {"type": "ivf", "nlist": nlist, "nprobe": index.nprobe}
-    else:
-        index = faiss.IndexHNSWFlat(dim, s.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efSearch = max(s.ef_search, s.range_max * 2)
-        info = {"type": "hnsw", "m": s.hnsw_m, "ef_search": index.hnsw.efSearch}
-    index.add(vectors)
+        info["trained_on"] = len(vectors)
+        del vectors
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.nprobe = min(s.nprobe, ivf.nlist)
+        info.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe))
+    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
+    if hnsw is not None:
+        hnsw.efSearch = max(s.ef_search, s.range_max * 2)
+        info["ef_search"] = int(hnsw.efSearch)
+    index.add(first)
+    del first
+    for start in range(s.add_chunk_size, len(pool), s.add_chunk_size):
+        index.add(embed(pool[start:start + s.add_chunk_size]))
+    if s.gpu and getattr(faiss, "get_num_gpus", lambda: 0)() > 0:  # faiss-gpu: search on every GPU
+        index = faiss.index_cpu_to_all_gpus(index)
+        info["gpus"] = faiss.get_num_gpus()
     info["size"] = int(index.ntotal)
     return index, info
+
+
+def text_key(text: str) -> int:
+    """A 64-bit key of the normalised text: duplicate checks without a second copy of the pool."""
+    return int.from_bytes(hashlib.blake2b(normalize_text(text).encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "little")
 
 
 def eligible(record: Record, s: MineSettings) -> bool:
@@ -142,9 +179,8 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
                 labels[t].add(r.label)
         for t, lab in zip(r.negatives, r.negative_labels):
             labels[t].add(lab)
-    pool_norm = [normalize_text(t) for t in pool]
-    pool_vecs = embed(pool)
-    index, stats.index = build_index(pool_vecs, s)
+    pool_norm = [text_key(t) for t in pool]
+    index, stats.index = build_index(pool, embed, s)
 
     queries = [records[i].query for i in todo]
     query_vecs = embed(queries)
@@ -171,8 +207,8 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
             pos_scores = [float(qv @ pos_vecs[p]) for p in rec.positives]
             stats.positive_scores.extend(pos_scores)
             floor = min(pos_scores)
-            positives_norm = {normalize_text(p) for p in rec.positives}
-            seen = {normalize_text(rec.query), *(normalize_text(n) for n in rec.negatives)}
+            positives_norm = {text_key(p) for p in rec.positives}
+            seen = {text_key(rec.query), *(text_key(n) for n in rec.negatives)}
             considered = 0
             survivors: list[tuple[int, float]] = []
             for score, j in zip(scores[row], ids[row]):
@@ -199,7 +235,8 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
                 taken = {j for j, _ in chosen}
                 fill = [j for j in rng.sample(range(len(pool)), min(len(pool), need * 4 + 8))
                         if j not in taken and pool_norm[j] not in seen and pool_norm[j] not in positives_norm][:need]
-                chosen += [(j, float(qv @ pool_vecs[j])) for j in fill]
+                if fill:
+                    chosen += [(j, float(qv @ v)) for j, v in zip(fill, embed([pool[j] for j in fill]))]
                 stats.padded += len(fill)
             if len(chosen) < s.num_negatives:
                 stats.too_few += 1

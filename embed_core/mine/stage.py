@@ -4,7 +4,8 @@ Reads ``<run_dir>/prepare`` through its manifest, writes ``<run_dir>/mine/<datas
 (every dataset; those without a mined task pass through unchanged), ``_scores.parquet`` (score
 distributions: positives, kept negatives, candidates removed by the margin), ``score_hist.png``
 and ``manifest.json`` (counts, index choice and parameters, model fingerprint, timings).
-Embeddings are cached in ``<run_dir>/cache/embeddings/<model fingerprint>-<dtype>/`` (shared with evaluate).
+Embeddings are cached per model fingerprint and dtype (shared with evaluate): the base model's in the
+machine-wide cache, other models' in ``<run_dir>/cache/embeddings/`` (``embed_core.model.embedding_cache``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from embed_core.config import MineConfig, RunConfig, config_hash
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mine.miner import MineSettings, eligible, mine_records
-from embed_core.model.embedding_cache import EmbeddingCache
+from embed_core.model.embedding_cache import EmbeddingCache, open_cache
 from embed_core.model.encoder import model_fingerprint, uses_bf16
 from embed_core.plots import pyplot, to_png
 from embed_core.prepare.convert.retrieval import load_corpus
@@ -104,7 +105,8 @@ def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | 
             from embed_core.model.encoder import Encoder
 
             encoder = Encoder(cfg.model, pooling=cfg.pooling, max_length=cfg.max_length, precision=cfg.precision)
-            cache = EmbeddingCache(run_dir / "cache" / "embeddings", encoder.fingerprint, encoder.dim, cfg.cache_dtype)
+            cache = open_cache(encoder.path, run_dir, config.embedding_cache, encoder.fingerprint, encoder.dim,
+                               cfg.cache_dtype)
         return cache.get_or_encode(texts, lambda t: encoder.encode(t, batch_size=cfg.batch_size, show_progress=True))
 
     out_tables: dict[str, pa.Table] = {}

@@ -1,25 +1,93 @@
 """Embedding cache keyed by (model fingerprint, text hash), stored as memory-mapped arrays.
 
-Layout: ``<root>/<model fingerprint>-<dtype>/shard-<n>.npy`` (float16 or float32 rows) with
-``shard-<n>.keys.npy`` (the 16-byte BLAKE2b hashes of the texts, same order). Shards are only ever
-added, each written atomically, so an interrupted encode loses nothing already stored and a
-concurrent reader never sees a half-written shard. A text already in any shard is never encoded
-again — across reruns, datasets and stages that use the same model: mine and evaluate share
-``<run_dir>/cache/embeddings/`` (a float16 cache and a float32 one of the same model are separate
-directories, so a stage's result never depends on which precision another stage stored).
+Layout: ``<root>/<model fingerprint>-<dtype>/shard-<id>.npy`` (float16 or float32 rows) with
+``shard-<id>.keys.npy`` (the 16-byte BLAKE2b hashes of the texts, same order). Shards are only ever
+added, each written atomically under a name no other process uses (time and pid), vectors before
+keys, so an interrupted encode loses nothing already stored and concurrent writers and readers
+never see a half-written or overwritten shard. A text already in any shard is never encoded
+again — across reruns, datasets and stages that use the same model (a float16 cache and a float32
+one of the same model are separate directories, so a result never depends on which precision
+another stage stored).
+
+Two roots (``embedding_cache_root``): models the run trains live in ``<run_dir>/cache/embeddings/``; models
+that do not change with the run (the base model, any model outside the run directory) use the
+machine-wide cache, ``$EMBEDPIPE_CACHE_DIR`` or ``~/.cache/embedpipe/embeddings``, so a fresh run
+directory on the same machine encodes the base model's texts once. The machine-wide cache is kept
+under a size cap by removing the least recently used models' directories (``enforce_size_cap``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from embed_core.artifacts import FILE_MODE
+
+log = logging.getLogger("embedpipe.cache")
+MACHINE_CACHE_ENV = "EMBEDPIPE_CACHE_DIR"
+
+
+def machine_cache_dir() -> Path:
+    """The machine-wide embedding cache: ``$EMBEDPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or
+    ``~/.cache``, then ``embedpipe/embeddings``."""
+    if os.environ.get(MACHINE_CACHE_ENV):
+        return Path(os.environ[MACHINE_CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "embedpipe" / "embeddings"
+
+
+def embedding_cache_root(model_path: str | Path, run_dir: str | Path, machine_wide: bool = True) -> Path:
+    """Where a model's embeddings are cached: the run's own cache for models inside the run directory
+    (they change whenever the run retrains them), the machine-wide cache for every other model."""
+    run_dir = Path(run_dir).resolve()
+    inside = Path(model_path).resolve().is_relative_to(run_dir)
+    return run_dir / "cache" / "embeddings" if inside or not machine_wide else machine_cache_dir()
+
+
+def open_cache(model_path: str | Path, run_dir: str | Path, settings: Any, model_fingerprint: str, dim: int,
+               dtype: str) -> "EmbeddingCache":
+    """The cache for a model in a run: ``settings`` is the run's ``EmbeddingCacheConfig``."""
+    root = embedding_cache_root(model_path, run_dir, settings.machine_wide)
+    capped = root == machine_cache_dir()
+    return EmbeddingCache(root, model_fingerprint, dim, dtype,
+                          max_bytes=int(settings.max_gb * 1e9) if capped else None)
+
+
+def enforce_size_cap(root: str | Path, max_bytes: int, keep: Path | None = None) -> list[Path]:
+    """Remove whole model directories under ``root``, least recently used first (directory mtime,
+    refreshed by every ``EmbeddingCache`` that opens one), until the cache holds at most
+    ``max_bytes``; ``keep`` (the one in use) is never removed. Returns what was removed."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    dirs = []
+    for d in root.iterdir():
+        if d.is_dir():
+            size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+            dirs.append((d.stat().st_mtime, d, size))
+    total = sum(size for _, _, size in dirs)
+    removed = []
+    for _, d, size in sorted(dirs, key=lambda x: x[0]):
+        if total <= max_bytes:
+            break
+        if keep is not None and d.resolve() == Path(keep).resolve():
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        total -= size
+        removed.append(d)
+    if removed:
+        log.info("embedding cache %s over %.1f GB: removed %d least recently used model(s)", root, max_bytes / 1e9,
+                 len(removed))
+    return removed
 
 
 def text_key(text: str) -> bytes:
@@ -27,27 +95,31 @@ def text_key(text: str) -> bytes:
 
 
 class EmbeddingCache:
-    def __init__(self, root: str | Path, model_fingerprint: str, dim: int, dtype: str = "float16"):
+    def __init__(self, root: str | Path, model_fingerprint: str, dim: int, dtype: str = "float16",
+                 max_bytes: int | None = None):
         self.dtype = np.dtype(dtype)
         self.dir = Path(root) / f"{model_fingerprint}-{self.dtype.name}"
         self.dir.mkdir(parents=True, exist_ok=True)
+        if max_bytes is not None:  # a capped (machine-wide) root: make room, keeping this model's
+            enforce_size_cap(root, max_bytes, keep=self.dir)
         self.dim = dim
-        self._index: dict[bytes, tuple[int, int]] = {}
-        self._shards: dict[int, np.ndarray] = {}
+        os.utime(self.dir)  # recently used: the size cap removes the least recently used first
+        self._index: dict[bytes, tuple[str, int]] = {}
+        self._shards: dict[str, np.ndarray] = {}
         for keys_path in sorted(self.dir.glob("shard-*.keys.npy")):
-            n = int(keys_path.name.split("-")[1].split(".")[0])
+            name = keys_path.name[: -len(".keys.npy")]
             keys = np.load(keys_path)
             for row, key in enumerate(keys):
-                self._index.setdefault(key.tobytes(), (n, row))
+                self._index.setdefault(key.tobytes(), (name, row))
         self.encoded_texts = 0  # texts actually sent to the model through this cache object
 
     def __len__(self) -> int:
         return len(self._index)
 
-    def _shard(self, n: int) -> np.ndarray:
-        if n not in self._shards:
-            self._shards[n] = np.load(self.dir / f"shard-{n:05d}.npy", mmap_mode="r")
-        return self._shards[n]
+    def _shard(self, name: str) -> np.ndarray:
+        if name not in self._shards:
+            self._shards[name] = np.load(self.dir / f"{name}.npy", mmap_mode="r")
+        return self._shards[name]
 
     def _write(self, path: Path, array: np.ndarray) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{path.name}.", suffix=".tmp")
@@ -63,13 +135,13 @@ class EmbeddingCache:
         fresh = [i for i, k in enumerate(keys) if k not in self._index]
         if not fresh:
             return
-        n = max((s for s, _ in self._index.values()), default=-1) + 1
+        name = f"shard-{time.time_ns():x}-{os.getpid()}"  # unique: several processes may add at once
         vectors = embeddings[fresh].astype(self.dtype)
         key_array = np.frombuffer(b"".join(keys[i] for i in fresh), dtype="V16")
-        self._write(self.dir / f"shard-{n:05d}.npy", vectors)  # vectors first: keys make them visible
-        self._write(self.dir / f"shard-{n:05d}.keys.npy", key_array)
+        self._write(self.dir / f"{name}.npy", vectors)  # vectors first: keys make them visible
+        self._write(self.dir / f"{name}.keys.npy", key_array)
         for row, i in enumerate(fresh):
-            self._index[keys[i]] = (n, row)
+            self._index[keys[i]] = (name, row)
 
     def get_or_encode(self, texts: Sequence[str], encode: Callable[[list[str]], np.ndarray],
                       chunk: int = 50_000) -> np.ndarray:

@@ -162,11 +162,19 @@ class Encoder:
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], *, batch_size: int = 64, max_tokens_per_batch: int = 16384,
-               show_progress: bool = False, desc: str = "encode") -> np.ndarray:
-        """L2-normalised float32 embeddings, one row per text, in input order."""
+               window: int = 8192, show_progress: bool = False, desc: str = "encode") -> np.ndarray:
+        """L2-normalised float32 embeddings, one row per text, in input order. Texts are tokenised and
+        length-sorted ``window`` at a time, so memory beyond the output stays flat in the number of texts."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if not texts:
-            return out
+        bar = Progress(desc, total=len(texts), unit="texts", logger=log)
+        for offset in range(0, len(texts), window):
+            self._encode_window(texts[offset:offset + window], out[offset:offset + window], batch_size,
+                                max_tokens_per_batch, bar)
+        bar.close()
+        return out
+
+    def _encode_window(self, texts: Sequence[str], out: np.ndarray, batch_size: int, max_tokens_per_batch: int,
+                       bar: Progress) -> None:
         if self.compress_ids:
             ids = compress_inputs(self.tokenizer, texts, self.max_length, self.compress_ids)
         else:
@@ -174,7 +182,6 @@ class Encoder:
                                  return_attention_mask=False)["input_ids"]
         order = np.argsort([-len(x) for x in ids], kind="stable")
         pad_id = self.tokenizer.pad_token_id or 0
-        bar = Progress(desc, total=len(texts), unit="texts", logger=log)
         start = 0
         while start < len(order):
             longest = len(ids[order[start]])
@@ -196,5 +203,3 @@ class Encoder:
             out[idx] = emb.cpu().numpy()
             bar.update(len(idx))
             start += size
-        bar.close()
-        return out

@@ -65,6 +65,38 @@ def lr_lambda(stage: TrainStageConfig) -> Callable[[int], float]:
     return f
 
 
+def length_buckets(lengths: list[int], most: int) -> list[tuple[int, int]]:
+    """Split texts sorted by decreasing length into at most ``most`` contiguous passes so that the
+    padded positions (sum over passes of size × its longest length) are fewest. Exact dynamic
+    programme over the runs of equal length (a cut inside a run never helps), so it is cheap for
+    any batch size. Returns ``[(start, end), ...]`` into ``lengths``."""
+    n = len(lengths)
+    starts = [i for i in range(n) if i == 0 or lengths[i] != lengths[i - 1]] + [n]  # run boundaries
+    m = len(starts) - 1
+    most = min(most, m)
+    if most <= 1:
+        return [(0, n)]
+    inf = float("inf")
+    # cost[k][r]: fewest padded positions for the first r runs in k passes; a pass over runs j..r-1
+    # costs (starts[r] - starts[j]) * lengths[starts[j]] (its first text is its longest)
+    cost = [[inf] * (m + 1) for _ in range(most + 1)]
+    cut = [[0] * (m + 1) for _ in range(most + 1)]
+    cost[0][0] = 0
+    for k in range(1, most + 1):
+        for r in range(k, m + 1):
+            for j in range(k - 1, r):
+                c = cost[k - 1][j] + (starts[r] - starts[j]) * lengths[starts[j]]
+                if c < cost[k][r]:
+                    cost[k][r], cut[k][r] = c, j
+    k = min(range(1, most + 1), key=lambda kk: (cost[kk][m], kk))
+    bounds, r = [], m
+    while k > 0:
+        j = cut[k][r]
+        bounds.append((starts[j], starts[r]))
+        r, k = j, k - 1
+    return bounds[::-1]
+
+
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -156,7 +188,9 @@ class Trainer:
         sampler and the step counters."""
         self.model = model.to(self.device)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(_param_groups(self.model, self.stage.weight_decay), lr=self.stage.lr)
+        # fused AdamW: one kernel per parameter group instead of per tensor (CPU and CUDA)
+        self.optimizer = torch.optim.AdamW(_param_groups(self.model, self.stage.weight_decay), lr=self.stage.lr,
+                                           fused=self.device.type in ("cpu", "cuda"))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.stage))
         self.engine = None
         if self.train_cfg.deepspeed is not None:
@@ -192,12 +226,29 @@ class Trainer:
 
     # -- embedding -----------------------------------------------------------------------------
     def _embed(self, group: TextGroup) -> Tensor:
+        """Embeddings of a text group in input order: length-sorted and encoded in up to
+        ``length_buckets`` passes, each cut to its own longest text (right padding: the cut removes
+        only padding), so short texts are not padded to the group's longest."""
         features = self.model.tokenize(group.texts, group.instructions, group.max_length)
+        lengths = features["attention_mask"].sum(dim=1)
         if torch.is_grad_enabled():  # counted once per text (GradCache's no-graph pass is not)
-            self._tokens += int(features["attention_mask"].sum())
+            self._tokens += int(lengths.sum())
         features = {k: v.to(self.device) for k, v in features.items()}
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return (self.engine or self.model)(features)
+        model = self.engine or self.model
+        order = torch.argsort(lengths, descending=True, stable=True)
+        bounds = length_buckets([int(lengths[i]) for i in order], self.stage.length_buckets)
+        if len(bounds) == 1:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                return model(features)
+        parts = []
+        for start, end in bounds:
+            idx = order[start:end].to(self.device)
+            width = int(lengths[order[start]])
+            chunk = {k: v.index_select(0, idx)[:, :width] for k, v in features.items()}
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                parts.append(model(chunk))
+        out = torch.cat(parts)
+        return out.index_select(0, torch.argsort(order).to(self.device))
 
     def _gather(self, x: Tensor) -> Tensor:
         """Rows of every rank, in rank order, with gradients back to each rank's own rows. Ranks may

@@ -3,14 +3,19 @@
 Same model (all-MiniLM-L6-v2), same data (STS-B train pairs with score >= 3 and SciFact train
 query–document pairs, ../shared/data), same batch size, same loss (in-batch-negative InfoNCE =
 MultipleNegativesRankingLoss, scale 20 = τ 0.05, no hard negatives, no query–query term), same
-steps, same lr, datasets sampled proportionally to size, one dataset per batch. Each trainer runs
-in its own process (peak RSS is per process). Throughput is non-padding tokens through the encoder
-per second, counted from the attention masks each trainer actually used (the two samplers draw
-different batches, so raw seconds alone would compare different work).
+lr, fp32 on both sides. Throughput is non-padding tokens through the encoder per second, counted
+from the attention masks each trainer actually used.
 
-    python tests/benchmarks/bench_train.py [--steps 20] [--batch-size 32]
+The two samplers draw different batches, and a SciFact batch (256-token documents) has many more
+tokens per second of work than an STS-B batch (16-token sentences), so a mixed run's tokens/s
+depends on how many of each it happened to draw. Each trainer therefore runs each dataset alone
+(``--steps`` batches of it, in its own process: peak RSS is per process), and the combined figure
+weights both sides' per-dataset seconds and tokens per step by the same mix, proportional to
+dataset size (what a proportional one-dataset-per-batch sampler draws on average).
 
-Last line: ``RATIO train_vs_sentence_transformers=<our tokens/s / their tokens/s>``.
+    python tests/benchmarks/bench_train.py [--steps 12] [--batch-size 32]
+
+Last line: ``RATIO train_vs_sentence_transformers=<our tokens/s / their tokens/s>`` (mixed).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ def load_pairs() -> dict[str, list[tuple[str, str]]]:
     return {"stsb": stsb, "scifact": scifact}
 
 
-def run_ours(steps: int, batch: int) -> dict:
+def run_ours(steps: int, batch: int, dataset: str) -> dict:
     import torch
 
     from embed_core.config import TrainConfig, TrainStageConfig
@@ -67,12 +72,15 @@ def run_ours(steps: int, batch: int) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     datasets = {}
     for name, rows in load_pairs().items():
+        if name != dataset:
+            continue
         recs = [Record(id=f"{name}:{i}", dataset=name, task="retrieval", instruction="", query=a, positives=[b],
                        positive_scores=[], negatives=[], negative_scores=[], negative_labels=[], weak_positives=[],
                        label=None, origin="original", source_ref=f"{name}:{i}") for i, (a, b) in enumerate(rows)]
         datasets[name] = DatasetRecords(name, records_to_table(recs))
     stage = TrainStageConfig(name="bench", tasks=["retrieval"], steps=steps, lr=2e-5, warmup_steps=0, scheduler="linear",
-                             batch_size={"retrieval": batch}, num_hard_negatives=0, query_negatives=False, tau=0.05,
+                             batch_size={"retrieval": batch}, num_hard_negatives=0,
+                             losses={"retrieval": {"name": "infonce", "tau": 0.05, "query_negatives": False}},
                              alpha=1.0, query_max_length=MAX_LEN, passage_max_length=MAX_LEN, checkpoint_every=10**9,
                              log_every=10**9, max_grad_norm=1.0, weight_decay=0.01)
     cfg = TrainConfig(use_instructions=False, max_length=MAX_LEN, stages=[stage])
@@ -91,7 +99,7 @@ def _count(names) -> dict[str, int]:
     return out
 
 
-def run_peer(steps: int, batch: int) -> dict:
+def run_peer(steps: int, batch: int, dataset: str) -> dict:
     import torch
     from datasets import Dataset, DatasetDict
     from sentence_transformers import (
@@ -108,7 +116,7 @@ def run_peer(steps: int, batch: int) -> dict:
     model = SentenceTransformer(default_model_path(), device="cpu")
     model.max_seq_length = MAX_LEN
     data = DatasetDict({name: Dataset.from_dict({"anchor": [a for a, _ in rows], "positive": [b for _, b in rows]})
-                        for name, rows in load_pairs().items()})
+                        for name, rows in load_pairs().items() if name == dataset})
     args = SentenceTransformerTrainingArguments(
         output_dir="/tmp/bench-train-st", max_steps=steps, per_device_train_batch_size=batch, learning_rate=2e-5,
         warmup_steps=0, lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, save_strategy="no",
@@ -132,41 +140,49 @@ def run_peer(steps: int, batch: int) -> dict:
     return {"seconds": seconds, "tokens": CountingMNRL.tokens}
 
 
-def child(which: str, steps: int, batch: int) -> None:
-    result = (run_ours if which == "ours" else run_peer)(steps, batch)
+def child(which: str, steps: int, batch: int, dataset: str) -> None:
+    result = (run_ours if which == "ours" else run_peer)(steps, batch, dataset)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--child", choices=["ours", "peer"])
+    p.add_argument("--dataset", choices=["stsb", "scifact"])
     args = p.parse_args()
     if args.child:
-        child(args.child, args.steps, args.batch_size)
+        child(args.child, args.steps, args.batch_size, args.dataset)
         return
     sizes = {k: len(v) for k, v in load_pairs().items()}
-    results = {}
-    for which in ("peer", "ours"):
-        proc = subprocess.run([sys.executable, __file__, "--child", which, "--steps", str(args.steps),
-                               "--batch-size", str(args.batch_size)], capture_output=True, text=True, cwd=REPO,
-                              env={**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"{which} failed:\n{proc.stderr[-3000:]}")
-        results[which] = json.loads(line[7:])
-    examples = args.steps * args.batch_size
+    share = {k: n / sum(sizes.values()) for k, n in sizes.items()}
+    results: dict[str, dict[str, dict]] = {"ours": {}, "peer": {}}
+    for dataset in sizes:
+        for which in ("peer", "ours"):
+            proc = subprocess.run([sys.executable, __file__, "--child", which, "--steps", str(args.steps),
+                                   "--batch-size", str(args.batch_size), "--dataset", dataset],
+                                  capture_output=True, text=True, cwd=REPO,
+                                  env={**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                sys.exit(f"{which} on {dataset} failed:\n{proc.stderr[-3000:]}")
+            results[which][dataset] = json.loads(line[7:])
+    mixed = {}
     for which, name in (("ours", "embedpipe"), ("peer", "sentence-transformers")):
-        r = results[which]
-        tps = r["tokens"] / r["seconds"]  # non-padding tokens actually put through the encoder
-        r["tokens_per_s"] = tps
-        print(f"{name:<22} {r['seconds']:8.1f} s  {tps:9.0f} tokens/s  {examples / r['seconds']:7.1f} examples/s  "
-              f"peak RSS {r['peak_rss_mb']:.0f} MB")
-    if "drawn" in results["ours"]:
-        print(f"embedpipe batches per dataset: {results['ours']['drawn']} (sizes {sizes})")
-    print(f"RATIO train_vs_sentence_transformers={results['ours']['tokens_per_s'] / results['peer']['tokens_per_s']:.3f}")
+        for dataset, r in results[which].items():
+            print(f"{name:<22} {dataset:<8} {r['seconds'] / args.steps:6.2f} s/step  {r['tokens'] / r['seconds']:7.0f} "
+                  f"tokens/s  {args.batch_size * args.steps / r['seconds']:6.1f} examples/s  "
+                  f"peak RSS {r['peak_rss_mb']:.0f} MB")
+        tokens = sum(share[d] * r["tokens"] / args.steps for d, r in results[which].items())
+        seconds = sum(share[d] * r["seconds"] / args.steps for d, r in results[which].items())
+        mixed[which] = tokens / seconds
+        print(f"{name:<22} mixed    {mixed[which]:7.0f} tokens/s (dataset shares {', '.join(f'{d} {v:.2f}' for d, v in share.items())})")
+    for dataset in sizes:
+        o, q = results["ours"][dataset], results["peer"][dataset]
+        print(f"ratio on {dataset}: {(o['tokens'] / o['seconds']) / (q['tokens'] / q['seconds']):.3f}")
+    print(f"RATIO train_vs_sentence_transformers={mixed['ours'] / mixed['peer']:.3f}")
 
 
 if __name__ == "__main__":
