@@ -351,7 +351,7 @@ class EmbeddingCacheConfig(_Strict):
     the run directory) are cached; the run's own models always use <run_dir>/cache/embeddings."""
 
     machine_wide: bool = Field(True, description="Share those embeddings across run directories on this machine "
-                                                 "($EMBEDPIPE_CACHE_DIR, default ~/.cache/embedpipe/embeddings); "
+                                                 "($EMBEDPIPE_CACHE_DIR/embeddings, default ~/.cache/embedpipe/embeddings); "
                                                  "false keeps every embedding inside the run directory.")
     max_gb: float = Field(20.0, gt=0, description="Size cap of the machine-wide cache: the least recently used "
                                                   "models' embeddings are removed beyond it.")

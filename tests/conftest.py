@@ -12,9 +12,9 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="embedpipe-prefect-")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The machine-wide embedding cache never reaches the user's ~/.cache from a test (each test also gets
-# its own below, so what one test encodes never makes another's cache counts differ).
-os.environ["EMBEDPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="embedpipe-embeddings-")
+# embedpipe's machine-wide cache (embeddings, file-hash memo) never reaches the user's ~/.cache from a
+# test; each test also gets its own below, so what one test encodes never changes another's counts.
+os.environ["EMBEDPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="embedpipe-cache-")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("EMBEDPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def private_embedding_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path_factory.mktemp("embeddings")))
+def private_embedpipe_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path_factory.mktemp("embedpipe-cache")))
 
 
 @pytest.fixture(scope="session")

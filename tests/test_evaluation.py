@@ -215,8 +215,8 @@ def test_the_base_model_is_encoded_once_per_machine_and_a_run_model_stays_in_its
                                                                                     tiny_model, monkeypatch):
     from embed_core.evaluate.stage import run_evaluate
 
-    machine = tmp_path / "machine-cache"
-    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(machine))
+    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "embedpipe-cache"))
+    machine = tmp_path / "embedpipe-cache/embeddings"
     config = _config(local_data, tmp_path / "runs", LOCAL_TASKS[:2], base_model=str(tiny_model))
     first = run_evaluate(config, tmp_path / "runs/a")
     fresh = run_evaluate(config, tmp_path / "runs/b")  # another run directory on the same machine

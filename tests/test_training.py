@@ -232,14 +232,15 @@ def test_length_bucketed_passes_give_the_loss_and_gradients_of_one_padded_pass(p
     results = []
     for buckets in (1, 4):
         stage = TrainStageConfig(name="lb", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
-                                 num_hard_negatives=2, length_buckets=buckets, query_max_length=32, passage_max_length=48)
+                                 num_hard_negatives=2, length_buckets=buckets, query_max_length=64, passage_max_length=128)
         datasets = load_datasets(config, run_dir, stage)
         trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "lb", seed=0)
         trainer.model.eval()
         passes = []
         trainer.model.register_forward_hook(lambda _m, args, _out: passes.append(args[0]["input_ids"].shape))
+        # no instructions and room for 128 tokens: the claims and abstracts differ in length
         batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
-                            query_max_length=32, passage_max_length=48, use_instructions=True)
+                            query_max_length=64, passage_max_length=128, use_instructions=False)
         loss = trainer._forward_backward(batch, 1.0)
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
         results.append((loss, grads, passes))

@@ -11,7 +11,7 @@ another stage stored).
 
 Two roots (``embedding_cache_root``): models the run trains live in ``<run_dir>/cache/embeddings/``; models
 that do not change with the run (the base model, any model outside the run directory) use the
-machine-wide cache, ``$EMBEDPIPE_CACHE_DIR`` or ``~/.cache/embedpipe/embeddings``, so a fresh run
+machine-wide cache, ``$EMBEDPIPE_CACHE_DIR/embeddings`` (default ``~/.cache/embedpipe/embeddings``), so a fresh run
 directory on the same machine encodes the base model's texts once. The machine-wide cache is kept
 under a size cap by removing the least recently used models' directories (``enforce_size_cap``).
 """
@@ -37,12 +37,10 @@ MACHINE_CACHE_ENV = "EMBEDPIPE_CACHE_DIR"
 
 
 def machine_cache_dir() -> Path:
-    """The machine-wide embedding cache: ``$EMBEDPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or
-    ``~/.cache``, then ``embedpipe/embeddings``."""
-    if os.environ.get(MACHINE_CACHE_ENV):
-        return Path(os.environ[MACHINE_CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "embedpipe" / "embeddings"
+    """The machine-wide embedding cache: ``embeddings/`` in embedpipe's cache directory
+    (``$EMBEDPIPE_CACHE_DIR``, default ``~/.cache/embedpipe``, which also holds the file-hash memo)."""
+    root = os.environ.get(MACHINE_CACHE_ENV) or Path.home() / ".cache" / "embedpipe"
+    return Path(root).expanduser() / "embeddings"
 
 
 def embedding_cache_root(model_path: str | Path, run_dir: str | Path, machine_wide: bool = True) -> Path:

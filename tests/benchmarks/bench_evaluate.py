@@ -6,8 +6,9 @@ Same model (packaged all-MiniLM-L6-v2, max length 256), same tasks built from th
 sides get the task objects ``embed_core.evaluate.tasks.build_task`` makes), same batch size 64, both
 in fp32. Each side runs in a fresh subprocess with cold caches: an empty run directory and an
 empty machine-wide embedding cache for ours, no result cache for mteb. Prints wall time, peak RSS
-and the main score of each task for both (they must agree), then
-``RATIO evaluate_vs_mteb=<peer time / our time>``.
+and the main score of each task for both (they must agree), our time for the same evaluation in a
+second fresh run directory (the machine-wide cache now warm: what every run after the first on a
+machine pays for the base model), then ``RATIO evaluate_vs_mteb=<peer time / our cold time>``.
 
     python tests/benchmarks/bench_evaluate.py
 """
@@ -53,7 +54,10 @@ def run_ours(tmp: str) -> dict:
     t0 = time.perf_counter()
     run_evaluate(cfg, Path(tmp) / "bench")
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "scores": {r["task"]: r["value"] for r in main_scores(Path(tmp) / "bench")}}
+    t0 = time.perf_counter()  # a fresh run directory on the same machine: the machine-wide cache is warm
+    run_evaluate(cfg, Path(tmp) / "again")
+    warm = time.perf_counter() - t0
+    return {"wall_s": wall, "warm_s": warm, "scores": {r["task"]: r["value"] for r in main_scores(Path(tmp) / "bench")}}
 
 
 def run_peer(tmp: str) -> dict:
@@ -106,6 +110,8 @@ def main() -> None:
     for name, r in (("embedpipe", ours), ("mteb + SentenceTransformer", peer)):
         scores = ", ".join(f"{t} {100 * v:.2f}" for t, v in r["scores"].items())
         print(f"{name:<27} wall {r['wall_s']:7.1f} s  peak RSS {r['peak_rss_mb']:6.0f} MB  {scores}")
+    print(f"embedpipe again in a fresh run directory (machine-wide embedding cache warm): {ours['warm_s']:.1f} s")
+    print(f"RATIO evaluate_vs_mteb_machine_cache_warm={peer['wall_s'] / ours['warm_s']:.3f}")
     print(f"RATIO evaluate_vs_mteb={peer['wall_s'] / ours['wall_s']:.3f}")
 
 
