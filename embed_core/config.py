@@ -184,7 +184,24 @@ class LLMServerConfig(_Strict):
         "auto", description="mode chat: send a JSON-schema response_format built from the answer model "
         "(OpenAI, vLLM and llama.cpp constrain the reply to it). auto = on, and off for the rest of the run "
         "when the server rejects it; the reply is parsed and validated the same way either way.")
-    max_concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
+    max_concurrency: int = Field(4, ge=1, description="Requests in flight at once (per endpoint).")
+    base_urls: list[str] = Field(default_factory=list, description="Several OpenAI-compatible endpoints serving the "
+                                 "same model (instead of base_url): requests are shared, max_concurrency each, and a "
+                                 "request that cannot connect, times out or gets a 5xx moves to another endpoint; the "
+                                 "failing one gets no requests for endpoint_cooldown_s. The request cache does not "
+                                 "depend on the endpoint, so a resumed run repeats nothing.")
+    endpoint_cooldown_s: float = Field(30.0, ge=0, description="base_urls: seconds an endpoint that failed is left out "
+                                       "(while another is up).")
+
+    @model_validator(mode="after")
+    def _one_kind_of_endpoint(self) -> "LLMServerConfig":
+        if self.base_urls and self.base_url:
+            raise ValueError("set base_url (one endpoint) or base_urls (several), not both")
+        if self.base_urls and self.launch != "none":
+            raise ValueError("base_urls are servers you run; launch: llama_cpp starts one itself (use launch: none)")
+        if len(set(self.base_urls)) != len(self.base_urls):
+            raise ValueError("base_urls lists an endpoint twice")
+        return self
 
 
 class SamplingConfig(_Strict):
@@ -254,6 +271,20 @@ class IndexConfig(_Strict):
                                         "(faiss.index_cpu_to_all_gpus); ignored without one.")
 
 
+class EngineConfig(_Strict):
+    """Where the encode-heavy work of a stage runs (``embed_core.engine``)."""
+
+    kind: Literal["local", "ray"] = Field("local", description="local: in the stage's process; ray: Ray Data actors "
+                                          "that hold the model (needs the 'ray' extra).")
+    address: str | None = Field(None, description="ray: None = start a local Ray instance for the stage and stop it "
+                                "after; 'auto' = join the running cluster; 'ray://host:10001' = a remote one.")
+    num_workers: int = Field(2, ge=1, description="ray: encoding actors (each loads the model once).")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="ray: GPUs per actor (1 = one GPU each); 0 = CPU.")
+    cpus_per_worker: float = Field(1.0, gt=0, description="ray: CPUs reserved per actor.")
+    batch_size: int = Field(4096, ge=1, description="ray: texts per batch sent to an actor (the actor batches "
+                                                    "them by token budget, as the local encoder does).")
+
+
 class MineConfig(_Strict):
     """Hard-negative mining (QZhou §6.1: ranks 10–30; NV-Retriever TopK-PercPos positive-aware filter)."""
 
@@ -283,6 +314,8 @@ class MineConfig(_Strict):
                                   description="Queries searched at once (memory stays flat in the query count).")
     cache_dtype: Literal["float16", "float32"] = Field("float16",
                                                        description="Precision of the embedding cache on disk.")
+    engine: EngineConfig = Field(default_factory=EngineConfig,
+                                 description="Where the pool and the queries are encoded: local or a Ray cluster.")
 
     @field_validator("range_max")
     @classmethod

@@ -10,13 +10,16 @@ always gets a reply that is not the JSON the prompt asks for. Otherwise the repl
 deterministic rewrite of the prompt's last example (good enough to pass the stage's filters), so
 tests can check what the stage does with answers, failures and the cache. ``calls`` counts every
 request by path; ``keys_seen`` records the Authorization headers (to check the key reaches the
-server and nowhere else).
+server and nowhere else). ``die_after=N``: after answering N requests the server dies — the next
+request's connection is dropped unanswered and the port stops accepting (a crashed endpoint);
+``answered`` keeps the body of every request it answered with 200.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -49,8 +52,11 @@ def _answer(prompt: str, chat: bool) -> str:
 
 class ScriptedLLMServer:
     def __init__(self, faults: list[str] | None = None, timeout_sleep: float = 3.0,
-                 reject_response_format: bool = False):
+                 reject_response_format: bool = False, die_after: int | None = None):
         self.faults = list(faults or [])
+        self.die_after = die_after
+        self.answered: list[dict] = []
+        self.dead = False
         self.reject_response_format = reject_response_format
         self.bodies: list[dict] = []
         self.request_times: list[float] = []
@@ -87,6 +93,15 @@ class ScriptedLLMServer:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 chat = self.path.endswith("/chat/completions")
                 with server._lock:
+                    dying = server.die_after is not None and len(server.answered) >= server.die_after
+                    if dying:
+                        server.dead = True
+                if dying:  # crash: no answer, and the port closes
+                    threading.Thread(target=server._die, daemon=True).start()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                with server._lock:
                     server.calls[self.path] += 1
                     server.keys_seen.add(self.headers.get("Authorization", ""))
                     fault = server.faults.pop(0) if server.faults else None
@@ -115,11 +130,17 @@ class ScriptedLLMServer:
                         "model": body.get("model", "scripted"), "choices": [choice],
                         "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()),
                                   "total_tokens": len(prompt.split()) + len(text.split())}}
+                with server._lock:
+                    server.answered.append(body)
                 self._send(200, json.dumps(resp).encode())
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def _die(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
     @property
     def base_url(self) -> str:

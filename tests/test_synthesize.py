@@ -197,6 +197,28 @@ def test_faults_are_retried_failures_recorded_and_reruns_make_no_calls(demo_copy
         assert _rows(run_dir) == rows
 
 
+def test_two_endpoints_share_the_requests_and_one_dying_mid_run_loses_and_repeats_nothing(demo_copy, tmp_path):
+    with ScriptedLLMServer() as steady, ScriptedLLMServer(die_after=3) as dying:
+        cfg = _server_cfg(None, server={"base_urls": [dying.base_url, steady.base_url], "endpoint_cooldown_s": 60})
+        config, run_dir = _prepared(demo_copy, tmp_path, cfg)
+        m1 = run_synthesize(config, run_dir)
+        client = m1["counts"]["client"]
+        strategies = m1["counts"]["strategies"]
+        requested = sum(s["requested"] for s in strategies.values())
+        assert requested == 15 and sum(s.get("answered", 0) for s in strategies.values()) == 15  # nothing lost
+        assert dying.dead and len(dying.answered) == 3  # it took its share, then died
+        answered = [json.dumps(b, sort_keys=True) for b in dying.answered + steady.answered]
+        assert len(answered) == len(set(answered)) == 15  # every request answered exactly once
+        assert client["errors"].get("connection", 0) >= 1
+        assert client["endpoints"] == {dying.base_url: {"answered": 3, "failed": client["endpoints"][dying.base_url]["failed"]},
+                                       steady.base_url: {"answered": 12, "failed": 0}}
+        assert client["endpoints"][dying.base_url]["failed"] >= 1
+        # run again (the dead endpoint still listed): the request cache answers everything
+        calls = steady.total_calls
+        m2 = run_synthesize(config, run_dir)
+        assert steady.total_calls == calls and m2["counts"]["client"]["requests"] == 0
+
+
 def test_budget_stops_cleanly_and_a_bigger_budget_resumes_from_the_cache(demo_copy, tmp_path):
     with ScriptedLLMServer() as server:
         config, run_dir = _prepared(demo_copy, tmp_path, _server_cfg(server.base_url, max_requests=5))

@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from embed_core.artifacts import StageWriter, read_manifest, read_records
-from embed_core.config import MineConfig, RunConfig, config_hash
+from embed_core.config import EngineConfig, MineConfig, RunConfig, config_hash
+from embed_core.engine import engine_session, ray_encode
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mine.miner import MineSettings, eligible, mine_records
@@ -41,6 +42,33 @@ def _cfg(config: RunConfig) -> MineConfig:
     return config.mine
 
 
+def model_dim(path: str) -> int:
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(path)
+    return int(getattr(hf, "hidden_size", None) or getattr(hf, "d_model"))
+
+
+def _encoder(cfg: MineConfig, path: str, dim: int):
+    """texts -> embeddings on the configured engine (the model loads on first use)."""
+    if cfg.engine.kind == "ray":
+        return lambda texts: ray_encode(texts, model=path, pooling=cfg.pooling, max_length=cfg.max_length,
+                                        precision=cfg.precision, batch_size=cfg.batch_size, dim=dim, engine=cfg.engine)
+    from embed_core.model.encoder import Encoder
+
+    encoder = Encoder(path, pooling=cfg.pooling, max_length=cfg.max_length, precision=cfg.precision)
+    return lambda texts: encoder.encode(texts, batch_size=cfg.batch_size, show_progress=True)
+
+
+def _encode_device(cfg: MineConfig) -> str:
+    """The device type the texts are encoded on (it decides bf16 under precision: auto)."""
+    if cfg.engine.kind == "ray":
+        return "cuda" if cfg.engine.num_gpus_per_worker > 0 else "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def input_fingerprint(config: RunConfig, run_dir: str | Path) -> Fingerprint:
     """Upstream output hashes + mine config + model fingerprint + corpus file hashes."""
     cfg = _cfg(config)
@@ -48,17 +76,14 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path) -> Fingerprint:
     upstream = read_manifest(Path(run_dir), up)
     if upstream is None:
         raise EmbedpipeError(f"{Path(run_dir) / up}: no manifest.json — run the {up} stage first")
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model_fp = model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, uses_bf16(cfg.precision, device))
+    model_fp = model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, uses_bf16(cfg.precision, _encode_device(cfg)))
     corpora = {}
     for ds, path in cfg.corpora.items():
         d = config.resolve(path)
         cfile = d / "corpus.jsonl" if (d / "corpus.jsonl").exists() else d / "corpus.jsonl.gz"
         corpora[ds] = sha256_file(cfile) if cfile.exists() else "missing"
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "upstream": {n: i["sha256"] for n, i in upstream["outputs"].items()}, "config": config_hash(cfg),
+        "upstream": {n: i["sha256"] for n, i in upstream["outputs"].items()}, "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine, the same negatives
         "model": model_fp, "corpora": corpora, "seed": config.seed}, details={"model_fingerprint": model_fp})
 
 
@@ -96,44 +121,47 @@ def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | 
     tables = read_records(run_dir, records_upstream(config, STAGE))
     settings = MineSettings.from_config(cfg, config.seed)
 
-    encoder = None
     cache: EmbeddingCache | None = None
+    encode = None
 
     def embed(texts: list[str]):
-        nonlocal encoder, cache
-        if encoder is None:  # load the model only when something needs encoding
-            from embed_core.model.encoder import Encoder
+        nonlocal cache, encode
+        if cache is None:  # load the model only when something needs encoding
+            from embed_core.model.encoder import resolve_model_path
 
-            encoder = Encoder(cfg.model, pooling=cfg.pooling, max_length=cfg.max_length, precision=cfg.precision)
-            cache = open_cache(encoder.path, run_dir, config.embedding_cache, encoder.fingerprint, encoder.dim,
-                               cfg.cache_dtype)
-        return cache.get_or_encode(texts, lambda t: encoder.encode(t, batch_size=cfg.batch_size, show_progress=True))
+            bf16 = uses_bf16(cfg.precision, _encode_device(cfg))
+            path = resolve_model_path(cfg.model)
+            cache = open_cache(path, run_dir, config.embedding_cache, model_fingerprint(cfg.model, cfg.pooling,
+                               cfg.max_length, bf16), model_dim(path), cfg.cache_dtype)
+            encode = _encoder(cfg, path, cache.dim)
+        return cache.get_or_encode(texts, encode)
 
     out_tables: dict[str, pa.Table] = {}
     per_dataset: list[dict[str, Any]] = []
     score_rows: list[dict[str, Any]] = []
-    for name, table in sorted(tables.items()):
-        dataset = name.removesuffix(".parquet")
-        records = table_to_records(table)
-        wanted = cfg.datasets is None or dataset in cfg.datasets
-        if not wanted or not any(eligible(r, settings) for r in records):
-            out_tables[name] = table
-            per_dataset.append({"dataset": dataset, "records": len(records), "mined": False})
-            continue
-        t_ds = time.perf_counter()
-        corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
-        mined, stats = mine_records(records, embed, settings, corpus)
-        out_tables[name] = records_to_table(mined)
-        summary = stats.summary()
-        per_dataset.append({"dataset": dataset, "records": len(records), "mined": True,
-                            "pool": "corpus" if corpus is not None else "dataset texts",
-                            "seconds": round(time.perf_counter() - t_ds, 2), **summary})
-        if stats.too_few:
-            log.warning("mine %s: %d records got fewer than %d negatives, e.g. %s", dataset, stats.too_few,
-                        settings.num_negatives, ", ".join(stats.too_few_examples))
-        for kind, xs in (("positive", stats.positive_scores), ("kept_negative", stats.kept_scores),
-                         ("filtered", stats.filtered_scores)):
-            score_rows += [{"dataset": dataset, "kind": kind, "score": float(x)} for x in xs]
+    with engine_session(cfg.engine):  # a local Ray instance lives as long as the loop (engine: ray)
+        for name, table in sorted(tables.items()):
+            dataset = name.removesuffix(".parquet")
+            records = table_to_records(table)
+            wanted = cfg.datasets is None or dataset in cfg.datasets
+            if not wanted or not any(eligible(r, settings) for r in records):
+                out_tables[name] = table
+                per_dataset.append({"dataset": dataset, "records": len(records), "mined": False})
+                continue
+            t_ds = time.perf_counter()
+            corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
+            mined, stats = mine_records(records, embed, settings, corpus)
+            out_tables[name] = records_to_table(mined)
+            summary = stats.summary()
+            per_dataset.append({"dataset": dataset, "records": len(records), "mined": True,
+                                "pool": "corpus" if corpus is not None else "dataset texts",
+                                "seconds": round(time.perf_counter() - t_ds, 2), **summary})
+            if stats.too_few:
+                log.warning("mine %s: %d records got fewer than %d negatives, e.g. %s", dataset, stats.too_few,
+                            settings.num_negatives, ", ".join(stats.too_few_examples))
+            for kind, xs in (("positive", stats.positive_scores), ("kept_negative", stats.kept_scores),
+                             ("filtered", stats.filtered_scores)):
+                score_rows += [{"dataset": dataset, "kind": kind, "score": float(x)} for x in xs]
 
     with StageWriter(run_dir, STAGE) as writer:
         for name, table in out_tables.items():

@@ -61,12 +61,23 @@ class ClientStats:
     completion_tokens: int = 0
     errors: Counter = field(default_factory=Counter)   # per attempt, by reason (retried or not)
     budget_exhausted: bool = False
+    endpoints: dict[str, dict[str, int]] = field(default_factory=dict)  # url -> answered / failed attempts
 
     def as_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "cache_hits": self.cache_hits, "retries": self.retries,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "tokens": self.prompt_tokens + self.completion_tokens, "errors": dict(self.errors),
-                "budget_exhausted": self.budget_exhausted}
+                "budget_exhausted": self.budget_exhausted, "endpoints": self.endpoints}
+
+
+@dataclass
+class Endpoint:
+    """One OpenAI-compatible server of the pool, with its health."""
+
+    url: str
+    client: openai.AsyncOpenAI
+    in_flight: int = 0
+    down_until: float = 0.0  # time.monotonic() before which it gets no requests (while another is up)
 
 
 def _retryable(exc: Exception) -> str | None:
@@ -133,9 +144,9 @@ class LLMClient:
         self.max_tokens = max_tokens
         self.stats = ClientStats()
         self._before_first_request = before_first_request
-        self._client: openai.AsyncOpenAI | None = None
+        self._endpoints: list[Endpoint] = []
         self._start_lock = asyncio.Lock()
-        self._slots = asyncio.Semaphore(server.max_concurrency)
+        self._slots = asyncio.Semaphore(server.max_concurrency * max(1, len(server.base_urls)))
         self._rng = random.Random(seed)
         self.structured = server.mode == "chat" and server.structured_output != "off"
         self.in_flight = 0  # requests holding a concurrency slot now
@@ -147,16 +158,37 @@ class LLMClient:
             return os.environ[self.server.api_key_env]
         return "not-needed"  # local servers (llama.cpp, vLLM, Ollama) accept any key
 
-    async def _connect(self) -> openai.AsyncOpenAI:
+    async def _connect(self) -> list[Endpoint]:
         async with self._start_lock:
-            if self._client is None:
+            if not self._endpoints:
                 if self._before_first_request is not None:  # e.g. launch the local llama.cpp server
                     self.base_url = await self._before_first_request()
-                if not self.base_url:
+                urls = self.server.base_urls or ([self.base_url] if self.base_url else [])
+                if not urls:
                     raise RequestFailed("config", "synthesize.server.base_url is not set and nothing is launched")
-                self._client = openai.AsyncOpenAI(api_key=self._api_key(), base_url=self.base_url,
-                                                  timeout=self.server.timeout_s, max_retries=0)
-            return self._client
+                self._endpoints = [Endpoint(url, openai.AsyncOpenAI(api_key=self._api_key(), base_url=url,
+                                                                    timeout=self.server.timeout_s, max_retries=0))
+                                   for url in urls]
+                self.stats.endpoints = {url: {"answered": 0, "failed": 0} for url in urls}
+            return self._endpoints
+
+    def _pick(self) -> Endpoint:
+        """The endpoint for the next attempt: among those up, the one with the fewest requests in
+        flight; when all are resting, the one whose rest ends first."""
+        now = time.monotonic()
+        up = [e for e in self._endpoints if e.down_until <= now]
+        if not up:
+            up = [min(self._endpoints, key=lambda e: e.down_until)]
+        return min(up, key=lambda e: e.in_flight)
+
+    def _endpoint_failed(self, endpoint: Endpoint, reason: str) -> None:
+        """A connection failure, timeout or 5xx: with other endpoints, this one rests a while."""
+        self.stats.endpoints[endpoint.url]["failed"] += 1
+        if len(self._endpoints) > 1 and (reason in ("connection", "timeout") or reason.startswith("http_5")):
+            if endpoint.down_until <= time.monotonic():
+                log.warning("synthesize: endpoint %s failed (%s); its requests go to the others for %.0f s",
+                            endpoint.url, reason, self.server.endpoint_cooldown_s)
+            endpoint.down_until = time.monotonic() + self.server.endpoint_cooldown_s
 
     def sampling_params(self, stop: tuple[str, ...], attempt: int,
                         schema: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -192,23 +224,32 @@ class LLMClient:
         return text, int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0)
 
     def _wait(self, state: RetryCallState) -> float:
-        """Tenacity's wait: the server's Retry-After if it sent one (within max_retry_after_s), else
-        full jitter over an exponential backoff."""
+        """Tenacity's wait: none when another endpoint is up to take the retry; else the server's
+        Retry-After if it sent one (within max_retry_after_s), else full jitter over an exponential
+        backoff."""
         failure = state.outcome.exception() if state.outcome else None
+        if len(self._endpoints) > 1 and any(e.down_until <= time.monotonic() for e in self._endpoints) \
+                and isinstance(failure, _Retryable) and failure.reason != "http_429":
+            return 0.0
         asked = retry_after_seconds(failure.exc) if isinstance(failure, _Retryable) else None
         if asked is not None and asked <= self.server.max_retry_after_s:
             return asked
         ceiling = min(self.server.max_backoff_s, self.server.backoff_s * 2 ** (state.attempt_number - 1))
         return self._rng.uniform(0, ceiling)
 
-    async def _attempt(self, client: openai.AsyncOpenAI, prompt: Any, params: dict[str, Any]) -> tuple[str, int, int]:
-        """One HTTP request: budget checked first; a failure comes out as ``_Retryable`` or ``RequestFailed``."""
+    async def _attempt(self, prompt: Any, params: dict[str, Any]) -> tuple[str, int, int]:
+        """One HTTP request to the endpoint ``_pick`` chooses: budget checked first; a failure comes out
+        as ``_Retryable`` or ``RequestFailed``."""
         if not self._budget_left():
             self.stats.budget_exhausted = True
             raise RequestFailed("budget", "run budget (max_requests / max_tokens) spent")
         self.stats.requests += 1
+        endpoint = self._pick()
+        endpoint.in_flight += 1
         try:
-            return await self._send(client, prompt, params)
+            answer = await self._send(endpoint.client, prompt, params)
+            self.stats.endpoints[endpoint.url]["answered"] += 1
+            return answer
         except Exception as exc:  # noqa: BLE001 — sorted into retryable or not below
             if "response_format" in params and self.server.structured_output == "auto" \
                     and _response_format_rejected(exc):
@@ -225,7 +266,10 @@ class LLMClient:
                 self.stats.errors[reason] += 1
                 raise RequestFailed(reason, str(exc)[:300]) from None
             self.stats.errors[reason] += 1
+            self._endpoint_failed(endpoint, reason)
             raise _Retryable(reason, exc) from None
+        finally:
+            endpoint.in_flight -= 1
 
     async def complete(self, *, prompt_name: str, prompt_version: str, prompt: Any, stop: tuple[str, ...],
                        attempt: int = 0, schema: tuple[str, dict[str, Any]] | None = None) -> Answer:
@@ -250,12 +294,12 @@ class LLMClient:
 
     async def _request(self, key: str, prompt: Any, params: dict[str, Any]) -> Answer:
         """Send one request with retries (tenacity) and cache its answer."""
-        client = await self._connect()
+        await self._connect()
         retrying = AsyncRetrying(stop=stop_after_attempt(self.server.max_retries + 1), wait=self._wait,
                                  retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
                                  before_sleep=lambda _: self._count_retry(), reraise=True)
         try:
-            text, p_tok, c_tok = await retrying(self._attempt, client, prompt, params)
+            text, p_tok, c_tok = await retrying(self._attempt, prompt, params)
         except _Retryable as failure:
             raise RequestFailed(failure.reason, f"gave up after {self.server.max_retries + 1} tries: "
                                                 f"{str(failure.exc)[:200]}") from None
@@ -268,5 +312,5 @@ class LLMClient:
         self.stats.retries += 1
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        for endpoint in self._endpoints:
+            await endpoint.client.close()

@@ -379,6 +379,7 @@ def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerpr
             "input_fingerprint": fingerprint.key,
             "code": fingerprint.code,
             "llm": {"model": cfg.server.model, "mode": cfg.server.mode, "base_url": cfg.server.base_url,
+                    "base_urls": cfg.server.base_urls,
                     "launch": cfg.server.launch, "api_key_env": cfg.server.api_key_env},
             "prompt_versions": fingerprint.details["prompt_versions"],
             "settings": cfg.model_dump(mode="json"),

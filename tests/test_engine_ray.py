@@ -1,0 +1,39 @@
+"""engine: ray — mine's encoding on a real local Ray cluster of two actors."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from embed_core.config import EngineConfig, MineConfig, parse_config
+from embed_core.mine.stage import run_mine
+from embed_core.prepare.stage import run_prepare
+
+pytest.importorskip("ray")  # the `ray` extra (make test installs it with the dev extra)
+
+
+@pytest.mark.slow
+def test_mine_on_a_local_two_worker_ray_cluster_gets_exactly_the_local_engines_negatives(shared_data, tiny_model,
+                                                                                       tmp_path, monkeypatch):
+    import ray
+
+    base = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
+        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "split": "train"}]}})
+    rows, manifests = {}, {}
+    for kind in ("local", "ray"):
+        # each engine on its own empty machine-wide cache: both really encode the pool (SciFact's judged
+        # documents) and the queries
+        monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / f"cache-{kind}"))
+        mine = MineConfig(model=str(tiny_model), max_length=64, relative_margin=None, batch_size=128,
+                          engine=EngineConfig(kind=kind, num_workers=2, batch_size=256))
+        cfg = base.model_copy(update={"mine": mine})
+        run_dir = tmp_path / kind
+        run_prepare(cfg, run_dir)
+        manifests[kind] = run_mine(cfg, run_dir)
+        rows[kind] = pq.read_table(run_dir / "mine/scifact.parquet").to_pylist()
+    assert not ray.is_initialized()  # the stage started its local Ray instance and stopped it
+    assert manifests["ray"]["counts"]["texts_encoded"] == manifests["local"]["counts"]["texts_encoded"] > 1000
+    assert sum(len(r["negatives"]) for r in rows["local"]) >= 3 * 808
+    assert [r["negatives"] for r in rows["ray"]] == [r["negatives"] for r in rows["local"]]
+    scores = [x for r in rows["local"] for x in r["negative_scores"]]
+    assert [x for r in rows["ray"] for x in r["negative_scores"]] == pytest.approx(scores, abs=1e-6)
+    # an engine is not part of the stage's key: the same inputs on either engine are one result
+    assert manifests["ray"]["input_fingerprint"] == manifests["local"]["input_fingerprint"]
