@@ -159,6 +159,9 @@ class EmbeddingCache:
         for i, k in enumerate(keys):
             shard, row = self._index[k]
             out[i] = self._shard(shard)[row]
+        # unmap the shards again: pages of a mapped file count in the process's resident memory, so a
+        # stage streaming a large pool through the cache would otherwise hold all of it
+        self._shards.clear()
         if self.dtype != np.float32:  # float16 storage: renormalise after the round trip
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(min=1e-12)
         return out

@@ -162,7 +162,7 @@ class Encoder:
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], *, batch_size: int = 64, max_tokens_per_batch: int = 16384,
-               window: int = 8192, show_progress: bool = False, desc: str = "encode") -> np.ndarray:
+               window: int = 2048, show_progress: bool = False, desc: str = "encode") -> np.ndarray:
         """L2-normalised float32 embeddings, one row per text, in input order. Texts are tokenised and
         length-sorted ``window`` at a time, so memory beyond the output stays flat in the number of texts."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
