@@ -26,7 +26,7 @@ from mteb.models.model_meta import ModelMeta, ScoringFunction
 from mteb.types import PromptType
 
 from embed_core.model.embedding_cache import EmbeddingCache
-from embed_core.model.encoder import Encoder, model_fingerprint, resolve_model_path, uses_bf16
+from embed_core.model.encoder import Encoder, model_dim, model_fingerprint, resolve_model_path, uses_bf16
 from embed_core.model.settings import read_model_settings
 
 SYMMETRIC_TYPES = ("STS", "Classification", "PairClassification", "Clustering")
@@ -38,7 +38,6 @@ class EvalModel(AbsEncoder):
     def __init__(self, model: str, *, label: str, cache_root: str | Path, batch_size: int = 64,
                  precision: str = "fp32", device: str | None = None, cache_max_bytes: int | None = None):
         import torch
-        from transformers import AutoConfig
 
         self.path = resolve_model_path(model)
         self.label = label
@@ -49,8 +48,7 @@ class EvalModel(AbsEncoder):
         device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.fingerprint = model_fingerprint(self.path, self.settings.pooling, self.settings.max_length,
                                              uses_bf16(precision, device_type))
-        hf_config = AutoConfig.from_pretrained(self.path)
-        self.dim = int(getattr(hf_config, "hidden_size", None) or getattr(hf_config, "d_model"))
+        self.dim = model_dim(self.path)
         self.cache = EmbeddingCache(Path(cache_root), self.fingerprint, self.dim, dtype="float32",
                                     max_bytes=cache_max_bytes)
         self._encoder: Encoder | None = None

@@ -35,7 +35,7 @@ from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_ha
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.model.card import CARD_FACTS, read_card_facts, write_card
-from embed_core.model.embedding_cache import embedding_cache_root, machine_cache_dir
+from embed_core.model.embedding_cache import cache_location
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
 from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 
@@ -172,9 +172,9 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
     from embed_core.evaluate.tasks import build_task
 
     cfg = _cfg(config)
-    root = embedding_cache_root(path, run_dir, config.embedding_cache.machine_wide)
+    root, max_bytes = cache_location(path, run_dir, config.embedding_cache)
     model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size, precision=cfg.precision,
-                      cache_max_bytes=int(config.embedding_cache.max_gb * 1e9) if root == machine_cache_dir() else None)
+                      cache_max_bytes=max_bytes)
     rows: list[dict[str, Any]] = []
     task_results: list[Any] = []
     seconds: dict[str, float] = {}

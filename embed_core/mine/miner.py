@@ -107,11 +107,11 @@ def build_index(pool: list[str], embed: Embed, s: MineSettings) -> tuple[faiss.I
     first = embed(pool[: s.add_chunk_size])
     index = new_index(first.shape[1], s)
     info: dict[str, Any] = {"factory": s.index_factory}
+    ivf = faiss.try_extract_index_ivf(index)
     if not index.is_trained:
         rng = np.random.default_rng(s.seed)
         sample = np.sort(rng.choice(len(pool), size=min(s.train_size, len(pool)), replace=False))
         vectors = embed([pool[i] for i in sample])
-        ivf = faiss.try_extract_index_ivf(index)
         if ivf is not None and ivf.nlist * 39 > len(vectors):
             raise ConfigError(f"mine.index.factory {s.index_factory!r}: {ivf.nlist} clusters need at least "
                               f"{ivf.nlist * 39} training vectors, the pool sample has {len(vectors)}; use fewer "
@@ -119,7 +119,6 @@ def build_index(pool: list[str], embed: Embed, s: MineSettings) -> tuple[faiss.I
         index.train(vectors)
         info["trained_on"] = len(vectors)
         del vectors
-    ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         ivf.nprobe = min(s.nprobe, ivf.nlist)
         info.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe))
@@ -138,7 +137,7 @@ def build_index(pool: list[str], embed: Embed, s: MineSettings) -> tuple[faiss.I
     return index, info
 
 
-def text_key(text: str) -> int:
+def normalized_key(text: str) -> int:
     """A 64-bit key of the normalised text: duplicate checks without a second copy of the pool."""
     return int.from_bytes(hashlib.blake2b(normalize_text(text).encode("utf-8", "surrogatepass"),
                                           digest_size=8).digest(), "little")
@@ -179,7 +178,7 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
                 labels[t].add(r.label)
         for t, lab in zip(r.negatives, r.negative_labels):
             labels[t].add(lab)
-    pool_norm = [text_key(t) for t in pool]
+    pool_norm = [normalized_key(t) for t in pool]
     index, stats.index = build_index(pool, embed, s)
 
     queries = [records[i].query for i in todo]
@@ -207,8 +206,8 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
             pos_scores = [float(qv @ pos_vecs[p]) for p in rec.positives]
             stats.positive_scores.extend(pos_scores)
             floor = min(pos_scores)
-            positives_norm = {text_key(p) for p in rec.positives}
-            seen = {text_key(rec.query), *(text_key(n) for n in rec.negatives)}
+            positives_norm = {normalized_key(p) for p in rec.positives}
+            seen = {normalized_key(rec.query), *(normalized_key(n) for n in rec.negatives)}
             considered = 0
             survivors: list[tuple[int, float]] = []
             for score, j in zip(scores[row], ids[row]):

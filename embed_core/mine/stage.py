@@ -24,7 +24,7 @@ from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mine.miner import MineSettings, eligible, mine_records
 from embed_core.model.embedding_cache import EmbeddingCache, open_cache
-from embed_core.model.encoder import model_fingerprint, uses_bf16
+from embed_core.model.encoder import model_dim, model_fingerprint, uses_bf16
 from embed_core.plots import pyplot, to_png
 from embed_core.prepare.convert.retrieval import load_corpus
 from embed_core.schema import records_to_table, table_to_records
@@ -40,13 +40,6 @@ def _cfg(config: RunConfig) -> MineConfig:
     if config.mine is None:
         raise ConfigError("the run config has no 'mine' section")
     return config.mine
-
-
-def model_dim(path: str) -> int:
-    from transformers import AutoConfig
-
-    hf = AutoConfig.from_pretrained(path)
-    return int(getattr(hf, "hidden_size", None) or getattr(hf, "d_model"))
 
 
 def _encoder(cfg: MineConfig, path: str, dim: int):
@@ -83,7 +76,8 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path) -> Fingerprint:
         cfile = d / "corpus.jsonl" if (d / "corpus.jsonl").exists() else d / "corpus.jsonl.gz"
         corpora[ds] = sha256_file(cfile) if cfile.exists() else "missing"
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "upstream": {n: i["sha256"] for n, i in upstream["outputs"].items()}, "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine, the same negatives
+        "upstream": {n: i["sha256"] for n, i in upstream["outputs"].items()},
+        "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine: the same negatives
         "model": model_fp, "corpora": corpora, "seed": config.seed}, details={"model_fingerprint": model_fp})
 
 

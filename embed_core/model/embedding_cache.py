@@ -51,13 +51,18 @@ def embedding_cache_root(model_path: str | Path, run_dir: str | Path, machine_wi
     return run_dir / "cache" / "embeddings" if inside or not machine_wide else machine_cache_dir()
 
 
+def cache_location(model_path: str | Path, run_dir: str | Path, settings: Any) -> tuple[Path, int | None]:
+    """(root, size cap in bytes or None) of a model's cache in a run; ``settings`` is the run's
+    ``EmbeddingCacheConfig``. Only the machine-wide root is capped."""
+    root = embedding_cache_root(model_path, run_dir, settings.machine_wide)
+    return root, int(settings.max_gb * 1e9) if root == machine_cache_dir() else None
+
+
 def open_cache(model_path: str | Path, run_dir: str | Path, settings: Any, model_fingerprint: str, dim: int,
                dtype: str) -> "EmbeddingCache":
-    """The cache for a model in a run: ``settings`` is the run's ``EmbeddingCacheConfig``."""
-    root = embedding_cache_root(model_path, run_dir, settings.machine_wide)
-    capped = root == machine_cache_dir()
-    return EmbeddingCache(root, model_fingerprint, dim, dtype,
-                          max_bytes=int(settings.max_gb * 1e9) if capped else None)
+    """The cache for a model in a run (``cache_location``)."""
+    root, max_bytes = cache_location(model_path, run_dir, settings)
+    return EmbeddingCache(root, model_fingerprint, dim, dtype, max_bytes=max_bytes)
 
 
 def enforce_size_cap(root: str | Path, max_bytes: int, keep: Path | None = None) -> list[Path]:

@@ -101,6 +101,14 @@ def uses_bf16(precision: str, device_type: str) -> bool:
     return precision == "bf16" or (precision == "auto" and (device_type == "cuda" or cpu_has_bf16()))
 
 
+def model_dim(path: str | Path) -> int:
+    """Embedding width of a model directory, read from its config (no weights loaded)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    return int(getattr(config, "hidden_size", None) or getattr(config, "d_model"))
+
+
 def model_source(name: str) -> Path:
     """The file or directory that holds a model's bytes, found without loading it (a GGUF model is
     its .gguf file, not the de-quantised directory ``resolve_model_path`` makes from it)."""

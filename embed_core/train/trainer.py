@@ -236,7 +236,7 @@ class Trainer:
         features = {k: v.to(self.device) for k, v in features.items()}
         model = self.engine or self.model
         order = torch.argsort(lengths, descending=True, stable=True)
-        bounds = length_buckets([int(lengths[i]) for i in order], self.stage.length_buckets)
+        bounds = length_buckets(lengths[order].tolist(), self.stage.length_buckets)
         if len(bounds) == 1:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 return model(features)
