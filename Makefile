@@ -74,5 +74,6 @@ bench: $(STAMP)
 	$(PY) tests/benchmarks/bench_mine.py
 	$(PY) tests/benchmarks/bench_train.py
 	$(PY) tests/benchmarks/bench_evaluate.py
+	$(PY) tests/benchmarks/bench_prepare.py
 	@if [ -f $(LLM_STAMP) ]; then $(PY) tests/benchmarks/bench_llama_threads.py; \
 	  else echo "bench_llama_threads: skipped (make install-llm first)"; fi

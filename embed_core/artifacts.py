@@ -114,6 +114,46 @@ def _exchange(a: Path, b: Path) -> bool:
     return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
+class TableStream:
+    """One Parquet output of a stage written a row group at a time (memory constant in the file's
+    size): ``append`` rows, and the stage writer registers the file with its row count and hash
+    when it is closed (``StageWriter.commit`` closes any still open)."""
+
+    def __init__(self, path: Path, schema: pa.Schema, rows_per_group: int):
+        self.path = path
+        self.schema = schema
+        self.rows_per_group = rows_per_group
+        self.rows = 0
+        self._pending: list[dict[str, Any]] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(path, schema, compression="zstd")
+
+    def append(self, row: dict[str, Any]) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= self.rows_per_group:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending and self._writer is not None:
+            self._writer.write_table(pa.Table.from_pylist(self._pending, schema=self.schema))
+            self.rows += len(self._pending)
+            self._pending = []
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        self._flush()
+        self._writer.close()
+        self._writer = None
+        os.chmod(self.path, FILE_MODE)
+
+    def discard(self) -> None:
+        """Close without writing what is pending (the stage failed; its staging directory goes)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
 class StageWriter:
     """Collects one stage's outputs in a staging directory and swaps it in on ``commit``.
 
@@ -127,6 +167,7 @@ class StageWriter:
         self.final = self.run_dir / stage
         self.staging = self.run_dir / f".{stage}.staging-{uuid.uuid4().hex[:8]}"
         self.outputs: dict[str, dict[str, Any]] = {}
+        self._streams: dict[str, tuple[TableStream, str]] = {}
         self._committed = False
 
     def __enter__(self) -> "StageWriter":
@@ -137,7 +178,30 @@ class StageWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self._committed:
+            for stream, _ in self._streams.values():
+                stream.discard()
             shutil.rmtree(self.staging, ignore_errors=True)
+
+    @property
+    def scratch(self) -> Path:
+        """A directory for a stage's temporary files (spills, on-disk indexes): inside the staging
+        directory, so it is on the run's disk and removed before the commit or with a failed stage."""
+        path = self.staging / ".scratch"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def stream_table(self, name: str, schema: pa.Schema, kind: str, rows_per_group: int = 8192) -> TableStream:
+        """A Parquet output written in row groups (``TableStream``); registered when closed."""
+        stream = TableStream(self.staging / name, schema, rows_per_group)
+        self._streams[name] = (stream, kind)
+        return stream
+
+    def _register_streams(self) -> None:
+        for name, (stream, kind) in self._streams.items():
+            stream.close()
+            if name not in self.outputs:
+                self.outputs[name] = {"kind": kind, "rows": stream.rows,
+                                      "sha256": sha256_file(stream.path, remember=False)}
 
     def write_table(self, name: str, table: pa.Table, kind: str) -> Path:
         path = self.staging / name
@@ -159,6 +223,8 @@ class StageWriter:
         return self.final / name
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self._register_streams()
+        shutil.rmtree(self.staging / ".scratch", ignore_errors=True)
         manifest = Manifest.model_validate({  # a stage that forgets its key fails here, before the swap
             "stage": self.stage,
             "schema_version": SCHEMA_VERSION,

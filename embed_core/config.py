@@ -545,6 +545,9 @@ class TrainStageConfig(_Strict):
     alpha: float = Field(0.5, ge=0, description="Dataset sampling exponent (Eq. 4).")
     eta: float | None = Field(None, ge=0, le=1,
                               description="Global retrieval ratio η (stage 2: 0.72); None = Eq. 4 only.")
+    dataset_weight: dict[str, float] = Field(default_factory=dict, description="Dataset -> multiplier of its "
+                                             "size^α sampling weight (default 1; 0 leaves it out), applied before "
+                                             "η splits retrieval from the rest, e.g. {stsb: 3.0}.")
     num_hard_negatives: int = Field(4, ge=0, description="Hard negatives per query (QZhou: 4).")
     query_max_length: int = Field(256, ge=8, description="Tokens per query (and per text of a scored pair).")
     passage_max_length: int = Field(512, ge=8, description="QZhou uses 1536 for a 7B decoder.")
@@ -569,6 +572,14 @@ class TrainStageConfig(_Strict):
                     raise ValueError(f"'{key}' moved into the loss's parameters: write "
                                      f"losses: {{{task}: {{name: {loss}, {param}: {data[key]!r}}}}} instead")
         return data
+
+    @field_validator("dataset_weight")
+    @classmethod
+    def _non_negative_weights(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: w for k, w in v.items() if w < 0}
+        if bad:
+            raise ValueError(f"dataset_weight must be >= 0 (got {bad})")
+        return v
 
     @field_validator("losses")
     @classmethod

@@ -32,6 +32,16 @@ def test_eta_gives_retrieval_datasets_their_global_share():
     assert freq == pytest.approx(expected, abs=0.01)
 
 
+def test_dataset_weight_scales_a_datasets_share_before_eta_splits_the_sides():
+    # a's l^0.5 = 10 x 4 = 40, b = 20, c = 30: without eta 40/90, 20/90, 30/90; 0 leaves c out
+    assert dataset_weights(SIZES, 0.5, multipliers={"a": 4.0}) == pytest.approx({"a": 4 / 9, "b": 2 / 9, "c": 3 / 9})
+    assert dataset_weights(SIZES, 0.5, multipliers={"c": 0.0}) == pytest.approx({"a": 1 / 3, "b": 2 / 3})
+    # RET = {a, b} keeps eta = 0.72 whatever the multipliers: a = 0.72 * 40/60, b = 0.72 * 20/60
+    assert dataset_weights(SIZES, 0.5, {"a", "b"}, 0.72, {"a": 4.0}) == pytest.approx({"a": 0.48, "b": 0.24, "c": 0.28})
+    freq = _freq(GroupedBatchSampler(SIZES, {k: 8 for k in SIZES}, alpha=0.5, seed=3, multipliers={"a": 4.0}), 30000)
+    assert freq == pytest.approx({"a": 4 / 9, "b": 2 / 9, "c": 3 / 9}, abs=0.01)
+
+
 def test_batches_are_single_dataset_and_cover_each_pass_without_repeats():
     s = GroupedBatchSampler({"a": 10}, {"a": 3}, seed=0)
     first_pass = [i for _ in range(3) for i in s.next_batch().indices]

@@ -13,11 +13,14 @@ training record holding an evaluation *pair* (in either order) is excluded.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import sqlite3
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 
 from embed_core.errors import RowError
 from embed_core.schema import Record
@@ -25,7 +28,9 @@ from embed_core.schema import Record
 _NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
 
 
-@lru_cache(maxsize=1 << 18)  # dedupe and contamination normalise the same texts repeatedly
+# Dedupe and contamination normalise a record's texts several times in a row; a small cache catches
+# that without growing with the source (prepare's memory must not).
+@lru_cache(maxsize=1 << 14)
 def normalize_text(text: str) -> str:
     """NFKC, case-folded, punctuation and whitespace runs collapsed to one space."""
     return _NON_WORD.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
@@ -60,32 +65,107 @@ def limit_length(record: Record, max_chars: int, policy: str) -> tuple[Record, i
     return new, cut
 
 
-def _key(record: Record, norm) -> tuple:
-    return (record.task, norm(record.query), tuple(map(norm, record.positives)), tuple(record.positive_scores),
-            tuple(map(norm, record.negatives)), tuple(map(norm, record.weak_positives)), record.label)
+def _digest(parts: Iterable[str]) -> bytes:
+    """16 bytes naming a sequence of strings (length-prefixed, so no two sequences share a message)."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        data = part.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.digest()
+
+
+def _key_parts(record: Record, norm) -> list[str]:
+    return [record.task, norm(record.query), *map(norm, record.positives), "|scores", *map(repr, record.positive_scores),
+            "|negatives", *map(norm, record.negatives), "|weak", *map(norm, record.weak_positives), "|label",
+            repr(record.label)]
+
+
+class KeyStore:
+    """Sets of keys on disk (SQLite, 16-byte digests), for dedupe and lookups over more records
+    than fit in memory: the page cache is bounded, so memory stays flat however large the
+    source. One store holds any number of named sets (``KeySet``)."""
+
+    def __init__(self, path: Path | str, cache_mb: int = 32):
+        self._db = sqlite3.connect(str(path), isolation_level=None)
+        # A scratch index: losing it with a crash loses nothing (the stage reruns from its sources).
+        self._db.execute("PRAGMA journal_mode=OFF")
+        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.execute(f"PRAGMA cache_size=-{cache_mb * 1024}")
+        self._db.execute("CREATE TABLE IF NOT EXISTS k (key BLOB PRIMARY KEY) WITHOUT ROWID")
+        self._db.execute("BEGIN")
+
+    def add(self, key: bytes) -> bool:
+        """Insert ``key``; True when it was not there yet."""
+        return self._db.execute("INSERT OR IGNORE INTO k VALUES (?)", (key,)).rowcount == 1
+
+    def __contains__(self, key: bytes) -> bool:
+        return self._db.execute("SELECT 1 FROM k WHERE key = ?", (key,)).fetchone() is not None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def set(self, name: str) -> "KeySet":
+        return KeySet(self, name)
+
+
+class KeySet:
+    """A named set of strings or string tuples inside a ``KeyStore`` (what ``EvalTexts`` holds in
+    memory, on disk): ``add``, ``in``, ``len``."""
+
+    def __init__(self, store: KeyStore, name: str):
+        self._store = store
+        self._name = name
+        self._len = 0
+
+    def _key(self, item: str | tuple[str, ...]) -> bytes:
+        return _digest([self._name, *((item,) if isinstance(item, str) else item)])
+
+    def add(self, item: str | tuple[str, ...]) -> bool:
+        new = self._store.add(self._key(item))
+        self._len += new
+        return new
+
+    def __contains__(self, item: object) -> bool:
+        return bool(self._len) and isinstance(item, (str, tuple)) and self._key(item) in self._store
+
+    def __len__(self) -> int:
+        return self._len
+
+
+class Deduper:
+    """``dedupe`` one record at a time over a ``KeyStore``: keeps the first of each duplicate,
+    exact first, then after normalisation (``mode``: none | exact | normalized)."""
+
+    def __init__(self, store: KeyStore, name: str, mode: str):
+        self.mode = mode
+        self._exact = store.set(f"{name}:exact")
+        self._normalized = store.set(f"{name}:normalized")
+
+    def verdict(self, record: Record) -> str | None:
+        """None for a record to keep, else ``exact`` or ``normalized`` (the duplicate it is)."""
+        if self.mode == "none":
+            return None
+        if not self._exact.add(tuple(_key_parts(record, str))):
+            return "exact"
+        if self.mode == "normalized" and not self._normalized.add(tuple(_key_parts(record, normalize_text))):
+            return "normalized"
+        return None
 
 
 def dedupe(records: Iterable[Record], mode: str) -> tuple[list[Record], int, int]:
     """Keep the first of each duplicate. Returns (kept, exact duplicates, normalised-only duplicates)."""
-    if mode == "none":
-        return list(records), 0, 0
-    exact_seen: set[tuple] = set()
-    norm_seen: set[tuple] = set()
+    store = KeyStore(":memory:")
+    deduper = Deduper(store, "dedupe", mode)
     kept: list[Record] = []
     n_exact = n_norm = 0
     for rec in records:
-        k = _key(rec, lambda t: t)
-        if k in exact_seen:
-            n_exact += 1
-            continue
-        exact_seen.add(k)
-        if mode == "normalized":
-            nk = _key(rec, normalize_text)
-            if nk in norm_seen:
-                n_norm += 1
-                continue
-            norm_seen.add(nk)
-        kept.append(rec)
+        verdict = deduper.verdict(rec)
+        n_exact += verdict == "exact"
+        n_norm += verdict == "normalized"
+        if verdict is None:
+            kept.append(rec)
+    store.close()
     return kept, n_exact, n_norm
 
 

@@ -13,25 +13,37 @@ import hashlib
 import json
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from embed_core.artifacts import StageWriter
+from embed_core.artifacts import StageWriter, TableStream
 from embed_core.config import RunConfig, config_hash
 from embed_core.errors import RowError, SchemaError, SourceError
 from embed_core.fingerprint import Fingerprint, sha256_file
-from embed_core.prepare.cleaning import EvalTexts, contaminated_field, dedupe, limit_length, normalize_text, pair_key
+from embed_core.prepare.cleaning import (
+    Deduper,
+    EvalTexts,
+    KeyStore,
+    contaminated_field,
+    limit_length,
+    normalize_text,
+    pair_key,
+)
 from embed_core.prepare.convert import Skipped, convert_source, source_files, source_pairs, source_texts
 from embed_core.progress import iterate
-from embed_core.schema import SCHEMA_VERSION, Record, records_to_table, validate_row
+from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, Record, validate_row
 
 log = logging.getLogger("embedpipe.prepare")
 
 STAGE = "prepare"
 QUARANTINE_FILE = "_quarantine.parquet"
+ROWS_PER_GROUP = 8192  # records per Parquet row group: what prepare holds of a dataset at a time
 DEV_DIR = "dev"  # <run_dir>/prepare/dev/<dataset>.parquet: dev records (kind dev_records)  # leading underscore: ignored by pyarrow dataset discovery
 QUARANTINE_SCHEMA = pa.schema([
     ("dataset", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("field", pa.string()),
@@ -94,8 +106,7 @@ def collect_eval_texts(config: RunConfig) -> EvalTexts:
     return evals
 
 
-def _converted(spec, config: RunConfig, counts: Counter, reasons: Counter,
-               quarantine: list[dict[str, Any]]):
+def _converted(spec, config: RunConfig, counts: Counter, reasons: Counter, quarantine: TableStream):
     """The valid records of one source file set, counting and quarantining the rest."""
     cleaning = config.prepare.cleaning
     for item in iterate(convert_source(spec, config), f"prepare {spec.name}", unit="rows", logger=log):
@@ -127,22 +138,46 @@ def _in_dev(record: Record, fraction: float, seed: int) -> bool:
     return int.from_bytes(digest[:8], "big") / 2 ** 64 < fraction
 
 
-def _dev_texts(records: list[Record]) -> EvalTexts:
+def _add_dev_texts(out: EvalTexts, rec: Record) -> None:
     """What a training record must not share with its dataset's dev records: a dev pair (query with
     a positive, either order), or a dev query of a retrieval or classification set."""
-    out = EvalTexts()
-    for rec in records:
-        for pos in rec.positives:
-            out.pairs.add(pair_key(rec.query, pos))
-        if rec.task in ("retrieval", "classification"):
-            out.texts.add(normalize_text(rec.query))
-    return out
+    for pos in rec.positives:
+        out.pairs.add(pair_key(rec.query, pos))
+    if rec.task in ("retrieval", "classification"):
+        out.texts.add(normalize_text(rec.query))
+
+
+def _records(path: Path) -> Iterator[Record]:
+    """Records of a spill file, a row group at a time."""
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=ROWS_PER_GROUP):
+        for row in batch.to_pylist():
+            yield Record(**row)
+
+
+@dataclass
+class _Dataset:
+    """One dataset while prepare streams it: training records wait in a spill file (deduplicated,
+    not yet checked against dev records, which may come later in the source) and dev records go
+    straight to their output."""
+
+    spill: TableStream
+    dedupe: Deduper
+    dev_dedupe: Deduper
+    dev_texts: EvalTexts
+    counts: Counter = field(default_factory=Counter)
+    dev: TableStream | None = None
 
 
 def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     """Run the prepare stage and return its manifest. Raises ``EmbedpipeError`` on a config or
     whole-source problem before anything is written. ``fingerprint``: this run's inputs, when the
-    caller computed them already."""
+    caller computed them already.
+
+    Memory does not grow with the sources' size for streamed kinds: rows are read one at a time,
+    records go to Parquet a row group at a time, and the dedupe, dev and id sets live in an
+    on-disk key store (``KeyStore``); only the contamination sets (the evaluation data) and what a
+    converter itself must hold (a BEIR corpus, a classification source's texts by label) are in
+    memory."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     fingerprint = fingerprint or input_fingerprint(config)
@@ -150,80 +185,98 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
     eval_texts = collect_eval_texts(config)
     t_eval = time.perf_counter()
 
-    by_dataset: dict[str, list[Record]] = defaultdict(list)
-    dev_by_dataset: dict[str, list[Record]] = defaultdict(list)
-    quarantine: list[dict[str, Any]] = []
-    per_source: list[dict[str, Any]] = []
-    for spec in config.prepare.sources:
-        counts: Counter = Counter()
-        reasons: Counter = Counter()
-        parts = [(spec, False)]
-        if spec.dev_path:  # the source's own dev file: read like the source, every row a dev record
-            parts.append((spec.model_copy(update={"path": spec.dev_path, "dev_path": None}), True))
-        for part, is_dev_file in parts:
-            for record in _converted(part, config, counts, reasons, quarantine):
-                dev = is_dev_file or (spec.dev_fraction > 0 and _in_dev(record, spec.dev_fraction, config.seed))
-                (dev_by_dataset if dev else by_dataset)[spec.name].append(record)
-        if not (counts["converted"] or counts["skipped"] or reasons) and not spec.allow_empty:
-            raise SourceError(spec.path, None, None, "empty_source",
-                              f"source '{spec.name}' has no data rows (set allow_empty: true on the source to accept "
-                              "an empty one)")
-        per_source.append({"source": spec.name, "kind": spec.kind, "path": spec.path,
-                           "records_converted": counts["converted"], "rows_skipped": counts["skipped"],
-                           "quarantined": sum(reasons.values()), "quarantined_by_reason": dict(reasons),
-                           "truncated_texts": counts["truncated_texts"],
-                           "dev_records": len(dev_by_dataset.get(spec.name, []))})
-    t_convert = time.perf_counter()
-
-    per_dataset: dict[str, dict[str, Any]] = {}
-    tables: dict[str, pa.Table] = {}
-    dev_tables: dict[str, pa.Table] = {}
-    for dataset, records in dev_by_dataset.items():
-        dev_kept, _, _ = dedupe(records, cleaning.dedupe)
-        # dev records select models during training: a test text among them would leak the test set
-        dev_kept = [r for r in dev_kept if contaminated_field(r, eval_texts) is None]
-        dev_tables[f"{DEV_DIR}/{dataset}.parquet"] = records_to_table(dev_kept)
-    for dataset, records in by_dataset.items():
-        kept, n_exact, n_norm = dedupe(records, cleaning.dedupe)
-        clean: list[Record] = []
-        excluded = excluded_dev = 0
-        dev = _dev_texts(dev_by_dataset.get(dataset, []))
-        for rec in kept:
-            fld = contaminated_field(rec, eval_texts)
-            if fld is not None:
-                excluded += 1
-                continue
-            if dev and contaminated_field(rec, dev) is not None:
-                excluded_dev += 1
-                continue
-            clean.append(rec)
-        seen_ids: set[str] = set()
-        for rec in clean:
-            if rec.id in seen_ids:  # two sources with one dataset name and the same file name
-                raise SchemaError(rec.source_ref, None, "id", "duplicate_id", f"duplicate record id {rec.id!r} in dataset {dataset!r}")
-            seen_ids.add(rec.id)
-        per_dataset[dataset] = {"dataset": dataset, "records_in": len(records), "deduped_exact": n_exact,
-                                "deduped_normalized": n_norm, "excluded_contamination": excluded,
-                                "excluded_dev_overlap": excluded_dev, "written": len(clean),
-                                "dev_records": dev_tables[f"{DEV_DIR}/{dataset}.parquet"].num_rows
-                                if f"{DEV_DIR}/{dataset}.parquet" in dev_tables else 0,
-                                "tasks": dict(Counter(r.task for r in clean))}
-        if clean:
-            tables[f"{dataset}.parquet"] = records_to_table(clean)
-    t_clean = time.perf_counter()
-
     with StageWriter(run_dir, STAGE) as writer:
-        for name, table in sorted(tables.items()):
-            writer.write_table(name, table, kind="records")
-        for name, table in sorted(dev_tables.items()):  # not "records": no training or mining stage reads them
-            writer.write_table(name, table, kind="dev_records")
-        writer.write_table(QUARANTINE_FILE, pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA), kind="quarantine")
+        keys = KeyStore(writer.scratch / "keys.sqlite")
+        quarantine = writer.stream_table(QUARANTINE_FILE, QUARANTINE_SCHEMA, kind="quarantine")
+        datasets: dict[str, _Dataset] = {}
+        per_source: list[dict[str, Any]] = []
+        for spec in config.prepare.sources:
+            counts: Counter = Counter()
+            reasons: Counter = Counter()
+            parts = [(spec, False)]
+            if spec.dev_path:  # the source's own dev file: read like the source, every row a dev record
+                parts.append((spec.model_copy(update={"path": spec.dev_path, "dev_path": None}), True))
+            ds = datasets.get(spec.name)
+            if ds is None:
+                ds = datasets[spec.name] = _Dataset(
+                    spill=TableStream(writer.scratch / f"{spec.name}.spill.parquet", RECORD_SCHEMA, ROWS_PER_GROUP),
+                    dedupe=Deduper(keys, f"{spec.name}:train", cleaning.dedupe),
+                    dev_dedupe=Deduper(keys, f"{spec.name}:dev", cleaning.dedupe),
+                    dev_texts=EvalTexts(keys.set(f"{spec.name}:dev-texts"), keys.set(f"{spec.name}:dev-pairs")))
+            for part, is_dev_file in parts:
+                for record in _converted(part, config, counts, reasons, quarantine):
+                    if is_dev_file or (spec.dev_fraction > 0 and _in_dev(record, spec.dev_fraction, config.seed)):
+                        ds.counts["dev_in"] += 1
+                        if ds.dev is None:
+                            ds.dev = writer.stream_table(f"{DEV_DIR}/{spec.name}.parquet", RECORD_SCHEMA,
+                                                         kind="dev_records")  # not "records": no stage trains on them
+                        # dev records select models during training: a test text among them would leak the test set
+                        if ds.dev_dedupe.verdict(record) is None and contaminated_field(record, eval_texts) is None:
+                            ds.dev.append(record.to_row())
+                            _add_dev_texts(ds.dev_texts, record)
+                        continue
+                    ds.counts["records_in"] += 1
+                    verdict = ds.dedupe.verdict(record)
+                    if verdict is not None:
+                        ds.counts[f"deduped_{verdict}"] += 1
+                        continue
+                    ds.spill.append(record.to_row())
+            if not (counts["converted"] or counts["skipped"] or reasons) and not spec.allow_empty:
+                raise SourceError(spec.path, None, None, "empty_source",
+                                  f"source '{spec.name}' has no data rows (set allow_empty: true on the source to "
+                                  "accept an empty one)")
+            per_source.append({"source": spec.name, "kind": spec.kind, "path": spec.path,
+                               "records_converted": counts["converted"], "rows_skipped": counts["skipped"],
+                               "quarantined": sum(reasons.values()), "quarantined_by_reason": dict(reasons),
+                               "truncated_texts": counts["truncated_texts"], "dev_records": ds.counts["dev_in"]})
+        t_convert = time.perf_counter()
+
+        per_dataset: dict[str, dict[str, Any]] = {}
+        for dataset, ds in datasets.items():
+            ds.spill.close()
+            if not ds.counts["records_in"]:
+                continue
+            out: TableStream | None = None
+            tasks: Counter = Counter()
+            ids = keys.set(f"{dataset}:ids")
+            excluded = excluded_dev = 0
+            for rec in _records(ds.spill.path):
+                if contaminated_field(rec, eval_texts) is not None:
+                    excluded += 1
+                    continue
+                if ds.dev_texts and contaminated_field(rec, ds.dev_texts) is not None:
+                    excluded_dev += 1
+                    continue
+                if not ids.add(rec.id):  # two sources with one dataset name and the same file name
+                    raise SchemaError(rec.source_ref, None, "id", "duplicate_id",
+                                      f"duplicate record id {rec.id!r} in dataset {dataset!r}")
+                if out is None:
+                    out = writer.stream_table(f"{dataset}.parquet", RECORD_SCHEMA, kind="records")
+                out.append(rec.to_row())
+                tasks[rec.task] += 1
+            ds.spill.path.unlink()
+            if out is not None:
+                out.close()
+            dev_written = 0
+            if ds.dev is not None:
+                ds.dev.close()
+                dev_written = ds.dev.rows
+            per_dataset[dataset] = {"dataset": dataset, "records_in": ds.counts["records_in"],
+                                    "deduped_exact": ds.counts["deduped_exact"],
+                                    "deduped_normalized": ds.counts["deduped_normalized"],
+                                    "excluded_contamination": excluded, "excluded_dev_overlap": excluded_dev,
+                                    "written": out.rows if out is not None else 0, "dev_records": dev_written,
+                                    "tasks": dict(tasks)}
+        keys.close()
+        quarantine.close()
+        t_clean = time.perf_counter()
+
         totals = {
-            "rows_read": sum(s["records_converted"] for s in per_source) + len(quarantine)
+            "rows_read": sum(s["records_converted"] for s in per_source) + quarantine.rows
             + sum(s["rows_skipped"] for s in per_source),
             "records_written": sum(d["written"] for d in per_dataset.values()),
-            "quarantined": len(quarantine),
-            "quarantined_by_reason": dict(Counter(q["reason"] for q in quarantine)),
+            "quarantined": quarantine.rows,
+            "quarantined_by_reason": dict(sum((Counter(s["quarantined_by_reason"]) for s in per_source), Counter())),
             "skipped": sum(s["rows_skipped"] for s in per_source),
             "deduped": sum(d["deduped_exact"] + d["deduped_normalized"] for d in per_dataset.values()),
             "excluded_contamination": sum(d["excluded_contamination"] for d in per_dataset.values()),

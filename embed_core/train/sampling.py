@@ -5,7 +5,8 @@ negatives). Dataset i with l_i records is drawn with probability (Eq. 4)
 
     p_i = l_i^α / Σ_j l_j^α
 
-and, when ``eta`` is set (stage 2), retrieval datasets share η and the others 1 − η (§5.2):
+(each l_i^α times the dataset's ``dataset_weight``, 1 unless the stage sets one) and, when ``eta``
+is set (stage 2), retrieval datasets share η and the others 1 − η (§5.2):
 
     p_i = η · l_i^α / S_ret            if d_i ∈ RET,   S_ret     = Σ_{j ∈ RET} l_j^α
     p_i = (1 − η) · l_i^α / S_non_ret  otherwise,      S_non_ret = Σ_{j ∉ RET} l_j^α
@@ -25,11 +26,14 @@ import numpy as np
 
 
 def dataset_weights(sizes: dict[str, int], alpha: float, retrieval: set[str] | None = None,
-                    eta: float | None = None) -> dict[str, float]:
-    """Sampling probability per dataset (Eq. 4, or the η equations of §5.2 when ``eta`` is given)."""
+                    eta: float | None = None, multipliers: dict[str, float] | None = None) -> dict[str, float]:
+    """Sampling probability per dataset (Eq. 4, or the η equations of §5.2 when ``eta`` is given);
+    ``multipliers`` scale a dataset's l^α before normalising (a user's emphasis on a dataset)."""
     if not sizes:
         raise ValueError("no datasets to sample from")
-    powered = {name: float(n) ** alpha for name, n in sizes.items() if n > 0}
+    multipliers = multipliers or {}
+    powered = {name: float(n) ** alpha * multipliers.get(name, 1.0) for name, n in sizes.items() if n > 0}
+    powered = {name: w for name, w in powered.items() if w > 0}
     if eta is None:
         total = sum(powered.values())
         return {name: w / total for name, w in powered.items()}
@@ -53,7 +57,7 @@ class Batch:
 class GroupedBatchSampler:
     def __init__(self, sizes: dict[str, int], batch_size_of: dict[str, int], *, alpha: float = 0.5,
                  retrieval: set[str] | None = None, eta: float | None = None, seed: int = 42,
-                 alternate: bool = False):
+                 alternate: bool = False, multipliers: dict[str, float] | None = None):
         """``batch_size_of``: dataset -> batch size (the trainer maps each dataset's task to its size).
 
         ``alternate`` (CoDiEmb §2.3: "we alternate between L_IR and L_STS"): even draws take a
@@ -61,7 +65,7 @@ class GroupedBatchSampler:
         with only one side present it has no effect."""
         self.sizes = {k: v for k, v in sorted(sizes.items()) if v > 0}
         self.batch_size_of = batch_size_of
-        self.weights = dataset_weights(self.sizes, alpha, retrieval, eta)
+        self.weights = dataset_weights(self.sizes, alpha, retrieval, eta, multipliers)
         self.names = list(self.weights)
         self.probs = np.array([self.weights[n] for n in self.names])
         self.seed = seed

@@ -172,6 +172,10 @@ def load_datasets(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> 
         out[dataset] = records
     if not out:
         raise ConfigError(f"train stage {stage.name}: no dataset matches tasks={stage.tasks} datasets={stage.datasets}")
+    unknown = sorted(set(stage.dataset_weight) - set(out))
+    if unknown:  # a typo would silently leave the weights as they were
+        raise ConfigError(f"train stage {stage.name}: dataset_weight names {', '.join(unknown)}, not among the "
+                          f"stage's datasets ({', '.join(sorted(out))})")
     return out
 
 
@@ -272,7 +276,8 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
         barrier()
         return read_manifest(run_dir, stage_dir_name(stage))
     sizes = {n: d.size for n, d in datasets.items()}
-    weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta)
+    weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta,
+                              stage.dataset_weight)
     rows = [{k: r.get(k) for k in METRIC_SCHEMA.names} for r in metrics]
     dataset_info = {n: {"task": d.task, "records": d.size, "weight": round(weights.get(n, 0.0), 6)}
                     for n, d in datasets.items()}

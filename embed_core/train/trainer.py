@@ -169,7 +169,8 @@ class Trainer:
         sampler = GroupedBatchSampler(
             {n: d.size for n, d in datasets.items()},
             {n: stage.batch_size.get(d.task, 32) * self.world for n, d in datasets.items()},
-            alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks)
+            alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks,
+            multipliers=stage.dataset_weight)
         self._init_optimization(model, sampler, checkpoint_dir)
 
     # -- set-up shared with the AutoRegEmbed trainer ---------------------------------------------

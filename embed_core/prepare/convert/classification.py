@@ -51,8 +51,10 @@ def convert_classification(rows, spec: SourceSpec, cols: Columns, seed: int = 0)
         examples.append((raw, text, label))
 
     by_label: dict[str, list[str]] = defaultdict(list)
+    seen: set[tuple[str, str]] = set()  # a list's `in` made this quadratic in the source size
     for _, text, label in examples:
-        if text not in by_label[label]:
+        if (label, text) not in seen:
+            seen.add((label, text))
             by_label[label].append(text)
     labels = sorted(by_label)
     rng = random.Random(f"{seed}:{spec.name}")
