@@ -401,6 +401,9 @@ class EvaluateConfig(_Strict):
     batch_size: int = Field(64, ge=1, description="Texts per encoding batch.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "fp32", description="fp32 by default so published scores reproduce on any hardware.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="Where the task texts are encoded "
+                                 "(local, or Ray Data actors); not part of the stage's key: any engine gives the "
+                                 "same scores.")
     geometry: GeometryConfig | None = Field(None, description="Token-embedding geometry of every evaluated model "
                                             "(CoDiEmb §4) on the sentences of an STS task; omitted = not computed.")
     push_to_hub: bool = Field(False, description="Upload the released model (<run_dir>/evaluate/model: weights, "

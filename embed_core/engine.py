@@ -61,13 +61,15 @@ def engine_session(engine: EngineConfig) -> Iterator[None]:
 class _EncodeActor:
     """A Ray Data actor holding one encoder (on its GPU when it has one)."""
 
-    def __init__(self, model: str, pooling: str, max_length: int, precision: str, threads: int, batch_size: int):
+    def __init__(self, model: str, pooling: str, max_length: int, precision: str, threads: int, batch_size: int,
+                 compress_tokens: int = 0):
         import torch
 
         from embed_core.model.encoder import Encoder
 
         torch.set_num_threads(threads)
-        self.encoder = Encoder(model, pooling=pooling, max_length=max_length, precision=precision)
+        self.encoder = Encoder(model, pooling=pooling, max_length=max_length, precision=precision,
+                               compress_tokens=compress_tokens)
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -76,7 +78,7 @@ class _EncodeActor:
 
 
 def ray_encode(texts: Sequence[str], *, model: str, pooling: str, max_length: int, precision: str,
-               batch_size: int, dim: int, engine: EngineConfig) -> np.ndarray:
+               batch_size: int, dim: int, engine: EngineConfig, compress_tokens: int = 0) -> np.ndarray:
     """Embeddings of ``texts`` (float32, input order) computed by ``engine.num_workers`` Ray actors.
     Call inside :func:`engine_session`."""
     ray = ray_module()
@@ -91,7 +93,7 @@ def ray_encode(texts: Sequence[str], *, model: str, pooling: str, max_length: in
               for start in range(0, len(texts), engine.batch_size)]
     threads = max(1, int(engine.cpus_per_worker) if engine.address else (os.cpu_count() or 1) // engine.num_workers)
     kwargs: dict[str, Any] = dict(model=model, pooling=pooling, max_length=max_length, precision=precision,
-                                  threads=threads, batch_size=batch_size)
+                                  threads=threads, batch_size=batch_size, compress_tokens=compress_tokens)
     encoded = ray.data.from_arrow(blocks).map_batches(
         _EncodeActor, fn_constructor_kwargs=kwargs, batch_size=engine.batch_size, batch_format="numpy",
         concurrency=engine.num_workers, num_cpus=engine.cpus_per_worker,

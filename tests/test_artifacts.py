@@ -65,3 +65,30 @@ def test_a_file_that_is_not_a_manifest_reads_as_missing(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "manifest.json").write_text('{"stage": "s"}')
     assert read_manifest(tmp_path, "s") is None and not stage_is_intact(tmp_path, "s")
+
+
+def test_a_streamed_table_is_written_in_row_groups_and_registered_with_its_rows_and_hash(tmp_path):
+    import pyarrow.parquet as pq
+
+    from embed_core.schema import RECORD_SCHEMA
+
+    rows = table(25).to_pylist()
+    with StageWriter(tmp_path, "prepare") as w:
+        stream = w.stream_table("d.parquet", RECORD_SCHEMA, kind="records", rows_per_group=10)
+        for row in rows:
+            stream.append(row)
+        (w.scratch / "spill.tmp").write_text("scratch files never reach the artifact")
+        w.commit({"input_fingerprint": "k1"})  # closes the stream: the last 5 rows are flushed
+    assert pq.read_metadata(tmp_path / "prepare" / "d.parquet").num_row_groups == 3
+    assert read_manifest(tmp_path, "prepare")["outputs"]["d.parquet"]["rows"] == 25
+    assert read_records(tmp_path, "prepare")["d.parquet"].to_pylist() == rows
+    assert sorted(p.name for p in (tmp_path / "prepare").iterdir()) == ["d.parquet", "manifest.json"]
+
+    with pytest.raises(RuntimeError):
+        with StageWriter(tmp_path, "prepare") as w:
+            stream = w.stream_table("d.parquet", RECORD_SCHEMA, kind="records", rows_per_group=10)
+            for row in rows[:12]:
+                stream.append(row)
+            raise RuntimeError("the stage dies with a half-written stream")
+    assert read_records(tmp_path, "prepare")["d.parquet"].num_rows == 25
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepare"]

@@ -37,3 +37,32 @@ def test_mine_on_a_local_two_worker_ray_cluster_gets_exactly_the_local_engines_n
     assert [x for r in rows["ray"] for x in r["negative_scores"]] == pytest.approx(scores, abs=1e-6)
     # an engine is not part of the stage's key: the same inputs on either engine are one result
     assert manifests["ray"]["input_fingerprint"] == manifests["local"]["input_fingerprint"]
+
+
+@pytest.mark.slow
+def test_evaluate_on_a_local_two_worker_ray_cluster_scores_exactly_like_the_local_engine(shared_data, tiny_model,
+                                                                                       tmp_path, monkeypatch):
+    import ray
+
+    from embed_core.evaluate.stage import run_evaluate
+
+    results, manifests = {}, {}
+    for kind in ("local", "ray"):
+        monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / f"cache-{kind}"))  # both encode everything
+        cfg = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
+            {"name": "stsb", "kind": "sts", "path": "stsb_en/stsb-en-train.csv", "header": False,
+             "columns": {"text1": 0, "text2": 1, "score": 2}}]}, "evaluate": {
+            "base_model": str(tiny_model), "batch_size": 128,
+            "engine": {"kind": kind, "num_workers": 2, "batch_size": 512},
+            "tasks": [{"name": "STSBenchmark", "type": "sts", "path": "stsb_en/stsb-en-test.csv", "header": False,
+                       "columns": {"text1": 0, "text2": 1, "score": 2}}]}})
+        manifests[kind] = run_evaluate(cfg, tmp_path / kind)
+        results[kind] = {(r["task"], r["metric"]): r["value"]
+                         for r in pq.read_table(tmp_path / kind / "evaluate/results.parquet").to_pylist()}
+    assert not ray.is_initialized()
+    encoded = [m["models"][0]["texts_encoded"] for m in (manifests["local"], manifests["ray"])]
+    assert encoded[0] == encoded[1] > 2500  # STS-B test's 2,758 sentences, less repeats
+    assert results["ray"].keys() == results["local"].keys()
+    # the actors batch (and so pad) texts differently: embeddings agree to float32 rounding
+    assert results["ray"] == pytest.approx(results["local"], abs=1e-6)
+    assert manifests["ray"]["input_fingerprint"] == manifests["local"]["input_fingerprint"]

@@ -146,8 +146,17 @@ def test_every_index_factory_keeps_the_window_and_margin_rules_of_the_flat_index
     vecs, rng = _pq_exact_corpus()
     corpus = list(vecs)
     records = []
-    for i in range(30):
+    matrix = np.stack([vecs[t] for t in corpus])
+    while len(records) < 30:
         q = unit(*rng.normal(size=16))
+        scores = np.sort(matrix @ q)[::-1]
+        # PQ's scores may differ from exact ones by up to ~2e-3 (how its k-means settles depends on the
+        # CPU's float paths): keep queries whose decisions do not hinge on such a difference — no two
+        # of the top 12 scores and no score and the margin (0.95 x the positive's) closer than 5e-3
+        near_tie = np.diff(scores[:12]).max() > -5e-3 or np.abs(scores[:40] - 0.95 * scores[3]).min() < 5e-3
+        if near_tie:
+            continue
+        i = len(records)
         vecs[f"q{i}"] = q
         ranked = sorted(corpus, key=lambda t: -float(q @ vecs[t]))
         records.append(rec(i, f"q{i}", [ranked[3]]))  # a positive ranked 4th: the margin has work to do

@@ -25,6 +25,8 @@ from mteb.models.abs_encoder import AbsEncoder, get_prompt_name
 from mteb.models.model_meta import ModelMeta, ScoringFunction
 from mteb.types import PromptType
 
+from embed_core.config import EngineConfig
+from embed_core.engine import ray_encode
 from embed_core.model.embedding_cache import EmbeddingCache
 from embed_core.model.encoder import Encoder, model_dim, model_fingerprint, resolve_model_path, uses_bf16
 from embed_core.model.settings import read_model_settings
@@ -36,7 +38,8 @@ MTEB_TO_TASK = {"STS": "sts", "Retrieval": "retrieval", "Classification": "class
 
 class EvalModel(AbsEncoder):
     def __init__(self, model: str, *, label: str, cache_root: str | Path, batch_size: int = 64,
-                 precision: str = "fp32", device: str | None = None, cache_max_bytes: int | None = None):
+                 precision: str = "fp32", device: str | None = None, cache_max_bytes: int | None = None,
+                 engine: EngineConfig | None = None):
         import torch
 
         self.path = resolve_model_path(model)
@@ -45,6 +48,7 @@ class EvalModel(AbsEncoder):
         self.batch_size = batch_size
         self.precision = precision
         self.device = device
+        self.engine = engine or EngineConfig()
         device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.fingerprint = model_fingerprint(self.path, self.settings.pooling, self.settings.max_length,
                                              uses_bf16(precision, device_type))
@@ -64,6 +68,11 @@ class EvalModel(AbsEncoder):
         return self.cache.encoded_texts
 
     def _encode_texts(self, texts: list[str]) -> np.ndarray:
+        if self.engine.kind == "ray":  # inside the evaluate stage's engine_session
+            return ray_encode(texts, model=str(self.path), pooling=self.settings.pooling,
+                              max_length=self.settings.max_length, precision=self.precision,
+                              batch_size=self.batch_size, dim=self.dim, engine=self.engine,
+                              compress_tokens=self.settings.compress_tokens or 0)
         if self._encoder is None:  # loaded only when something is not cached
             self._encoder = Encoder(self.path, pooling=self.settings.pooling, max_length=self.settings.max_length,
                                     precision=self.precision, device=self.device,

@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embed_core.artifacts import StageWriter, stage_is_intact
-from embed_core.config import EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
+from embed_core.config import EngineConfig, EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
+from embed_core.engine import engine_session
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.model.card import CARD_FACTS, read_card_facts, write_card
@@ -143,7 +144,8 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] 
                      else "missing" for f in _data_files(config, s)} for s in specs}
     fps = {label: _model_fp(path, cfg.precision) for label, path in resolved.items()}
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data, "config": config_hash(cfg),
+        "models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data,
+        "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine: the same scores
         "seed": config.seed}, details={"models": fps})
 
 
@@ -174,7 +176,7 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
     cfg = _cfg(config)
     root, max_bytes = cache_location(path, run_dir, config.embedding_cache)
     model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size, precision=cfg.precision,
-                      cache_max_bytes=max_bytes)
+                      cache_max_bytes=max_bytes, engine=cfg.engine)
     rows: list[dict[str, Any]] = []
     task_results: list[Any] = []
     seconds: dict[str, float] = {}
@@ -263,11 +265,12 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
     model_stats = []
     new_results: list[tuple[Any, Any]] = []
     metas: dict[str, Any] = {}
-    for label, path in resolved.items():
-        new_rows, task_results, metas[label], stats = evaluate_model(label, path, specs, config, run_dir)
-        rows += new_rows
-        new_results += [(metas[label], r) for r in task_results]
-        model_stats.append(stats)
+    with engine_session(cfg.engine):  # engine: ray starts (and stops) a local Ray instance once for all models
+        for label, path in resolved.items():
+            new_rows, task_results, metas[label], stats = evaluate_model(label, path, specs, config, run_dir)
+            rows += new_rows
+            new_results += [(metas[label], r) for r in task_results]
+            model_stats.append(stats)
     files = _carried(old_files, metas, task_names)
 
     table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
