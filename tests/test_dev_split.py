@@ -1,6 +1,8 @@
 """Dev splits: a seeded fraction of a source, or its own dev file, set aside in prepare; dev records
 never reach the training records (nor mining, which reads them)."""
 
+from pathlib import Path
+
 import pytest
 
 from embed_core.artifacts import read_manifest, read_records
@@ -47,3 +49,18 @@ def test_dev_path_and_dev_fraction_are_exclusive():
     with pytest.raises(Exception, match="give dev_path or dev_fraction, not both"):
         parse_config({"prepare": {"sources": [{"name": "s", "kind": "sts", "path": "a.csv", "dev_path": "b.csv",
                                                "dev_fraction": 0.1}]}})
+
+
+def test_a_dev_task_made_from_prepares_dev_records_works_from_a_relative_run_directory(tmp_path, monkeypatch):
+    from embed_core.config import DevTaskSpec
+    from embed_core.evaluate.data import _read_pairs
+    from embed_core.train.dev import materialize
+
+    (tmp_path / "train.csv").write_text("sentence1,sentence2,score\n" + ROWS)
+    cfg = parse_config({"data_root": str(tmp_path / "data-elsewhere"), "prepare": {"sources": [
+        {"name": "sts", "kind": "sts", "path": str(tmp_path / "train.csv"), "dev_fraction": 0.2}]}})
+    monkeypatch.chdir(tmp_path)
+    run_prepare(cfg, "runs/r")  # relative, as `run_root: runs` gives
+    spec = materialize(DevTaskSpec(name="StsDev", type="sts", dataset="sts"), Path("runs/r"), Path("runs/r/dev-data"))
+    # the task's file is found although data_root (where relative task paths resolve) is elsewhere
+    assert len(_read_pairs(spec, cfg.resolve)) > 10

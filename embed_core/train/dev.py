@@ -45,7 +45,8 @@ def materialize(spec: DevTaskSpec, run_dir: Path, work_dir: Path) -> EvalTaskSpe
         raise ConfigError(f"dev task {spec.name}: prepare set aside no dev records for dataset {spec.dataset!r} "
                           "(give the source dev_fraction or dev_path)")
     records = table.to_pylist()
-    out = work_dir / f"dev-{spec.name}"
+    # absolute: a task path that is relative resolves against data_root, not the working directory
+    out = work_dir.resolve() / f"dev-{spec.name}"
     out.mkdir(parents=True, exist_ok=True)
     if spec.type == "sts":
         seen: set[tuple[str, str]] = set()
