@@ -5,7 +5,7 @@ processes (the temporary Prefect server) to the file named by ``KILL_AT_CHILDREN
     python tests/kill_at.py POINT prepare --config ...
 
 POINT: ``convert`` (after the first row is read), ``write`` (after the first output file is
-staged), ``commit`` (when the staged directory is about to replace the artifact).
+staged: a table written whole, or a streamed table closed), ``commit`` (when the staged directory is about to replace the artifact).
 """
 
 import os
@@ -44,6 +44,13 @@ elif point == "write":
         die()
 
     artifacts.StageWriter.write_table = write_then_die
+    close_stream = artifacts.TableStream.close
+
+    def close_then_die(self, *args, **kwargs):
+        close_stream(self, *args, **kwargs)
+        die()
+
+    artifacts.TableStream.close = close_then_die
 elif point == "commit":
     exchange = artifacts._exchange
 
