@@ -75,5 +75,6 @@ bench: $(STAMP)
 	$(PY) tests/benchmarks/bench_train.py
 	$(PY) tests/benchmarks/bench_evaluate.py
 	$(PY) tests/benchmarks/bench_prepare.py
+	$(PY) tests/benchmarks/bench_mine_scale.py   # ~70 min on 2 cores (200k passages, each engine encodes all)
 	@if [ -f $(LLM_STAMP) ]; then $(PY) tests/benchmarks/bench_llama_threads.py; \
 	  else echo "bench_llama_threads: skipped (make install-llm first)"; fi
