@@ -247,7 +247,7 @@ def _train() -> Stage:
 
     return Stage(name="train", help="the training stages in order (needs prepare/synthesize/mine output)",
                  module="embed_core.train.stage", enabled=lambda c: c.train is not None, fingerprint=fingerprint, run=run,
-                 summarize=summarize, report=report, options=TrainOptions,
+                 summarize=summarize, report=report, options=TrainOptions, log_prints=False,  # dev tasks: see _evaluate
                  instances=lambda c, o: train_stage_names(c, o.stage))
 
 
@@ -277,7 +277,8 @@ def _evaluate() -> Stage:
         return EvaluateOptions(models=pipeline_models(config))
 
     # log_prints off: `datasets` fingerprints functions with dill, which disassembles code with
-    # print() while capturing sys.stdout; Prefect's print patch would turn that into log lines.
+    # print() while capturing sys.stdout; Prefect's print patch would turn that into log lines
+    # (train too: its dev tasks run mteb).
     return Stage(name="evaluate", help="MTEB on the configured tasks for the base and trained models",
                  module="embed_core.evaluate.stage", enabled=lambda c: c.evaluate is not None, fingerprint=fingerprint,
                  run=run, summarize=summarize, report=report, options=EvaluateOptions,
