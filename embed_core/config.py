@@ -606,7 +606,9 @@ class TrainConfig(_Strict):
     instruction_template: str = Field("Instruct: {instruction}\nQuery: {text}",
                                       description="How an instruction is put before a text ({instruction}, {text}).")
     exclude_instruction_from_pooling: bool = Field(False, description="Pool over the text's tokens only, not the instruction's.")
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="bf16 autocast on CUDA; fp32 on CPU.")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="Training compute: auto = bf16 autocast "
+                                                        "on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16), "
+                                                        "fp32 elsewhere; fp32 for bit-exact resumes.")
     deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage etc.); needs the deepspeed extra.")
     lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "
                                       "llm-train extra); None = full fine-tuning.")

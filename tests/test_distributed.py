@@ -23,7 +23,9 @@ STEPS = 4
 
 def _config(demo_copy: Path, model: Path, batch: int) -> dict:
     cfg = yaml.safe_load(demo_copy.read_text())
-    cfg["train"] = {"base_model": str(model), "max_length": 32, "stages": [{
+    # fp32 (not auto, which is bf16 on CPUs with native bf16): the launched runs are compared with one
+    # process to fp32 tolerances
+    cfg["train"] = {"base_model": str(model), "max_length": 32, "precision": "fp32", "stages": [{
         "name": "ret", "tasks": ["retrieval"], "steps": STEPS, "batch_size": {"retrieval": batch}, "warmup_steps": 0,
         "num_hard_negatives": 1, "query_max_length": 24, "passage_max_length": 32, "checkpoint_every": 2, "lr": 1e-3}]}
     return cfg

@@ -25,7 +25,8 @@ def _config_dict(tmp_path, tiny_model, **stage_overrides):
     small = {"retrieval": 4, "classification": 4, "sts": 8, "nli": 8}
     common = {"lr": 1e-3, "warmup_steps": 2, "batch_size": small, "num_hard_negatives": 2, "query_max_length": 32,
               "passage_max_length": 48, "checkpoint_every": 3, "log_every": 1}
-    cfg["train"] = {"base_model": str(tiny_model), "max_length": 48, "stages": [
+    # fp32 (auto is bf16 on CPUs with native bf16): the equality and resume tests compare exactly
+    cfg["train"] = {"base_model": str(tiny_model), "max_length": 48, "precision": "fp32", "stages": [
         {"name": "stage1", "tasks": ["retrieval"], "steps": 4, **common},
         {"name": "stage2", "steps": 10, "eta": 0.72, **common, **stage_overrides}]}
     return cfg
@@ -251,6 +252,40 @@ def test_length_bucketed_passes_give_the_loss_and_gradients_of_one_padded_pass(p
     assert abs(loss1 - loss4) < 1e-5
     for name in grads1:
         assert torch.allclose(grads1[name], grads4[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_bf16_autocast_gives_the_fp32_loss_and_gradients_within_the_stated_tolerance(prepared, tiny_model):
+    """precision: bf16 (what auto picks on CUDA and on CPUs with native bf16) on a fixed batch, with
+    length buckets: the loss within 2 % of the fp32 unbucketed loss and every gradient pointing the
+    same way (cosine >= 0.98); fp32 is what the exact-resume tests pin."""
+    from embed_core.config import TrainStageConfig
+    from embed_core.train.batches import build_batch
+    from embed_core.train.stage import load_datasets
+    from embed_core.train.trainer import Trainer
+
+    tmp, run_dir = prepared
+    config = parse_config(_config_dict(tmp, tiny_model))
+    results = {}
+    for precision, buckets in (("fp32", 1), ("bf16", 4)):
+        stage = TrainStageConfig(name="bf", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
+                                 num_hard_negatives=2, length_buckets=buckets, query_max_length=64, passage_max_length=128)
+        datasets = load_datasets(config, run_dir, stage)
+        train = config.train.model_copy(update={"precision": precision})
+        trainer = Trainer(train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "bf", seed=0)
+        assert trainer.bf16 == (precision == "bf16")
+        trainer.model.eval()
+        batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
+                            query_max_length=64, passage_max_length=128, use_instructions=False)
+        loss = trainer._forward_backward(batch, 1.0)
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        results[precision] = (loss, grads)
+    (loss32, grads32), (loss16, grads16) = results["fp32"], results["bf16"]
+    assert abs(loss16 - loss32) <= 0.02 * abs(loss32), (loss16, loss32)
+    assert grads32.keys() == grads16.keys()
+    for name in grads32:
+        a, b = grads32[name].flatten(), grads16[name].flatten()
+        if a.norm() > 1e-8:
+            assert torch.nn.functional.cosine_similarity(a, b, dim=0) >= 0.98, name
 
 
 def test_length_buckets_pick_the_split_with_the_fewest_padded_positions():
