@@ -268,7 +268,8 @@ def test_bf16_autocast_gives_the_fp32_loss_and_gradients_within_the_stated_toler
     results = {}
     for precision, buckets in (("fp32", 1), ("bf16", 4)):
         stage = TrainStageConfig(name="bf", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
-                                 num_hard_negatives=2, length_buckets=buckets, query_max_length=64, passage_max_length=128)
+                                 num_hard_negatives=2, length_buckets=buckets, bucket_pass_cost=0,  # really split
+                                 query_max_length=64, passage_max_length=128)
         datasets = load_datasets(config, run_dir, stage)
         train = config.train.model_copy(update={"precision": precision})
         trainer = Trainer(train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "bf", seed=0)
@@ -301,6 +302,10 @@ def test_length_buckets_pick_the_split_with_the_fewest_padded_positions():
     assert cost(best) == brute == 3 * 40 + 3 * 20 + 4 * 7
     assert [b for _, b in best][-1] == len(lengths) and best[0][0] == 0
     assert length_buckets(lengths, 1) == [(0, 10)] and length_buckets([9, 9, 9], 4) == [(0, 3)]
+    # a fixed cost per pass: [10, 2, 2] in one pass pads 30 positions, in two 14: a second pass is
+    # made when it costs less than the 16 positions it saves, not when it costs more
+    assert length_buckets([10, 2, 2], 2, pass_cost=15) == [(0, 1), (1, 3)]
+    assert length_buckets([10, 2, 2], 2, pass_cost=17) == [(0, 3)]
 
 
 def test_grad_cache_under_deepspeed_is_refused_with_the_reason():

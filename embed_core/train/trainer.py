@@ -66,9 +66,10 @@ def lr_lambda(stage: TrainStageConfig) -> Callable[[int], float]:
     return f
 
 
-def length_buckets(lengths: list[int], most: int) -> list[tuple[int, int]]:
+def length_buckets(lengths: list[int], most: int, pass_cost: int = 0) -> list[tuple[int, int]]:
     """Split texts sorted by decreasing length into at most ``most`` contiguous passes so that the
-    padded positions (sum over passes of size × its longest length) are fewest. Exact dynamic
+    padded positions (sum over passes of size × its longest length) plus ``pass_cost`` per pass
+    are fewest (a pass has a fixed cost too: an extra one must save that many positions). Exact dynamic
     programme over the runs of equal length (a cut inside a run never helps), so it is cheap for
     any batch size. Returns ``[(start, end), ...]`` into ``lengths``."""
     n = len(lengths)
@@ -89,7 +90,7 @@ def length_buckets(lengths: list[int], most: int) -> list[tuple[int, int]]:
                 c = cost[k - 1][j] + (starts[r] - starts[j]) * lengths[starts[j]]
                 if c < cost[k][r]:
                     cost[k][r], cut[k][r] = c, j
-    k = min(range(1, most + 1), key=lambda kk: (cost[kk][m], kk))
+    k = min(range(1, most + 1), key=lambda kk: (cost[kk][m] + pass_cost * kk, kk))
     bounds, r = [], m
     while k > 0:
         j = cut[k][r]
@@ -187,6 +188,7 @@ class Trainer:
         # encoder throughput measured on a 2-core Xeon with AMX); fp32 elsewhere, and where a test
         # needs bit-exact resumes it pins precision: fp32
         self.bf16 = uses_bf16(train.precision, self.device.type)
+        self.bucket_pass_cost = stage.bucket_pass_cost if stage.bucket_pass_cost is not None else 8192 * self.bf16
 
     def _init_optimization(self, model: torch.nn.Module, sampler: GroupedBatchSampler, checkpoint_dir: Path) -> None:
         """The trained model on its device, AdamW, the schedule, DeepSpeed when configured, the
@@ -241,17 +243,17 @@ class Trainer:
         features = {k: v.to(self.device) for k, v in features.items()}
         model = self.engine or self.model
         order = torch.argsort(lengths, descending=True, stable=True)
-        bounds = length_buckets(lengths[order].tolist(), self.stage.length_buckets)
-        if len(bounds) == 1:
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        bounds = length_buckets(lengths[order].tolist(), self.stage.length_buckets, self.bucket_pass_cost)
+        # one autocast region for all passes: autocast keeps the bf16 copies of the weights until its
+        # outermost region exits, so per-pass regions would cast every weight once per pass
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            if len(bounds) == 1:
                 return model(features)
-        parts = []
-        for start, end in bounds:
-            idx = order[start:end].to(self.device)
-            width = int(lengths[order[start]])
-            chunk = {k: v.index_select(0, idx)[:, :width] for k, v in features.items()}
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                parts.append(model(chunk))
+            parts = []
+            for start, end in bounds:
+                idx = order[start:end].to(self.device)
+                width = int(lengths[order[start]])
+                parts.append(model({k: v.index_select(0, idx)[:, :width] for k, v in features.items()}))
         out = torch.cat(parts)
         return out.index_select(0, torch.argsort(order).to(self.device))
 

@@ -4,11 +4,14 @@
 Same model (packaged all-MiniLM-L6-v2, max length 256), same tasks built from the same local files
 (STS-B test and SciFact test from ../shared/data: ``mteb.get_tasks`` would download them, so both
 sides get the task objects ``embed_core.evaluate.tasks.build_task`` makes), same batch size 64, both
-in fp32. Each side runs in a fresh subprocess with cold caches: an empty run directory and an
+in fp32 (each side's default). Each side runs in a fresh subprocess with cold caches: an empty run directory and an
 empty machine-wide embedding cache for ours, no result cache for mteb. Prints wall time, peak RSS
 and the main score of each task for both (they must agree), our time for the same evaluation in a
 second fresh run directory (the machine-wide cache now warm: what every run after the first on a
 machine pays for the base model), then ``RATIO evaluate_vs_mteb=<peer time / our cold time>``.
+Then ours once more, cold, with ``precision: bf16`` (autocast; what ``auto`` picks on CUDA and on
+CPUs with native bf16): its scores against the fp32 ones (the published-score tolerance is ±0.2)
+and ``RATIO evaluate_bf16_vs_mteb``.
 
     python tests/benchmarks/bench_evaluate.py
 """
@@ -47,10 +50,11 @@ def config(tmp: str):
                                      "evaluate": {"models": ["base"], "tasks": TASKS, "batch_size": BATCH}})
 
 
-def run_ours(tmp: str) -> dict:
+def run_ours(tmp: str, precision: str = "fp32") -> dict:
     from embed_core.evaluate.stage import main_scores, run_evaluate
 
     cfg = config(tmp)
+    cfg.evaluate.precision = precision
     t0 = time.perf_counter()
     run_evaluate(cfg, Path(tmp) / "bench")
     wall = time.perf_counter() - t0
@@ -82,7 +86,7 @@ def run_peer(tmp: str) -> dict:
 def child(which: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["EMBEDPIPE_CACHE_DIR"] = os.path.join(tmp, "machine-cache")  # cold machine-wide cache
-        res = (run_ours if which == "ours" else run_peer)(tmp)
+        res = run_peer(tmp) if which == "peer" else run_ours(tmp, "bf16" if which == "ours-bf16" else "fp32")
     res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(res))
 
@@ -99,20 +103,23 @@ def measure(which: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--child", choices=["ours", "peer"])
+    ap.add_argument("--child", choices=["ours", "ours-bf16", "peer"])
     args = ap.parse_args()
     if args.child:
         child(args.child)
         return
     if not (SHARED / "MANIFEST.md").exists():
         raise SystemExit(f"bench_evaluate needs {SHARED}")
-    peer, ours = measure("peer"), measure("ours")
-    for name, r in (("embedpipe", ours), ("mteb + SentenceTransformer", peer)):
+    peer, ours, ours16 = measure("peer"), measure("ours"), measure("ours-bf16")
+    for name, r in (("embedpipe", ours), ("embedpipe bf16", ours16), ("mteb + SentenceTransformer", peer)):
         scores = ", ".join(f"{t} {100 * v:.2f}" for t, v in r["scores"].items())
         print(f"{name:<27} wall {r['wall_s']:7.1f} s  peak RSS {r['peak_rss_mb']:6.0f} MB  {scores}")
     print(f"embedpipe again in a fresh run directory (machine-wide embedding cache warm): {ours['warm_s']:.1f} s")
     print(f"RATIO evaluate_vs_mteb_machine_cache_warm={peer['wall_s'] / ours['warm_s']:.3f}")
+    print("bf16 minus fp32 (points): " + ", ".join(f"{t} {100 * (ours16['scores'][t] - v):+.2f}"
+                                                   for t, v in ours["scores"].items()))
     print(f"RATIO evaluate_vs_mteb={peer['wall_s'] / ours['wall_s']:.3f}")
+    print(f"RATIO evaluate_bf16_vs_mteb={peer['wall_s'] / ours16['wall_s']:.3f}")
 
 
 if __name__ == "__main__":

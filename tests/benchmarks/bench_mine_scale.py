@@ -1,12 +1,14 @@
 """Mining at scale: ``engine: ray`` (2 local workers) vs ``local`` over a pool of >= 200k passages,
 and an IVF-PQ index vs the exact (Flat) one on the same embeddings.
 
-    python tests/benchmarks/bench_mine_scale.py [--passages 200000] [--factory IVF1024,PQ32]
+    python tests/benchmarks/bench_mine_scale.py [--passages 200000] [--factory IVF1024,PQ32] [--precision auto]
 
 Pool: every distinct real text of ../shared/data (bench_mine's large pool, 78,657 texts) topped up
 to ``--passages`` with passages made of two of those texts joined (seeded); queries: SciFact train
 claims and STS-B train pairs scoring >= 4 (bench_mine's). Model: the packaged all-MiniLM-L6-v2,
-window ranks 10-30, margin 0.95, 4 negatives. Each engine runs in its own process on an empty
+window ranks 10-30, margin 0.95, 4 negatives, ``--precision`` as the mine stage's (default auto:
+bf16 autocast on CPUs with native bf16; in bf16 the two engines batch differently, so their
+negatives may differ in near-ties). Each engine runs in its own process on an empty
 embedding cache, so each encodes the whole pool: wall time, the driver's peak RSS and the largest
 child process's (a Ray worker's) peak RSS. Then, from the warm cache (no encoding), the Flat and
 the IVF-PQ index are built and searched: time, memory of the index, recall@30 of the raw search
@@ -58,31 +60,31 @@ def pool_and_records(passages: int):
     return records, pool[:passages]
 
 
-def _embedder(kind: str, cache_dir: str):
+def _embedder(kind: str, cache_dir: str, precision: str):
     from embed_core.config import EngineConfig
     from embed_core.engine import ray_encode
     from embed_core.model.embedding_cache import EmbeddingCache
-    from embed_core.model.encoder import Encoder, default_model_path, model_dim, model_fingerprint
+    from embed_core.model.encoder import Encoder, default_model_path, model_dim, model_fingerprint, uses_bf16
 
     path = default_model_path()
     dim = model_dim(path)
-    cache = EmbeddingCache(cache_dir, model_fingerprint(path, "mean", 256, False), dim, "float32")
+    cache = EmbeddingCache(cache_dir, model_fingerprint(path, "mean", 256, uses_bf16(precision, "cpu")), dim, "float32")
     engine = EngineConfig(kind=kind, num_workers=2, batch_size=2048)
     if kind == "ray":
-        encode = lambda t: ray_encode(t, model=str(path), pooling="mean", max_length=256, precision="fp32",  # noqa: E731
+        encode = lambda t: ray_encode(t, model=str(path), pooling="mean", max_length=256, precision=precision,  # noqa: E731
                                       batch_size=BATCH, dim=dim, engine=engine)
     else:
-        enc = Encoder(path, max_length=256, precision="fp32")
+        enc = Encoder(path, max_length=256, precision=precision)
         encode = lambda t: enc.encode(t, batch_size=BATCH)  # noqa: E731
     return (lambda texts: cache.get_or_encode(texts, encode)), engine
 
 
-def child_engine(kind: str, passages: int, cache_dir: str) -> dict:
+def child_engine(kind: str, passages: int, cache_dir: str, precision: str) -> dict:
     from embed_core.engine import engine_session
     from embed_core.mine.miner import MineSettings, mine_records
 
     records, pool = pool_and_records(passages)
-    embed, engine = _embedder(kind, cache_dir)
+    embed, engine = _embedder(kind, cache_dir, precision)
     t0 = time.perf_counter()
     with engine_session(engine):
         out, stats = mine_records(records, embed, MineSettings(relative_margin=0.95, **WINDOW), corpus=pool)
@@ -91,14 +93,14 @@ def child_engine(kind: str, passages: int, cache_dir: str) -> dict:
             "negatives": {r.query: r.negatives for r in out}}
 
 
-def child_index(factory: str, passages: int, cache_dir: str) -> dict:
+def child_index(factory: str, passages: int, cache_dir: str, precision: str) -> dict:
     import faiss
     import numpy as np
 
     from embed_core.mine.miner import MineSettings, mine_records
 
     records, pool = pool_and_records(passages)
-    embed, _ = _embedder("local", cache_dir)  # warm: nothing is encoded
+    embed, _ = _embedder("local", cache_dir, precision)  # warm: nothing is encoded
     out: dict = {}
     for name, fac in (("flat", "Flat"), ("ivfpq", factory)):
         t0 = time.perf_counter()
@@ -152,10 +154,11 @@ def main() -> None:
     ap.add_argument("--factory", default="IVF1024,PQ32")
     ap.add_argument("--child", choices=["local", "ray", "index"])
     ap.add_argument("--cache")
+    ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
     args = ap.parse_args()
     if args.child:
-        res = (child_index(args.factory, args.passages, args.cache) if args.child == "index"
-               else child_engine(args.child, args.passages, args.cache))
+        res = (child_index(args.factory, args.passages, args.cache, args.precision) if args.child == "index"
+               else child_engine(args.child, args.passages, args.cache, args.precision))
         res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         res["child_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print("RESULT " + json.dumps(res))
@@ -163,12 +166,14 @@ def main() -> None:
     if not (SHARED / "MANIFEST.md").exists():
         raise SystemExit(f"bench_mine_scale needs {SHARED}")
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {kind: measure(["--child", kind, "--passages", str(args.passages), "--cache", f"{tmp}/{kind}"])
-                for kind in ("local", "ray")}
-        idx = measure(["--child", "index", "--passages", str(args.passages), "--factory", args.factory,
-                       "--cache", f"{tmp}/local"])
+        common = ["--passages", str(args.passages), "--precision", args.precision]
+        runs = {kind: measure(["--child", kind, *common, "--cache", f"{tmp}/{kind}"]) for kind in ("local", "ray")}
+        idx = measure(["--child", "index", *common, "--factory", args.factory, "--cache", f"{tmp}/local"])
     local, ray = runs["local"], runs["ray"]
-    print(f"pool {local['pool']:,} passages, {local['queries']:,} queries, window 10-30, 4 negatives")
+    from embed_core.model.encoder import uses_bf16
+
+    print(f"pool {local['pool']:,} passages, {local['queries']:,} queries, window 10-30, 4 negatives, precision "
+          f"{args.precision} ({'bf16 autocast' if uses_bf16(args.precision, 'cpu') else 'fp32'})")
     for kind, r in runs.items():
         print(f"  engine {kind:5s}: wall {r['wall_s']:8.1f} s  ({r['pool'] / r['wall_s']:6.1f} passages/s)  "
               f"peak RSS {r['peak_rss_mb']:6.0f} MB (largest child {r['child_peak_rss_mb']:6.0f} MB)  "
