@@ -10,7 +10,7 @@ window ranks 10-30, margin 0.95, 4 negatives, ``--precision`` as the mine stage'
 bf16 autocast on CPUs with native bf16; in bf16 the two engines batch differently, so their
 negatives may differ in near-ties). Each engine runs in its own process on an empty
 embedding cache, so each encodes the whole pool: wall time, the driver's peak RSS and the largest
-child process's (a Ray worker's) peak RSS. Then, from the warm cache (no encoding), the Flat and
+Ray worker's peak RSS. Then, from the warm cache (no encoding), the Flat and
 the IVF-PQ index are built and searched: time, memory of the index, recall@30 of the raw search
 (share of the exact top 30 that IVF-PQ returns) and the overlap of the mined negatives.
 
@@ -88,9 +88,25 @@ def child_engine(kind: str, passages: int, cache_dir: str, precision: str) -> di
     t0 = time.perf_counter()
     with engine_session(engine):
         out, stats = mine_records(records, embed, MineSettings(relative_margin=0.95, **WINDOW), corpus=pool)
+        workers_mb = ray_workers_peak_rss_mb()  # before the session stops them
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "pool": len(pool), "queries": len(records), "added": stats.negatives_added,
-            "negatives": {r.query: r.negatives for r in out}}
+            "negatives": {r.query: r.negatives for r in out}, "ray_worker_peak_rss_mb": workers_mb}
+
+
+def ray_workers_peak_rss_mb() -> float:
+    """Largest peak RSS (VmHWM) of this machine's Ray worker processes ("ray::..." command lines):
+    the raylet owns them, so the driver's rusage of its children never sees them."""
+    peak = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::"):
+                for line in (proc / "status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return peak
 
 
 def child_index(factory: str, passages: int, cache_dir: str, precision: str) -> dict:
@@ -176,7 +192,7 @@ def main() -> None:
           f"{args.precision} ({'bf16 autocast' if uses_bf16(args.precision, 'cpu') else 'fp32'})")
     for kind, r in runs.items():
         print(f"  engine {kind:5s}: wall {r['wall_s']:8.1f} s  ({r['pool'] / r['wall_s']:6.1f} passages/s)  "
-              f"peak RSS {r['peak_rss_mb']:6.0f} MB (largest child {r['child_peak_rss_mb']:6.0f} MB)  "
+              f"peak RSS {r['peak_rss_mb']:6.0f} MB (largest Ray worker {r['ray_worker_peak_rss_mb']:6.0f} MB)  "
               f"negatives {r['added']}")
     print(f"  same negatives, ray vs local: {overlap(local['negatives'], ray['negatives']):.4f}")
     print(f"  Flat:  mine {idx['flat']['mine_s']:6.1f} s (warm cache), vectors {idx['flat_bytes'] / 1e6:7.1f} MB, "
