@@ -28,6 +28,7 @@ from unittest import mock
 from pydantic import BaseModel
 
 from embed_core.errors import EmbedpipeError
+from embed_core.model.onednn import cap_onednn_primitive_cache
 from embed_core.rundir import run_dir_lock
 
 
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # the deepspeed launcher appends --local_rank=N; the same value is in LOCAL_RANK, which we read
     args = _parser().parse_args([a for a in argv if not a.startswith(("--local_rank=", "--local-rank="))])
+    cap_onednn_primitive_cache()  # before any stage runs a oneDNN op; stage subprocesses inherit it
     error_stream = sys.stderr
     # stderr carries the error line only: logs, warnings and Prefect's console handler (configured
     # when prefect is first imported, below) write to stdout.

@@ -5,7 +5,9 @@ Speed levers (the corpus encode dominates mining time):
 * batches are formed from texts sorted by token length, so a batch pads to a near-equal length
   (no padding waste) and results are scattered back to input order;
 * ``torch.inference_mode`` and, where the CPU has native bf16 (AMX / AVX512-BF16) or on CUDA,
-  bf16 autocast (``precision: auto``).
+  bf16 autocast (``precision: auto``);
+* in fp32 on CPU, oneDNN's packed linear layers with the feed-forward GELU fused, and in every
+  precision a small oneDNN primitive cache (``embed_core.model.cpu_inference``).
 
 Pooling: ``mean`` (default; QZhou §3.1), ``cls``, ``last_token``, or ``compress`` (AutoRegEmbed: k
 compression tokens ``<EMBED0..k-1>`` appended after the truncated text; the embedding is the mean of
@@ -25,6 +27,8 @@ import torch
 
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import sha256_file
+from embed_core.model.cpu_inference import pack_linear_layers
+from embed_core.model.onednn import cap_onednn_primitive_cache
 from embed_core.progress import Progress
 
 log = logging.getLogger("embedpipe.encode")
@@ -152,6 +156,7 @@ class Encoder:
             raise ConfigError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"precision must be auto, fp32 or bf16, got {precision!r}")
+        cap_onednn_primitive_cache()  # before this process's first oneDNN primitive, where it still can
         self.path = resolve_model_path(model)
         self.pooling = pooling
         self.max_length = max_length
@@ -162,6 +167,8 @@ class Encoder:
         self.compress_ids = compress_token_ids(self.tokenizer, compress_tokens) if pooling == "compress" else []
         self.model = AutoModel.from_pretrained(self.path).to(self.device).eval()
         self.bf16 = uses_bf16(precision, self.device.type)
+        # fp32 on CPU: oneDNN's kernels (bf16 autocast does not reach the packed op, so not there)
+        self.packed_layers = pack_linear_layers(self.model) if self.device.type == "cpu" and not self.bf16 else 0
         self.dim = int(self.model.config.hidden_size)
         self.fingerprint = model_fingerprint(model, pooling, max_length, self.bf16)
 
