@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(PY) tests/benchmarks/bench_train.py
 	$(PY) tests/benchmarks/bench_evaluate.py
 	$(PY) tests/benchmarks/bench_prepare.py
+	$(PY) tests/benchmarks/bench_index_on_disk.py
 	$(PY) tests/benchmarks/bench_mine_scale.py   # 200k passages, each engine encodes all: 24 min on 2 AMX cores (bf16), ~70 in fp32
 	@if [ -f $(LLM_STAMP) ]; then $(PY) tests/benchmarks/bench_llama_threads.py; \
 	  else echo "bench_llama_threads: skipped (make install-llm first)"; fi

@@ -267,8 +267,18 @@ class IndexConfig(_Strict):
                                                        "faiss wants about 39 per cluster.")
     add_chunk_size: int = Field(16384, ge=1, description="Pool texts encoded and added to the index at a time "
                                                          "(memory stays flat in the pool size).")
+    on_disk: bool = Field(False, description="IVF indexes only: fill the index in shards of add_chunk_size and "
+                                             "merge their inverted lists into one memory-mapped file in the "
+                                             "stage's scratch directory (faiss OnDiskInvertedLists), for pools "
+                                             "whose index does not fit in memory; searched on the CPU.")
     gpu: bool = Field(True, description="Search on every visible GPU when faiss-gpu is installed "
-                                        "(faiss.index_cpu_to_all_gpus); ignored without one.")
+                                        "(faiss.index_cpu_to_all_gpus); ignored without one, and with on_disk.")
+
+    @model_validator(mode="after")
+    def _on_disk_needs_ivf(self) -> "IndexConfig":
+        if self.on_disk and "IVF" not in self.factory.upper():
+            raise ValueError(f"on_disk keeps an IVF index's lists on disk; factory {self.factory!r} is no IVF index")
+        return self
 
 
 class EngineConfig(_Strict):

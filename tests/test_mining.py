@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from embed_core.config import MineConfig, parse_config
 from embed_core.mine.miner import MineSettings, mine_records
@@ -141,8 +142,9 @@ def _pq_exact_corpus(n: int = 700, seed: int = 0):
     return vecs, rng
 
 
-@pytest.mark.parametrize("factory", ["HNSW32", "IVF4,Flat", "PQ8x4"])
-def test_every_index_factory_keeps_the_window_and_margin_rules_of_the_flat_index(factory):
+@pytest.mark.parametrize("factory, on_disk", [("HNSW32", False), ("IVF4,Flat", False), ("PQ8x4", False),
+                                              ("IVF4,Flat", True)])
+def test_every_index_factory_keeps_the_window_and_margin_rules_of_the_flat_index(factory, on_disk, tmp_path):
     vecs, rng = _pq_exact_corpus()
     corpus = list(vecs)
     records = []
@@ -163,8 +165,11 @@ def test_every_index_factory_keeps_the_window_and_margin_rules_of_the_flat_index
     settings = dict(range_min=2, range_max=8, num_negatives=4, relative_margin=0.95, nprobe=4, train_size=700,
                     add_chunk_size=100)
     flat, flat_stats = mine_records(records, table_embed(vecs), MineSettings(**settings), corpus)
-    other, stats = mine_records(records, table_embed(vecs), MineSettings(index_factory=factory, **settings), corpus)
+    other, stats = mine_records(records, table_embed(vecs), MineSettings(index_factory=factory, on_disk=on_disk,
+                                                                          **settings), corpus, index_dir=tmp_path)
     assert flat_stats.filtered_scores and stats.index["factory"] == factory and stats.index["size"] == len(corpus)
+    if on_disk:  # the lists were merged from one shard per add chunk into a file the index maps
+        assert stats.index["on_disk"]["shards"] == 7 and (tmp_path / "lists.ivfdata").stat().st_size > 0
     assert [r.negatives for r in other] == [r.negatives for r in flat]
     flat_scores = [x for r in flat for x in r.negative_scores]
     assert [x for r in other for x in r.negative_scores] == pytest.approx(flat_scores, abs=2e-3)
@@ -181,6 +186,11 @@ def test_a_bad_index_factory_or_too_many_clusters_is_a_config_error_naming_the_s
         mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineSettings(index_factory="IVF9,Nonsense"), list(vecs))
     with pytest.raises(ConfigError, match=r"64 clusters need at least 2496 training vectors.*201"):
         mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineSettings(index_factory="IVF64,Flat"), list(vecs))
+    with pytest.raises(ConfigError, match=r"mine.index.on_disk.*'HNSW32'"):
+        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineSettings(index_factory="HNSW32", on_disk=True),
+                     list(vecs))
+    with pytest.raises(ValidationError, match=r"on_disk.*'PQ16' is no IVF index"):
+        MineConfig.model_validate({"index": {"factory": "PQ16", "on_disk": True}})
 
 
 def test_the_pool_is_encoded_in_chunks_never_all_at_once():
@@ -195,3 +205,19 @@ def test_the_pool_is_encoded_in_chunks_never_all_at_once():
     mine_records([rec(0, "q", ["c1"])], embed, MineSettings(add_chunk_size=128, relative_margin=None),
                  [t for t in vecs if t != "q"])
     assert max(calls) <= 128 and sum(calls) >= 500
+
+
+@pytest.mark.shared_data
+def test_the_mine_stage_keeps_an_on_disk_index_in_its_scratch_directory_and_removes_it(shared_data, tiny_model,
+                                                                                          tmp_path):
+    cfg = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
+        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "split": "train"}]}})
+    cfg = cfg.model_copy(update={"mine": MineConfig.model_validate({
+        "model": str(tiny_model), "max_length": 32, "relative_margin": None, "corpora": {"scifact": "beir/scifact"}, "batch_size": 256,
+        "index": {"factory": "IVF16,Flat", "on_disk": True, "add_chunk_size": 2000, "train_size": 1000}})})
+    run_prepare(cfg, tmp_path)
+    manifest = run_mine(cfg, tmp_path)
+    (ds,) = [d for d in manifest["counts"]["datasets"] if d["dataset"] == "scifact"]
+    assert ds["index"]["on_disk"]["shards"] == 3 and ds["index"]["on_disk"]["bytes"] > 5183 * 32 * 4
+    assert ds["index"]["size"] == 5183 and ds["negatives_added"] >= 3 * 808
+    assert not list(tmp_path.rglob("*.ivfdata")) and not list(tmp_path.rglob("shard-*.index"))

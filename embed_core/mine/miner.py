@@ -16,10 +16,12 @@ Records that end with fewer are reported, never silently padded unless ``pad_ran
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import faiss
@@ -51,6 +53,7 @@ class MineSettings:
     ef_search: int = 128
     train_size: int = 100_000
     add_chunk_size: int = 16384
+    on_disk: bool = False
     gpu: bool = True
     query_chunk_size: int = 2048
     seed: int = 42
@@ -62,7 +65,7 @@ class MineSettings:
                    sampling=cfg.sampling, only_missing=cfg.only_missing, pad_random=cfg.pad_random,
                    tasks=tuple(cfg.tasks), index_factory=cfg.index.factory, nprobe=cfg.index.nprobe,
                    ef_search=cfg.index.ef_search, train_size=cfg.index.train_size,
-                   add_chunk_size=cfg.index.add_chunk_size, gpu=cfg.index.gpu,
+                   add_chunk_size=cfg.index.add_chunk_size, on_disk=cfg.index.on_disk, gpu=cfg.index.gpu,
                    query_chunk_size=cfg.query_chunk_size, seed=seed)
 
 
@@ -99,15 +102,21 @@ def new_index(dim: int, s: MineSettings) -> faiss.Index:
                           f"{dim}-d vectors ({reason[:200]})") from None
 
 
-def build_index(pool: list[str], embed: Embed, s: MineSettings) -> tuple[faiss.Index, dict[str, Any]]:
+def build_index(pool: list[str], embed: Embed, s: MineSettings,
+                index_dir: Path | None = None) -> tuple[faiss.Index, dict[str, Any]]:
     """The pool's index, filled ``add_chunk_size`` texts at a time: the pool's embeddings are never
     all in memory outside the index (with the embedding cache, a chunk is encoded once and read
     back from its memory-mapped shards). Indexes that need training (IVF, PQ) are trained first on
-    a seeded sample of ``train_size`` pool vectors; IVF's clusters are capped at sample / 39."""
+    a seeded sample of ``train_size`` pool vectors; IVF's clusters are capped at sample / 39.
+    ``on_disk`` (IVF only): the inverted lists go to a memory-mapped file in ``index_dir``
+    (``fill_on_disk``), so not even the index needs to fit in memory."""
     first = embed(pool[: s.add_chunk_size])
     index = new_index(first.shape[1], s)
     info: dict[str, Any] = {"factory": s.index_factory}
     ivf = faiss.try_extract_index_ivf(index)
+    if s.on_disk and ivf is None:
+        raise ConfigError(f"mine.index.on_disk: only IVF indexes keep their lists on disk; {s.index_factory!r} "
+                          "has none (use e.g. 'IVF4096,PQ64')")
     if not index.is_trained:
         rng = np.random.default_rng(s.seed)
         sample = np.sort(rng.choice(len(pool), size=min(s.train_size, len(pool)), replace=False))
@@ -126,15 +135,59 @@ def build_index(pool: list[str], embed: Embed, s: MineSettings) -> tuple[faiss.I
     if hnsw is not None:
         hnsw.efSearch = max(s.ef_search, s.range_max * 2)
         info["ef_search"] = int(hnsw.efSearch)
-    index.add(first)
-    del first
-    for start in range(s.add_chunk_size, len(pool), s.add_chunk_size):
-        index.add(embed(pool[start:start + s.add_chunk_size]))
-    if s.gpu and getattr(faiss, "get_num_gpus", lambda: 0)() > 0:  # faiss-gpu: search on every GPU
-        index = faiss.index_cpu_to_all_gpus(index)
-        info["gpus"] = faiss.get_num_gpus()
+
+    def chunks(head: np.ndarray):
+        """(first pool id, vectors) of every add chunk; the first one was encoded above."""
+        yield 0, head
+        del head
+        for start in range(s.add_chunk_size, len(pool), s.add_chunk_size):
+            yield start, embed(pool[start:start + s.add_chunk_size])
+
+    pool_chunks = chunks(first)
+    del first  # held by the generator until it is added
+    if s.on_disk:
+        if index_dir is None:
+            raise ValueError("build_index: on_disk needs index_dir")
+        info["on_disk"] = fill_on_disk(index, pool_chunks, Path(index_dir))
+    else:
+        for _, vectors in pool_chunks:
+            index.add(vectors)
+        if s.gpu and getattr(faiss, "get_num_gpus", lambda: 0)() > 0:  # faiss-gpu: search on every GPU
+            index = faiss.index_cpu_to_all_gpus(index)
+            info["gpus"] = faiss.get_num_gpus()
     info["size"] = int(index.ntotal)
     return index, info
+
+
+def fill_on_disk(index: faiss.Index, chunks, index_dir: Path) -> dict[str, Any]:
+    """Fill a trained, empty IVF ``index`` from ``(first pool id, vectors)`` chunks the way faiss
+    documents for indexes larger than memory: each chunk goes into a copy of the empty index under
+    its pool ids and is written as a shard, then the shards' lists (memory-mapped, never loaded) are
+    merged into one ``OnDiskInvertedLists`` file that the index maps: only the centroids are
+    anonymous memory, the lists are file pages the kernel can drop. (faiss.contrib.ondisk's
+    ``merge_ondisk`` does the same merge but never frees the shards' mappings.)"""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for start, vectors in chunks:
+        shard = faiss.clone_index(index)
+        shard.add_with_ids(vectors, np.arange(start, start + len(vectors), dtype=np.int64))
+        paths.append(str(index_dir / f"shard-{len(paths):05d}.index"))
+        faiss.write_index(shard, paths[-1])
+        del shard, vectors
+    shards = [faiss.read_index(p, faiss.IO_FLAG_MMAP) for p in paths]
+    shard_lists = faiss.InvertedListsPtrVector()
+    for shard in shards:
+        shard_lists.push_back(faiss.extract_index_ivf(shard).invlists)
+    ivf = faiss.extract_index_ivf(index)
+    lists_path = index_dir / "lists.ivfdata"
+    lists = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(lists_path))
+    ivf.ntotal = index.ntotal = lists.merge_from_multiple(shard_lists.data(), shard_lists.size(), False)
+    ivf.replace_invlists(lists, True)  # the index owns (and frees) the merged lists
+    lists.this.disown()
+    del shard_lists, shards  # unmaps the shards
+    for path in paths:
+        os.remove(path)
+    return {"lists_file": lists_path.name, "shards": len(paths), "bytes": lists_path.stat().st_size}
 
 
 def normalized_key(text: str) -> int:
@@ -149,9 +202,10 @@ def eligible(record: Record, s: MineSettings) -> bool:
     return not (s.only_missing and len(record.negatives) >= s.num_negatives)
 
 
-def mine_records(records: list[Record], embed: Embed, s: MineSettings,
-                 corpus: list[str] | None = None) -> tuple[list[Record], MineStats]:
-    """Return ``records`` with mined negatives added to the eligible ones, and the statistics."""
+def mine_records(records: list[Record], embed: Embed, s: MineSettings, corpus: list[str] | None = None,
+                 index_dir: Path | None = None) -> tuple[list[Record], MineStats]:
+    """Return ``records`` with mined negatives added to the eligible ones, and the statistics.
+    ``index_dir``: where an ``on_disk`` index keeps its files (the caller removes them)."""
     stats = MineStats()
     todo = [i for i, r in enumerate(records) if eligible(r, s)]
     if not todo:
@@ -179,7 +233,7 @@ def mine_records(records: list[Record], embed: Embed, s: MineSettings,
         for t, lab in zip(r.negatives, r.negative_labels):
             labels[t].add(lab)
     pool_norm = [normalized_key(t) for t in pool]
-    index, stats.index = build_index(pool, embed, s)
+    index, stats.index = build_index(pool, embed, s, index_dir)
 
     queries = [records[i].query for i in todo]
     query_vecs = embed(queries)

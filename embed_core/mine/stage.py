@@ -11,6 +11,7 @@ machine-wide cache, other models' in ``<run_dir>/cache/embeddings/`` (``embed_co
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -133,31 +134,33 @@ def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | 
     out_tables: dict[str, pa.Table] = {}
     per_dataset: list[dict[str, Any]] = []
     score_rows: list[dict[str, Any]] = []
-    with engine_session(cfg.engine):  # a local Ray instance lives as long as the loop (engine: ray)
-        for name, table in sorted(tables.items()):
-            dataset = name.removesuffix(".parquet")
-            records = table_to_records(table)
-            wanted = cfg.datasets is None or dataset in cfg.datasets
-            if not wanted or not any(eligible(r, settings) for r in records):
-                out_tables[name] = table
-                per_dataset.append({"dataset": dataset, "records": len(records), "mined": False})
-                continue
-            t_ds = time.perf_counter()
-            corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
-            mined, stats = mine_records(records, embed, settings, corpus)
-            out_tables[name] = records_to_table(mined)
-            summary = stats.summary()
-            per_dataset.append({"dataset": dataset, "records": len(records), "mined": True,
-                                "pool": "corpus" if corpus is not None else "dataset texts",
-                                "seconds": round(time.perf_counter() - t_ds, 2), **summary})
-            if stats.too_few:
-                log.warning("mine %s: %d records got fewer than %d negatives, e.g. %s", dataset, stats.too_few,
-                            settings.num_negatives, ", ".join(stats.too_few_examples))
-            for kind, xs in (("positive", stats.positive_scores), ("kept_negative", stats.kept_scores),
-                             ("filtered", stats.filtered_scores)):
-                score_rows += [{"dataset": dataset, "kind": kind, "score": float(x)} for x in xs]
+    with StageWriter(run_dir, STAGE) as writer:  # opened first: an on-disk index lives in its scratch
+        with engine_session(cfg.engine):  # a local Ray instance lives as long as the loop (engine: ray)
+            for name, table in sorted(tables.items()):
+                dataset = name.removesuffix(".parquet")
+                records = table_to_records(table)
+                wanted = cfg.datasets is None or dataset in cfg.datasets
+                if not wanted or not any(eligible(r, settings) for r in records):
+                    out_tables[name] = table
+                    per_dataset.append({"dataset": dataset, "records": len(records), "mined": False})
+                    continue
+                t_ds = time.perf_counter()
+                corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
+                index_dir = writer.scratch / f"index-{dataset}"  # on_disk: the index's files, removed after
+                mined, stats = mine_records(records, embed, settings, corpus, index_dir=index_dir)
+                shutil.rmtree(index_dir, ignore_errors=True)
+                out_tables[name] = records_to_table(mined)
+                summary = stats.summary()
+                per_dataset.append({"dataset": dataset, "records": len(records), "mined": True,
+                                    "pool": "corpus" if corpus is not None else "dataset texts",
+                                    "seconds": round(time.perf_counter() - t_ds, 2), **summary})
+                if stats.too_few:
+                    log.warning("mine %s: %d records got fewer than %d negatives, e.g. %s", dataset, stats.too_few,
+                                settings.num_negatives, ", ".join(stats.too_few_examples))
+                for kind, xs in (("positive", stats.positive_scores), ("kept_negative", stats.kept_scores),
+                                 ("filtered", stats.filtered_scores)):
+                    score_rows += [{"dataset": dataset, "kind": kind, "score": float(x)} for x in xs]
 
-    with StageWriter(run_dir, STAGE) as writer:
         for name, table in out_tables.items():
             writer.write_table(name, table, kind="records")
         writer.write_table("_scores.parquet", pa.Table.from_pylist(
