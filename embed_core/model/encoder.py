@@ -7,7 +7,7 @@ Speed levers (the corpus encode dominates mining time):
 * ``torch.inference_mode`` and, where the CPU has native bf16 (AMX / AVX512-BF16) or on CUDA,
   bf16 autocast (``precision: auto``);
 * in fp32 on CPU, oneDNN's packed linear layers with the feed-forward GELU fused, and in every
-  precision a small oneDNN primitive cache (``embed_core.model.cpu_inference``).
+  precision a small oneDNN primitive cache (``embed_core.model.cpu_inference``, ``.onednn``).
 
 Pooling: ``mean`` (default; QZhou §3.1), ``cls``, ``last_token``, or ``compress`` (AutoRegEmbed: k
 compression tokens ``<EMBED0..k-1>`` appended after the truncated text; the embedding is the mean of
