@@ -146,9 +146,10 @@ def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | 
                     continue
                 t_ds = time.perf_counter()
                 corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
-                index_dir = writer.scratch / f"index-{dataset}"  # on_disk: the index's files, removed after
+                index_dir = writer.scratch / f"index-{dataset}" if settings.on_disk else None
                 mined, stats = mine_records(records, embed, settings, corpus, index_dir=index_dir)
-                shutil.rmtree(index_dir, ignore_errors=True)
+                if index_dir is not None:  # the on-disk index's files, no longer needed
+                    shutil.rmtree(index_dir, ignore_errors=True)
                 out_tables[name] = records_to_table(mined)
                 summary = stats.summary()
                 per_dataset.append({"dataset": dataset, "records": len(records), "mined": True,
