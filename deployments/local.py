@@ -28,17 +28,18 @@ POOLS = ("cpu", "gpu")  # names used in prefect.yaml; locally both are process p
 
 
 def stack_env(home: Path, port: int, poll_seconds: float) -> dict[str, str]:
-    env = dict(os.environ)
+    """The environment of the server and the workers (and so of every flow run): embedpipe's
+    defaults (``flows.env``; a value the user set wins) and this stack's own settings."""
+    from flows.env import apply_defaults
+
+    env = apply_defaults(dict(os.environ))
     env.update({
         "PREFECT_HOME": str(home),
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_SERVER_API_HOST": "127.0.0.1",
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": str(poll_seconds),
-        "PREFECT_LOGGING_EXTRA_LOGGERS": "embedpipe",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     })

@@ -1,5 +1,6 @@
 """The configuration reference (docs/configuration.md), generated from the config models' field
-descriptions and the loss registry, so the docs cannot drift from the code (a test compares).
+descriptions and the loss and converter registries, so the docs cannot drift from the code (a test
+compares).
 
     python -m embed_core.config_reference > docs/configuration.md
 """
@@ -7,6 +8,8 @@ descriptions and the loss registry, so the docs cannot drift from the code (a te
 from __future__ import annotations
 
 import json
+import re
+import sys
 import typing
 from typing import Any
 
@@ -15,11 +18,13 @@ from pydantic_core import PydanticUndefined
 
 from embed_core.config import RunConfig
 from embed_core.losses import DEFAULT_LOSSES, LOSSES
+from embed_core.prepare.convert import CONVERTERS
 
 HEADER = """# Configuration reference
 
-Generated from the config models' field descriptions (`embed_core/config.py`) and the loss
-registry (`embed_core/losses/`): `python -m embed_core.config_reference > docs/configuration.md`.
+Generated from the config models' field descriptions (`embed_core/config.py`, each stage's
+`embed_core/<stage>/config.py`), the loss registry (`embed_core/losses/`) and the converter registry
+(`embed_core/prepare/convert/`): `python -m embed_core.config_reference > docs/configuration.md`.
 A run config is YAML; unknown keys are errors that name the file and the key. `extends: other.yaml`
 starts from another config (mappings merge key by key; lists and scalars replace).
 """
@@ -27,9 +32,9 @@ starts from another config (mappings merge key by key; lists and scalars replace
 
 def _type_name(annotation: Any) -> str:
     text = str(annotation) if not isinstance(annotation, type) else annotation.__name__
-    for noise in ("typing.", "embed_core.config.", "<class '", "'>"):
+    for noise in ("typing.", "<class '", "'>"):
         text = text.replace(noise, "")
-    return text.replace("|", "\\|")
+    return re.sub(r"embed_core(\.\w+)*\.", "", text).replace("|", "\\|")
 
 
 def _default(field) -> str:
@@ -42,8 +47,10 @@ def _default(field) -> str:
 
 
 def _nested_models(annotation: Any) -> list[type[BaseModel]]:
+    """The config sections inside a field's type (a model without fields, like the base of the
+    converters' parameters, is documented with its owner instead)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
+        return [annotation] if annotation.model_fields else []
     return [m for arg in typing.get_args(annotation) for m in _nested_models(arg)]
 
 
@@ -65,6 +72,14 @@ def _section(path: str, model: type[BaseModel], out: list[str], seen: dict[type,
         _section(sub_path, sub, out, seen)
 
 
+def _parameters(params: type[BaseModel], out: list[str]) -> None:
+    if params.model_fields:
+        out += ["| parameter | type | default | description |", "|---|---|---|---|"]
+        for pname, field in params.model_fields.items():
+            out.append(f"| `{pname}` | {_type_name(field.annotation)} | {_default(field)} | {field.description} |")
+        out.append("")
+
+
 def _losses(out: list[str]) -> None:
     out += ["## Losses (`train.stages[].losses`)", "",
             "Per task, `{name: <loss>, <parameter>: <value>, ...}` or just the name. Without an entry a task "
@@ -73,17 +88,31 @@ def _losses(out: list[str]) -> None:
         summary = " ".join((cls.__doc__ or "").split())
         out += [f"### `{name}`", "", f"{summary} Tasks: {', '.join(cls.tasks)}. Source: "
                 f"`{cls.__module__.replace('.', '/')}.py`.", ""]
-        if cls.Params.model_fields:
-            out += ["| parameter | type | default | description |", "|---|---|---|---|"]
-            for pname, field in cls.Params.model_fields.items():
-                out.append(f"| `{pname}` | {_type_name(field.annotation)} | {_default(field)} | {field.description} |")
-            out.append("")
+        _parameters(cls.Params, out)
+
+
+def _source_kinds(out: list[str]) -> None:
+    out += ["## Source kinds (`prepare.sources[].kind`)", "",
+            "Each kind is a converter, one file under `embed_core/prepare/convert/`. `columns` maps its fields to "
+            "the file's columns: by default to the names below, or, with `header: false`, to the positions in "
+            "this order (0, 1, ...). The settings only a kind has go under `params:`, e.g. "
+            "`{name: scifact, kind: beir, path: scifact, params: {split: test}}`.", ""]
+    for kind, cls in CONVERTERS.items():
+        module_doc = sys.modules[cls.__module__].__doc__ or ""
+        fields = ", ".join(f"`{f}` (`{c}`{', optional' if f in cls.optional else ''})"
+                           for f, c in cls.columns.items()) or "none (a directory)"
+        out += [f"### `{kind}`", "", " ".join(module_doc.split()), "",
+                f"Task: {cls.task}. Columns: {fields}. Contamination texts: "
+                f"{', '.join(cls.text_fields) or 'the judged queries'}{'; pairs (match: pair)' if cls.pair else ''}. "
+                f"Source: `{cls.__module__.replace('.', '/')}.py`.", ""]
+        _parameters(cls.Params, out)
 
 
 def render() -> str:
     out = [HEADER]
     _section("", RunConfig, out, {})
     out[1] = "## Top level"
+    _source_kinds(out)
     _losses(out)
     return "\n".join(out).rstrip() + "\n"
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from embed_core.config import EngineConfig
+from embed_core.model.config import EngineConfig
 from embed_core.errors import ConfigError
 
 

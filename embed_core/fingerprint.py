@@ -13,11 +13,12 @@ A cache hit must mean "the same result". So a stage's key (``Fingerprint.key``) 
   faiss, mteb, ...). A fixed bug in a converter recomputes prepare; a README or test edit
   recomputes nothing; a loss edit recomputes training but not prepare or mine.
 
-Two modules are leaves of that walk. ``embed_core.config``: what it contributes to a stage
-(defaults, validators) is already in the hashed config values, and following it would tie every
-stage to every loss file (the loss registry validates loss parameters at load time).
-``embed_core.stages``: the registry only wires stages together; which upstream outputs a stage
-read is in its key as their content hashes.
+Some modules are leaves of that walk. The config modules (``embed_core.config``,
+``embed_core.config_base`` and every stage's ``embed_core.<stage>.config``): what they contribute
+to a stage (defaults, validators) is already in the hashed config values, and following them
+would tie every stage to every loss and converter file (the registries validate parameters at
+load time). ``embed_core.stages``: the registry only wires stages together; which upstream
+outputs a stage read is in its key as their content hashes.
 """
 
 from __future__ import annotations
@@ -36,8 +37,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PACKAGE = "embed_core"
 PACKAGE_ROOT = Path(__file__).resolve().parent
-# Modules whose effect on a stage is captured elsewhere in the key (see the module docstring).
-LEAF_MODULES = frozenset({"embed_core.config", "embed_core.stages"})
+# Modules whose effect on a stage is captured elsewhere in the key (see the module docstring):
+# the config modules, named config or config_base at any level, and the stage registry.
+CONFIG_MODULE_NAMES = frozenset({"config", "config_base"})
+LEAF_MODULES = frozenset({"embed_core.stages"})
+
+
+def is_leaf(module: str) -> bool:
+    """Whether the code walk stops at ``module`` (a config module or the stage registry)."""
+    return module in LEAF_MODULES or module.rpartition(".")[2] in CONFIG_MODULE_NAMES
 
 
 # -- file hashes ----------------------------------------------------------------------------------
@@ -160,7 +168,7 @@ def module_closure(root: str) -> dict[str, Path]:
         seen[name] = path
         parts = name.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # importing a.b.c runs a and a.b
-        if name not in LEAF_MODULES:
+        if not is_leaf(name):
             todo.extend(_imported_names(path, name))
     return seen
 

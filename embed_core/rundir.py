@@ -57,14 +57,7 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
     run id, which a run it starts on another pool shows to work in the directory under this lock).
     """
     run_dir = Path(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise RunDirError(f"{run_dir}: cannot be a run directory: it (or a parent) is a file") from None
-    except NotADirectoryError:
-        raise RunDirError(f"{run_dir}: cannot be a run directory: a parent of it is a file") from None
-    except OSError as exc:
-        raise RunDirError(f"{run_dir}: cannot create the run directory: {exc.strerror}") from None
+    _make_run_dir(run_dir)
     key = str(run_dir.resolve())
     with _held_guard:
         if key in _held:
@@ -82,18 +75,12 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
                 _held[key] = (fd, depth - 1)
         return
 
-    path = run_dir / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        raise RunDirError(f"{run_dir}: cannot write in the run directory: {exc.strerror}") from None
+    fd = _open_lock_file(run_dir)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = path.read_text(encoding="utf-8", errors="replace").strip() or "unknown process"
         os.close(fd)
-        raise RunDirBusy(f"{run_dir}: another embedpipe run is using this run directory ({holder}); "
-                         "wait for it to finish or pass another --run-dir / run_dir") from None
+        raise _busy(run_dir) from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "purpose": purpose,
@@ -111,6 +98,48 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def raise_if_busy(run_dir: str | Path) -> None:
+    """Raise what :func:`run_dir_lock` would raise right now, holding nothing afterwards:
+    :class:`RunDirError` when the directory cannot be created or written, :class:`RunDirBusy`
+    when another process holds its lock. A command calls it to refuse a busy run directory before
+    it starts anything slow; the lock itself is taken where the work is done."""
+    run_dir = Path(run_dir)
+    _make_run_dir(run_dir)
+    if str(run_dir.resolve()) in _held:
+        return  # this process holds it: run_dir_lock re-enters
+    fd = _open_lock_file(run_dir)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a probe, released at once by close
+    except BlockingIOError:
+        raise _busy(run_dir) from None
+    finally:
+        os.close(fd)
+
+
+def _make_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunDirError(f"{run_dir}: cannot be a run directory: it (or a parent) is a file") from None
+    except NotADirectoryError:
+        raise RunDirError(f"{run_dir}: cannot be a run directory: a parent of it is a file") from None
+    except OSError as exc:
+        raise RunDirError(f"{run_dir}: cannot create the run directory: {exc.strerror}") from None
+
+
+def _open_lock_file(run_dir: Path) -> int:
+    try:
+        return os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise RunDirError(f"{run_dir}: cannot write in the run directory: {exc.strerror}") from None
+
+
+def _busy(run_dir: Path) -> RunDirBusy:
+    holder = (run_dir / LOCK_FILE).read_text(encoding="utf-8", errors="replace").strip() or "unknown process"
+    return RunDirBusy(f"{run_dir}: another embedpipe run is using this run directory ({holder}); "
+                      "wait for it to finish or pass another --run-dir / run_dir")
 
 
 def lock_holder(run_dir: str | Path) -> str | None:

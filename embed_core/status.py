@@ -21,7 +21,7 @@ from embed_core.artifacts import read_manifest, stage_is_intact
 from embed_core.config import RunConfig
 from embed_core.errors import EmbedpipeError
 from embed_core.rundir import lock_holder, read_history
-from embed_core.stages import pipeline_instances
+from embed_core.stages import context, pipeline_instances
 
 
 @dataclass
@@ -53,7 +53,8 @@ def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
         manifest = read_manifest(run_dir, name)
         recorded = manifest.get("input_fingerprint") if manifest else None
         try:
-            current, detail = stage.fingerprint(config, run_dir, name, stage.options_for_pipeline(config)).key, ""
+            ctx = context(config, run_dir, stage, name, stage.options_for_pipeline(config))
+            current, detail = stage.fingerprint(ctx).key, ""
         except EmbedpipeError as exc:
             current, detail = None, str(exc)
         if manifest is None:

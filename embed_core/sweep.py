@@ -27,6 +27,7 @@ import yaml
 from embed_core.artifacts import StageWriter, read_manifest
 from embed_core.config import RunConfig, parse_config
 from embed_core.errors import ConfigError
+from embed_core.train.stage import instance_name
 
 
 def _set(mapping: dict[str, Any], dotted: str, value: Any) -> None:
@@ -109,10 +110,10 @@ def winner_config(config: RunConfig, overrides: dict[str, Any]) -> dict[str, Any
 
 def dev_score(run_dir: str | Path, variant: str) -> float:
     """The dev selection score a variant's stage kept (its manifest)."""
-    manifest = read_manifest(Path(run_dir), f"train-{variant}") or {}
+    manifest = read_manifest(Path(run_dir), instance_name(variant)) or {}
     value = manifest.get("counts", {}).get("selected_dev_score")
     if value is None:
-        raise ConfigError(f"sweep: train-{variant} has no dev score (was it trained with its dev section?)")
+        raise ConfigError(f"sweep: {instance_name(variant)} has no dev score (was it trained with its dev section?)")
     return float(value)
 
 
@@ -138,7 +139,7 @@ def soup_dev_score(config: RunConfig, run_dir: str | Path, model_dir: Path) -> f
 
 
 def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:
-    from embed_core.evaluate.stage import main_scores as evaluated
+    from embed_core.evaluate.run import main_scores as evaluated
 
     return evaluated(run_dir)
 
@@ -154,7 +155,7 @@ def make_soup(config: RunConfig, run_dir: Path, ranked_variants: list[str]) -> P
 
     k = config.sweep.soup_top_k
     members = ranked_variants[:k]
-    sources = [run_dir / f"train-{v}" / "model" for v in members]
+    sources = [run_dir / instance_name(v) / "model" for v in members]
     total: dict[str, Any] = {}
     for source in sources:
         for name, tensor in load_file(source / "model.safetensors").items():
@@ -176,7 +177,7 @@ def make_soup(config: RunConfig, run_dir: Path, ranked_variants: list[str]) -> P
         write_card(out, facts, sentence_transformers_prompts(read_model_settings(out)))
         writer.register_tree("model", kind="model")
         key = hashlib.sha256(json.dumps([str(s) for s in sources] + [
-            (read_manifest(run_dir, f"train-{v}") or {}).get("input_fingerprint", "") for v in members]).encode())
+            (read_manifest(run_dir, instance_name(v)) or {}).get("input_fingerprint", "") for v in members]).encode())
         writer.commit({"run_name": config.run_name, "input_fingerprint": key.hexdigest(), "soup_of": members})
     return run_dir / name / "model"
 
@@ -186,7 +187,7 @@ def write_report(config: RunConfig, run_dir: Path, results: list[dict[str, Any]]
     """``sweep-<stage>/``: one row per variant, the report, and the winner's config."""
     rows = []
     for r in results:
-        manifest = read_manifest(run_dir, f"train-{r['variant']}") or {}
+        manifest = read_manifest(run_dir, instance_name(r["variant"])) or {}
         counts = manifest.get("counts", {})
         rows.append({"variant": r["variant"], "settings": json.dumps(r["overrides"], sort_keys=True),
                      "dev_score": counts.get("selected_dev_score"), "selected_step": counts.get("selected_step"),

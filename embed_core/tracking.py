@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.model.card import read_card_facts
+from embed_core.train.stage import is_train_instance
 
 log = logging.getLogger("embedpipe.tracking")
 
@@ -125,7 +126,7 @@ def _log_stage(config: RunConfig, run_dir: Path, stage: str, manifest: dict[str,
     _flatten("counts", manifest.get("counts", {}), numbers)
     _flatten("timings_s", manifest.get("timings_s", {}), numbers)
     stage_dir = run_dir / stage
-    card = read_card_facts(stage_dir / "model") if stage.startswith("train-") else None
+    card = read_card_facts(stage_dir / "model") if is_train_instance(stage) else None
     if card is not None:
         _flatten("stage", card.get("stage", {}), params)
         _flatten("loss", card.get("losses", {}), params)

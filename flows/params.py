@@ -9,6 +9,7 @@ from typing import Iterator
 
 from embed_core.config import RunConfig, load_config
 from embed_core.rundir import check_delegated, run_dir_lock
+from flows.env import apply_defaults
 
 DEFAULT_CONFIG = "deployments/configs/demo.yaml"
 
@@ -28,12 +29,16 @@ def resolve_run(config_path: str | None, config: RunConfig | None, run_dir: str 
 
 @contextmanager
 def run_context(config: RunConfig, run_dir: str, purpose: str, parent_lock: str | None = None) -> Iterator[None]:
-    """Hold the run directory's lock (a second run on it is refused, never interleaved). The config
-    snapshot (for ``embedpipe <stage> --run-dir D`` and ``embedpipe status``) is written by each
-    stage that completes, so a run that fails before any stage leaves the last good one.
+    """Hold the run directory's lock (a second run on it is refused, never interleaved): the one
+    place it is taken, for a run started from the CLI and from the UI alike (the CLI only checks
+    beforehand that it is free, ``raise_if_busy``). The config snapshot (for ``embedpipe <stage>
+    --run-dir D`` and ``embedpipe status``) is written by each stage that completes, so a run that
+    fails before any stage leaves the last good one. The environment defaults (``flows.env``) are
+    applied first, for a flow run in a worker whose environment lacks them.
 
     ``parent_lock``: this run was started on another work pool by the run that holds the lock (its
     flow run id); it works under that lock after checking the directory is visible and held by it."""
+    apply_defaults()
     if parent_lock:
         check_delegated(run_dir, parent_lock)
         yield

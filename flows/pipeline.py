@@ -37,7 +37,7 @@ def pipeline_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None,
     """
     from prefect.runtime import deployment, flow_run
     cfg, rdir = resolve_run(config_path, config, run_dir, run_name)
-    known = [s.name for s in registry.STAGES]
+    known = [s.name for s in registry.all_stages()]
     unknown = sorted(set(stages or ()) - set(known))
     if unknown:
         raise ConfigError(f"pipeline: unknown stage {unknown[0]!r} (stages: {', '.join(known)})")

@@ -22,11 +22,12 @@ from embed_core.artifacts import read_manifest
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.rundir import load_config_snapshot, lock_token, read_history
+from embed_core.stage_api import Stage
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
 from tasks.stage import run_stage_instance
 
 
-def run_stage(stage: stages.Stage, config: RunConfig, run_dir: str, options: Any = None,
+def run_stage(stage: Stage, config: RunConfig, run_dir: str, options: Any = None,
               force: bool = False) -> dict[str, dict[str, Any]]:
     options = options if options is not None else stage.options()
     return {inst: run_stage_instance(stage, config, run_dir, inst, options, force)
@@ -80,7 +81,7 @@ def deployment_on_pool(flow_name: str, pool: str) -> str:
     return f"{flow_name}/{found[0].name}"
 
 
-def run_stage_on_pool(stage: stages.Stage, config: RunConfig, run_dir: str, pool: str, options: Any = None,
+def run_stage_on_pool(stage: Stage, config: RunConfig, run_dir: str, pool: str, options: Any = None,
                       force: bool = False) -> dict[str, dict[str, Any]]:
     """Run ``stage`` as a child flow run of its deployment on ``pool`` (e.g. training on the GPU
     pool) and wait for it; it works in the same run directory under this run's lock, and its
@@ -108,7 +109,7 @@ def run_stage_on_pool(stage: stages.Stage, config: RunConfig, run_dir: str, pool
             raise EmbedpipeError(f"{Path(run_dir) / instance}: flow run {child.name} on {pool!r} left no manifest")
         results[instance] = {"stage": instance, "cached": bool(last.get(instance, {}).get("cached")),
                              "seconds": last.get(instance, {}).get("seconds"), "run_dir": run_dir,
-                             "manifest": manifest, "summary": stage.summarize(manifest, Path(run_dir)),
+                             "manifest": manifest, "summary": stage.summarize(manifest),
                              "work_pool": pool, "flow_run": str(child.id)}
     return results
 

@@ -12,6 +12,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from embed_core import stages as registry
 from embed_core import sweep
 from embed_core.config import RunConfig
+from embed_core.train.stage import instance_name
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
 from tasks.stage import run_stage_instance
 from tasks.sweep import train_variant
@@ -42,7 +43,7 @@ def sweep_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None, co
                 upstream[instance] = run_stage_instance(stage, base, rdir, instance, stage.options(), False)
         train = registry.get("train")
         for earlier in [s.name for s in base.train.stages][:-1]:
-            upstream[f"train-{earlier}"] = run_stage_instance(train, base, rdir, f"train-{earlier}",
+            upstream[instance_name(earlier)] = run_stage_instance(train, base, rdir, instance_name(earlier),
                                                               train.options(stage=earlier), False)
         if cfg.sweep.max_concurrency > 1:
             runner = ProcessPoolTaskRunner(max_workers=cfg.sweep.max_concurrency)
@@ -56,7 +57,7 @@ def sweep_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None, co
         scores = {t["variant"]: (sweep.dev_score(rdir, t["variant"])) for t in trained}
         winner = min(scores, key=lambda v: sweep.ranking_key(v, scores[v]))
         winner_cfg = next(c for n, _, c in variants if n == winner)
-        models = [f"{rdir}/train-{winner}/model"]
+        models = [str(Path(rdir) / instance_name(winner) / "model")]
         soup = None
         if cfg.sweep.soup_top_k:
             ranked = sorted(scores, key=lambda v: sweep.ranking_key(v, scores[v]))

@@ -15,15 +15,15 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from embed_core.config import RunConfig
-from embed_core.watch import record_sources
-from flows.params import flow_run_name, resolve_run, run_context
+from embed_core.watch import record_sources, watch_report
+from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
 from flows.pipeline import pipeline_flow
 from tasks.common import artifact_key
 from tasks.watch import emit_source_events, fingerprint_sources_task
 
 
 @flow(name="data-watch", log_prints=True, flow_run_name=flow_run_name)
-def data_watch_flow(config_path: str = "deployments/configs/demo.yaml", run_dir: str | None = None,
+def data_watch_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None,
                     config: RunConfig | None = None, run_name: str | None = None,
                     run_pipeline: bool = True) -> dict[str, Any]:
     """Re-run the pipeline when the data changed (and only the stages the change reaches).
@@ -38,29 +38,19 @@ def data_watch_flow(config_path: str = "deployments/configs/demo.yaml", run_dir:
     """
     t0 = time.perf_counter()
     cfg, rdir = resolve_run(config_path, config, run_dir, run_name)
+    cached: dict[str, bool] | None = None
     with run_context(cfg, rdir, "data-watch"):
         found = fingerprint_sources_task(cfg, rdir)
         emit_source_events(found["changes"], cfg, config_path if config is None else None, rdir)
-        stages: dict[str, str] = {}
         if run_pipeline:
             results = pipeline_flow(config_path=config_path, run_dir=rdir, config=cfg)
-            stages = {name: "cache hit" if r["cached"] else "computed" for name, r in results.items()}
+            cached = {name: r["cached"] for name, r in results.items()}
         # Recorded after the pipeline succeeded: a failed run reports the same change next time.
         record_sources(rdir, found["current"])
-    computed = [s for s, v in stages.items() if v == "computed"]
     seconds = round(time.perf_counter() - t0, 1)
-    changed = [f"{c['source']} ({c['change']})" for c in found["changes"]]
-    if not run_pipeline:
-        verdict = f"{len(changed)} source change(s) emitted as events; pipeline not run here"
-    elif not computed:
-        verdict = f"no stage recomputed: all {len(stages)} stages were cache hits"
-    else:
-        verdict = f"recomputed {', '.join(computed)}; cache hits: {', '.join(s for s in stages if s not in computed) or 'none'}"
-    report = (f"# data-watch: {cfg.run_name}\n\n**{verdict}** ({seconds} s)\n\n"
-              f"Changed sources: {', '.join(changed) or 'none'}\n\n"
-              "| stage | result |\n|---|---|\n" + "\n".join(f"| {s} | {v} |" for s, v in stages.items()) + "\n")
-    print(verdict)
-    create_markdown_artifact(key=artifact_key("data-watch-", cfg.run_name), markdown=report,
+    report = watch_report(cfg.run_name, found["changes"], cached, seconds)
+    print(report.verdict)
+    create_markdown_artifact(key=artifact_key("data-watch-", cfg.run_name), markdown=report.markdown,
                              description="data-watch: which sources changed and what the pipeline recomputed")
-    return {"run_dir": rdir, "changes": found["changes"], "stages": stages, "all_cached": bool(stages) and not computed,
-            "verdict": verdict, "seconds": seconds}
+    return {"run_dir": rdir, "changes": found["changes"], "stages": report.stages, "all_cached": report.all_cached,
+            "verdict": report.verdict, "seconds": seconds}

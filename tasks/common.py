@@ -1,35 +1,13 @@
-"""Helpers shared by the stage tasks: cache keys from content fingerprints, refresh when the
-artifact on disk is not the one a cache entry stands for, and the per-stage summary artifact."""
+"""Helpers shared by the stage tasks: the per-stage and per-run artifacts on the Prefect UI."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from embed_core.artifacts import read_manifest, stage_is_intact
-from embed_core.stages import Report
-
-
-def stage_cache_key(stage: str, fingerprint: str, run_dir: str) -> str:
-    return f"{stage}-" + hashlib.sha256(f"{stage}|{fingerprint}|{Path(run_dir).resolve()}".encode()).hexdigest()
-
-
-def reuse_intact(stage: str, run_dir: str, input_key: str) -> dict[str, Any] | None:
-    """The stage's manifest when its artifact on disk is intact and was made from ``input_key``.
-
-    Prefect's cache lives in PREFECT_HOME, which differs between `make serve`, the CLI and CI; the
-    run directory is the real record. So a task whose Prefect cache missed still reuses an intact
-    artifact of the same inputs instead of recomputing it (reported as a cache hit)."""
-    if not stage_is_intact(Path(run_dir), stage, input_key):
-        return None
-    return {**read_manifest(Path(run_dir), stage), "reused_from_run_dir": True}
-
-
-def was_cached(state, manifest: dict[str, Any]) -> bool:
-    return state.name == "Cached" or bool(manifest.get("reused_from_run_dir"))
+from embed_core.stage_api import Report
 
 
 def artifact_key(prefix: str, run_name: str) -> str:

@@ -6,10 +6,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-# Before anything imports prefect: no telemetry, and a private Prefect home so result
-# persistence (task caching) never touches the user's ~/.prefect.
-os.environ.setdefault("DO_NOT_TRACK", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+from flows.env import apply_defaults
+
+# Before anything imports prefect: the defaults every process that runs flows gets (no telemetry,
+# embed_core's logs in the run logs), and a private Prefect home so result persistence (task
+# caching) never touches the user's ~/.prefect.
+apply_defaults()
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="embedpipe-prefect-")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # embedpipe's machine-wide cache (embeddings, file-hash memo) never reaches the user's ~/.cache from a

@@ -11,7 +11,9 @@ import pytest
 import torch
 import yaml
 
-from embed_core.config import AutoRegEmbedConfig, TrainConfig, TrainStageConfig, parse_config
+from embed_core.stages import records_upstream
+from embed_core.config import parse_config
+from embed_core.train.config import AutoRegEmbedConfig, TrainConfig, TrainStageConfig
 from embed_core.losses.autoregembed import CDALoss, cda_loss, ic_loss
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,8 +157,8 @@ def test_autoregembed_stages_run_through_the_pipeline_and_reuse_reference_scores
     from embed_core.artifacts import read_manifest
     from embed_core.model.encoder import Encoder
     from embed_core.model.settings import read_model_settings
-    from embed_core.prepare.stage import run_prepare
-    from embed_core.train.stage import run_train_stage
+    from embed_core.prepare.run import run_prepare
+    from embed_core.train.run import run_train_stage
 
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     for key in ("synthesize", "mine", "evaluate"):
@@ -171,13 +173,13 @@ def test_autoregembed_stages_run_through_the_pipeline_and_reuse_reference_scores
     config = parse_config(cfg)
     run_dir = tmp_path / "runs/demo"
     run_prepare(config, run_dir)
-    run_train_stage(config, run_dir, "ic")
-    manifest = run_train_stage(config, run_dir, "cda")
+    run_train_stage(config, run_dir, "ic", upstream=records_upstream(config, "train"))
+    manifest = run_train_stage(config, run_dir, "cda", upstream=records_upstream(config, "train"))
     assert manifest["init_model"].endswith("train-ic/model")
     ref = read_manifest(run_dir, "reference-cda")
     assert ref["counts"]["examples"] > 0 and ref["counts"]["negatives"] == 1
     first_created = ref["created_at"], (run_dir / "reference-cda/scores.parquet").stat().st_mtime_ns
-    run_train_stage(config, run_dir, "cda")  # same inputs: the reference scores are read, not recomputed
+    run_train_stage(config, run_dir, "cda", upstream=records_upstream(config, "train"))  # same inputs: the reference scores are read, not recomputed
     assert (run_dir / "reference-cda/scores.parquet").stat().st_mtime_ns == first_created[1]
 
     model = run_dir / "train-cda/model"

@@ -8,7 +8,7 @@ import pytest
 from embed_core.artifacts import read_manifest, read_records
 from embed_core.config import parse_config
 from embed_core.errors import ConfigError, SourceError
-from embed_core.prepare.stage import run_prepare
+from embed_core.prepare.run import run_prepare
 
 
 def prepare(tmp_path, sources, **extra):
@@ -105,7 +105,7 @@ def test_beir_zero_judgments_become_negatives_and_unknown_ids_are_quarantined(tm
     assert manifest["counts"]["totals"]["skipped"] == 1  # q2: no relevant document
 
     # HMCL levels from graded qrels: grade 1 documents become weak-positives
-    _, _, tables = prepare(tmp_path, [{"name": "b", "kind": "beir", "path": "beir", "weak_positive_grades": [1]}])
+    _, _, tables = prepare(tmp_path, [{"name": "b", "kind": "beir", "path": "beir", "params": {"weak_positive_grades": [1]}}])
     (rec,) = tables["b.parquet"].to_pylist()
     assert rec["positives"] == ["T3 highly relevant"] and rec["positive_scores"] == [2.0]
     assert rec["weak_positives"] == ["T1 relevant"] and rec["negatives"] == ["judged irrelevant"]

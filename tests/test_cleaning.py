@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 
 from embed_core.config import parse_config
 from embed_core.prepare.cleaning import EvalTexts, contaminated_field, dedupe, limit_length, normalize_text, pair_key
-from embed_core.prepare.stage import run_prepare
+from embed_core.prepare.run import run_prepare
 from embed_core.schema import Record
 
 
@@ -57,8 +57,8 @@ def test_prepare_excludes_eval_texts_but_not_a_shared_beir_corpus(tmp_path):
     (d / "qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\nt1\ta\t1\n")
     (tmp_path / "test.csv").write_text("s1,s2,score\ntraining question 2,unrelated,1\n")
     cfg = parse_config({"data_root": str(tmp_path), "prepare": {
-        "sources": [{"name": "b", "kind": "beir", "path": "beir", "split": "train"}],
-        "contamination": [{"name": "bt", "kind": "beir", "path": "beir", "split": "test"},
+        "sources": [{"name": "b", "kind": "beir", "path": "beir", "params": {"split": "train"}}],
+        "contamination": [{"name": "bt", "kind": "beir", "path": "beir", "params": {"split": "test"}},
                           {"name": "st", "kind": "sts", "path": "test.csv", "columns": {"text1": "s1", "text2": "s2"}}]}})
     manifest = run_prepare(cfg, tmp_path / "run")
     rows = pq.read_table(tmp_path / "run/prepare/b.parquet").to_pylist()

@@ -51,7 +51,7 @@ def test_sick_relatedness_and_entailment(shared_data):
 
 
 def test_scifact_beir_graded_positives(shared_data):
-    recs, errs, skipped = run(shared_data, {"name": "scifact", "kind": "beir", "path": "beir/scifact", "split": "train"})
+    recs, errs, skipped = run(shared_data, {"name": "scifact", "kind": "beir", "path": "beir/scifact", "params": {"split": "train"}})
     assert not errs and not skipped
     assert len(recs) == 809  # BEIR SciFact train: 809 queries with qrels
     assert sum(len(r.positives) for r in recs) == 919  # one positive per qrel line
@@ -63,7 +63,7 @@ def test_scifact_beir_graded_positives(shared_data):
 
 
 def test_msmarco_mini_graded_qrels_without_header(shared_data):
-    recs, errs, skipped = run(shared_data, {"name": "ms", "kind": "beir", "path": "beir_mini_agentset/msmarco", "split": "test"})
+    recs, errs, skipped = run(shared_data, {"name": "ms", "kind": "beir", "path": "beir_mini_agentset/msmarco", "params": {"split": "test"}})
     assert not errs and len(recs) + len(skipped) == 43
     graded = [r for r in recs if len(set(r.positive_scores)) > 1]
     assert graded, "MS MARCO mini has graded relevance (1..3)"
@@ -86,9 +86,10 @@ def test_claim_evidence_on_scifact_claims(shared_data, tmp_path):
         (tmp_path / "claims_train.csv").write_bytes(zf.read("claims_train.csv"))
     (tmp_path / "corpus.jsonl").write_bytes((shared_data / "beir/scifact/corpus.jsonl").read_bytes())
     recs, errs, skipped = run(shared_data, {
-        "name": "scifact-claims", "kind": "claim_evidence", "path": "claims_train.csv", "corpus": "corpus.jsonl",
+        "name": "scifact-claims", "kind": "claim_evidence", "path": "claims_train.csv",
         "columns": {"claim": "claim", "evidence": "evidence_doc_id", "label": "evidence_label"},
-        "label_map": {"SUPPORT": "positive", "CONTRADICT": "negative", "": "ignore"}}, root=tmp_path)
+        "params": {"corpus": "corpus.jsonl",
+                   "label_map": {"SUPPORT": "positive", "CONTRADICT": "negative", "": "ignore"}}}, root=tmp_path)
     rows = list(csv.DictReader(io.StringIO((tmp_path / "claims_train.csv").read_text())))
     assert len(skipped) == sum(1 for r in rows if not r["evidence_label"])
     supported = {r["claim"] for r in rows if r["evidence_label"] == "SUPPORT"}
@@ -121,7 +122,7 @@ def test_qa_on_msmarco_mini_pairs(shared_data, tmp_path):
     ("amazon-cf", "amazon_counterfactual/EN_train.tsv", None, {"text": "sentence", "label": "is_counterfactual"}, 4018, 2),
 ])
 def test_classification_example_based(shared_data, name, path, fmt, cols, n_rows, n_labels):
-    src = {"name": name, "kind": "classification", "path": path, "columns": cols, "num_negatives": 4}
+    src = {"name": name, "kind": "classification", "path": path, "columns": cols, "params": {"num_negatives": 4}}
     if name == "banking77":
         src["multiline"] = True  # ten of its texts are quoted across lines
     if fmt:

@@ -7,7 +7,7 @@ import pytest
 
 from embed_core.artifacts import read_manifest, read_records
 from embed_core.config import parse_config
-from embed_core.prepare.stage import run_prepare
+from embed_core.prepare.run import run_prepare
 
 ROWS = "".join(f"Sentence number {i} is here.,Another sentence {i} is there.,{i % 6}\n" for i in range(200))
 
@@ -52,7 +52,7 @@ def test_dev_path_and_dev_fraction_are_exclusive():
 
 
 def test_a_dev_task_made_from_prepares_dev_records_works_from_a_relative_run_directory(tmp_path, monkeypatch):
-    from embed_core.config import DevTaskSpec
+    from embed_core.train.config import DevTaskSpec
     from embed_core.evaluate.data import _read_pairs
     from embed_core.train.dev import materialize
 

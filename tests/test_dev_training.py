@@ -6,6 +6,7 @@ import csv
 import pyarrow.parquet as pq
 import pytest
 
+from embed_core.stages import records_upstream
 from embed_core.config import parse_config
 from embed_core.prepare.cleaning import normalize_text
 from tests.conftest import REPO
@@ -15,8 +16,8 @@ from tests.test_training import _config_dict
 @pytest.fixture(scope="module")
 def trained_with_dev(tmp_path_factory, tiny_model):
     import embed_core.train.dev as dev
-    from embed_core.prepare.stage import run_prepare
-    from embed_core.train.stage import run_train_stage
+    from embed_core.prepare.run import run_prepare
+    from embed_core.train.run import run_train_stage
 
     tmp = tmp_path_factory.mktemp("dev")
     raw = _config_dict(tmp, tiny_model)
@@ -39,7 +40,7 @@ def trained_with_dev(tmp_path_factory, tiny_model):
 
     dev.LiveModel._encode_texts = recording
     try:
-        manifest = run_train_stage(config, run_dir, "devstage")
+        manifest = run_train_stage(config, run_dir, "devstage", upstream=records_upstream(config, "train"))
     finally:
         dev.LiveModel._encode_texts = original
     return config, run_dir, manifest, encoded
@@ -81,8 +82,8 @@ def test_dev_evaluation_does_not_change_what_is_trained(tmp_path, tiny_model):
     import torch
     from safetensors.torch import load_file
 
-    from embed_core.prepare.stage import run_prepare
-    from embed_core.train.stage import run_train_stage
+    from embed_core.prepare.run import run_prepare
+    from embed_core.train.run import run_train_stage
 
     weights = []
     for with_dev in (False, True):
@@ -98,7 +99,7 @@ def test_dev_evaluation_does_not_change_what_is_trained(tmp_path, tiny_model):
         config = parse_config(raw)
         run_dir = tmp_path / str(with_dev) / "run"
         run_prepare(config, run_dir)
-        run_train_stage(config, run_dir, "s")
+        run_train_stage(config, run_dir, "s", upstream=records_upstream(config, "train"))
         weights.append(load_file(run_dir / "train-s/model/model.safetensors"))
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

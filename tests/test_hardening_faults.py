@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from embed_core.stages import records_upstream
 from embed_core.rundir import CONFIG_SNAPSHOT
 from tests.cli_run import in_process, in_subprocess, write_config
 from tests.conftest import REPO
@@ -116,8 +117,8 @@ def test_a_run_dir_that_cannot_be_written_is_a_one_line_error(tmp_path):
 def test_resuming_from_a_checkpoint_that_holds_a_pickled_object_refuses_to_load_it(tmp_path, tiny_model):
     from embed_core.config import parse_config
     from embed_core.errors import CheckpointError
-    from embed_core.prepare.stage import run_prepare
-    from embed_core.train.stage import load_datasets
+    from embed_core.prepare.run import run_prepare
+    from embed_core.train.run import load_datasets
     from embed_core.train.trainer import Trainer
     from tests.test_training import _config_dict
 
@@ -125,7 +126,7 @@ def test_resuming_from_a_checkpoint_that_holds_a_pickled_object_refuses_to_load_
     run_dir = tmp_path / "runs/demo"
     run_prepare(config, run_dir)
     stage = config.train.stages[0]
-    datasets = load_datasets(config, run_dir, stage)
+    datasets = load_datasets(run_dir, stage, records_upstream(config, "train"))
     trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp_path / "ck", seed=0)
     checkpoint = trainer.save_checkpoint()
     fresh = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp_path / "ck", seed=0)

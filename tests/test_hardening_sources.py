@@ -130,7 +130,7 @@ def test_invisible_only_texts_and_scores_outside_the_range_are_quarantined(tmp_p
         + "A cat sleeps.,A cat is sleeping.,500\n"         # 5 above the range
         + "A dog runs.,A dog is running.,-7\n"             # 6 below the range
         + "A child runs.,A kid is running.,5\n")           # 7 on the edge: kept
-    assert prepare(capfd, tmp_path, [sts("s.csv", score_range=[0, 5])]).rc == 0
+    assert prepare(capfd, tmp_path, [sts("s.csv", params={"score_range": [0, 5]})]).rc == 0
     got = [(q["row"], q["field"], q["reason"]) for q in quarantine(tmp_path)]
     assert got == [(3, "sentence1", "empty_text"), (4, "sentence1", "empty_text"),
                    (5, "score", "score_range"), (6, "score", "score_range")]

@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from embed_core.config import MineConfig, parse_config
-from embed_core.mine.miner import MineSettings, mine_records
-from embed_core.mine.stage import run_mine
+from embed_core.stages import records_upstream
+from embed_core.config import parse_config
+from embed_core.mine.config import IndexConfig, MineConfig
+from embed_core.mine.miner import mine_records
+from embed_core.mine.run import run_mine
 from embed_core.model.embedding_cache import EmbeddingCache
-from embed_core.prepare.stage import run_prepare
+from embed_core.prepare.run import run_prepare
 from embed_core.schema import Record
 
 
@@ -32,8 +34,8 @@ def test_window_excludes_query_positives_and_duplicates():
             "q ": unit(1, 0, 0),  # the query itself, as a document
             **{f"c{i}": unit(0.8 - 0.1 * i, 0.6, 0) for i in range(5)}}
     corpus = ["q ", "Pos!", *[f"c{i}" for i in range(5)]]
-    s = MineSettings(range_min=1, range_max=3, num_negatives=4, relative_margin=None)
-    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus=corpus)
+    s = MineConfig(range_min=1, range_max=3, num_negatives=4, relative_margin=None)
+    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus=corpus, seed=42)
     assert out[0].negatives == ["c1", "c2"]  # ranks 1 and 2 after removing q, pos and its duplicate
     assert out[0].negative_scores == pytest.approx([float(vecs["q"] @ vecs["c1"]), float(vecs["q"] @ vecs["c2"])], abs=1e-5)
     assert stats.too_few == 1 and "d:0 (2 of 4)" in stats.too_few_examples[0]
@@ -46,15 +48,16 @@ def test_relative_margin_removes_planted_near_duplicate_of_positive():
     corpus = ["pos", "near-dup", *[f"n{i}" for i in range(4)]]
     assert q @ near_dup >= 0.95 * (q @ pos)
     kept, _ = mine_records([rec(0, "q", ["pos"])], table_embed(vecs),
-                           MineSettings(range_min=0, range_max=5, num_negatives=5, relative_margin=None), corpus)
+                           MineConfig(range_min=0, range_max=5, num_negatives=5, relative_margin=None), corpus, seed=42)
     assert "near-dup" in kept[0].negatives
     filtered, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs),
-                                   MineSettings(range_min=0, range_max=5, num_negatives=5, relative_margin=0.95), corpus)
+                                   MineConfig(range_min=0, range_max=5, num_negatives=5, relative_margin=0.95), corpus,
+                                   seed=42)
     assert "near-dup" not in filtered[0].negatives and filtered[0].negatives == [f"n{i}" for i in range(4)]
     assert len(stats.filtered_scores) == 1
     absolute, _ = mine_records([rec(0, "q", ["pos"])], table_embed(vecs),
-                               MineSettings(range_min=0, range_max=5, num_negatives=5, relative_margin=None,
-                                            absolute_margin=0.05), corpus)
+                               MineConfig(range_min=0, range_max=5, num_negatives=5, relative_margin=None,
+                                          absolute_margin=0.05), corpus, seed=42)
     assert "near-dup" not in absolute[0].negatives
 
 
@@ -64,7 +67,8 @@ def test_classification_negatives_come_from_other_labels_only():
     labels = ["a" if i % 2 else "b" for i in range(40)]
     vecs = {t: unit(*rng.normal(size=8)) for t in texts}
     records = [rec(i, t, [texts[(i + 2) % 40]], task="classification", label=labels[i]) for i, t in enumerate(texts)]
-    out, stats = mine_records(records, table_embed(vecs), MineSettings(range_min=0, range_max=10, relative_margin=None))
+    out, stats = mine_records(records, table_embed(vecs), MineConfig(range_min=0, range_max=10, relative_margin=None),
+                              seed=42)
     assert stats.negatives_added == 4 * 40
     for r in out:
         assert r.negatives and all(labels[texts.index(n)] != r.label for n in r.negatives)
@@ -90,11 +94,11 @@ def test_embedding_cache_persists_and_encodes_each_text_once(tmp_path):
 @pytest.mark.shared_data
 def test_scifact_mined_negatives_never_contain_a_qrel_positive(shared_data, tiny_model, tmp_path):
     cfg = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
-        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "split": "train"}]}})
+        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "params": {"split": "train"}}]}})
     cfg = cfg.model_copy(update={"mine": MineConfig(model=str(tiny_model), max_length=64, relative_margin=None,
                                                     corpora={"scifact": "beir/scifact"}, batch_size=128)})
     run_prepare(cfg, tmp_path)
-    manifest = run_mine(cfg, tmp_path)
+    manifest = run_mine(cfg, tmp_path, upstream=records_upstream(cfg, "mine"))
     import pyarrow.parquet as pq
 
     corpus = {}
@@ -115,7 +119,7 @@ def test_scifact_mined_negatives_never_contain_a_qrel_positive(shared_data, tiny
     (ds,) = [d for d in manifest["counts"]["datasets"] if d["dataset"] == "scifact"]
     assert ds["index"]["factory"] == "Flat" and ds["index"]["size"] == len(set(corpus.values()))
 
-    second = run_mine(cfg, tmp_path)  # unchanged inputs: every embedding comes from the cache
+    second = run_mine(cfg, tmp_path, upstream=records_upstream(cfg, "mine"))  # unchanged inputs: every embedding comes from the cache
     assert second["counts"]["texts_encoded"] == 0
     assert pq.read_table(tmp_path / "mine/scifact.parquet").to_pylist() == rows
 
@@ -124,11 +128,11 @@ def test_too_few_are_reported_and_padded_only_when_asked():
     vecs = {"q": unit(1, 0, 0), "pos": unit(0.9, 0.1, 0), **{f"c{i}": unit(0.5, 0.5, 0.1 * i) for i in range(3)},
             **{f"far{i}": unit(-1, 0.1 * i, 1) for i in range(6)}}
     corpus = ["pos", "c0", "c1", "c2", *[f"far{i}" for i in range(6)]]
-    s = MineSettings(range_min=0, range_max=2, num_negatives=4, relative_margin=None)
-    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus)
+    s = MineConfig(range_min=0, range_max=2, num_negatives=4, relative_margin=None)
+    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus, seed=42)
     assert len(out[0].negatives) == 2 and stats.too_few == 1 and stats.padded == 0
-    s.pad_random = True
-    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus)
+    s = s.model_copy(update={"pad_random": True})
+    out, stats = mine_records([rec(0, "q", ["pos"])], table_embed(vecs), s, corpus, seed=42)
     assert len(out[0].negatives) == 4 and stats.padded == 2 and "pos" not in out[0].negatives
     assert len(out[0].negative_scores) == 4
 
@@ -162,11 +166,12 @@ def test_every_index_factory_keeps_the_window_and_margin_rules_of_the_flat_index
         vecs[f"q{i}"] = q
         ranked = sorted(corpus, key=lambda t: -float(q @ vecs[t]))
         records.append(rec(i, f"q{i}", [ranked[3]]))  # a positive ranked 4th: the margin has work to do
-    settings = dict(range_min=2, range_max=8, num_negatives=4, relative_margin=0.95, nprobe=4, train_size=700,
-                    add_chunk_size=100)
-    flat, flat_stats = mine_records(records, table_embed(vecs), MineSettings(**settings), corpus)
-    other, stats = mine_records(records, table_embed(vecs), MineSettings(index_factory=factory, on_disk=on_disk,
-                                                                          **settings), corpus, index_dir=tmp_path)
+    rules = dict(range_min=2, range_max=8, num_negatives=4, relative_margin=0.95)
+    index = dict(nprobe=4, train_size=700, add_chunk_size=100)
+    flat, flat_stats = mine_records(records, table_embed(vecs), MineConfig(**rules, index=index), corpus, seed=42)
+    other, stats = mine_records(records, table_embed(vecs),
+                                MineConfig(**rules, index={**index, "factory": factory, "on_disk": on_disk}), corpus,
+                                index_dir=tmp_path, seed=42)
     assert flat_stats.filtered_scores and stats.index["factory"] == factory and stats.index["size"] == len(corpus)
     if on_disk:  # the lists were merged from one shard per add chunk into a file the index maps
         assert stats.index["on_disk"]["shards"] == 7 and (tmp_path / "lists.ivfdata").stat().st_size > 0
@@ -183,12 +188,15 @@ def test_a_bad_index_factory_or_too_many_clusters_is_a_config_error_naming_the_s
     vecs, _ = _pq_exact_corpus(200)
     vecs["q"] = unit(*np.ones(16))
     with pytest.raises(ConfigError, match=r"mine.index.factory.*'IVF9,Nonsense'"):
-        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineSettings(index_factory="IVF9,Nonsense"), list(vecs))
+        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineConfig(index={"factory": "IVF9,Nonsense"}), list(vecs),
+                     seed=42)
     with pytest.raises(ConfigError, match=r"64 clusters need at least 2496 training vectors.*201"):
-        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineSettings(index_factory="IVF64,Flat"), list(vecs))
+        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineConfig(index={"factory": "IVF64,Flat"}), list(vecs),
+                     seed=42)
     with pytest.raises(ConfigError, match=r"mine.index.on_disk.*'HNSW32'"):
-        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), MineSettings(index_factory="HNSW32", on_disk=True),
-                     list(vecs))
+        # the config refuses this combination (below); the miner still names it if handed one unchecked
+        unchecked = MineConfig.model_construct(index=IndexConfig.model_construct(factory="HNSW32", on_disk=True))
+        mine_records([rec(0, "q", ["c1"])], table_embed(vecs), unchecked, list(vecs), seed=42)
     with pytest.raises(ValidationError, match=r"on_disk.*'PQ16' is no IVF index"):
         MineConfig.model_validate({"index": {"factory": "PQ16", "on_disk": True}})
 
@@ -202,8 +210,8 @@ def test_the_pool_is_encoded_in_chunks_never_all_at_once():
         calls.append(len(texts))
         return np.stack([vecs[t] for t in texts])
 
-    mine_records([rec(0, "q", ["c1"])], embed, MineSettings(add_chunk_size=128, relative_margin=None),
-                 [t for t in vecs if t != "q"])
+    mine_records([rec(0, "q", ["c1"])], embed, MineConfig(index={"add_chunk_size": 128}, relative_margin=None),
+                 [t for t in vecs if t != "q"], seed=42)
     assert max(calls) <= 128 and sum(calls) >= 500
 
 
@@ -211,12 +219,12 @@ def test_the_pool_is_encoded_in_chunks_never_all_at_once():
 def test_the_mine_stage_keeps_an_on_disk_index_in_its_scratch_directory_and_removes_it(shared_data, tiny_model,
                                                                                           tmp_path):
     cfg = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
-        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "split": "train"}]}})
+        {"name": "scifact", "kind": "beir", "path": "beir/scifact", "params": {"split": "train"}}]}})
     cfg = cfg.model_copy(update={"mine": MineConfig.model_validate({
         "model": str(tiny_model), "max_length": 32, "relative_margin": None, "corpora": {"scifact": "beir/scifact"}, "batch_size": 256,
         "index": {"factory": "IVF16,Flat", "on_disk": True, "add_chunk_size": 2000, "train_size": 1000}})})
     run_prepare(cfg, tmp_path)
-    manifest = run_mine(cfg, tmp_path)
+    manifest = run_mine(cfg, tmp_path, upstream=records_upstream(cfg, "mine"))
     (ds,) = [d for d in manifest["counts"]["datasets"] if d["dataset"] == "scifact"]
     assert ds["index"]["on_disk"]["shards"] == 3 and ds["index"]["on_disk"]["bytes"] > 5183 * 32 * 4
     assert ds["index"]["size"] == 5183 and ds["negatives_added"] >= 3 * 808

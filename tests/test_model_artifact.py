@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 from mteb.types import PromptType
 
-from embed_core.config import EvalTaskSpec, parse_config
+from embed_core.stages import records_upstream
+from embed_core.config import parse_config
+from embed_core.evaluate.config import EvalTaskSpec
 from tests.test_training import _config_dict
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_model):
-    from embed_core.prepare.stage import run_prepare
-    from embed_core.train.stage import run_train_stage
+    from embed_core.prepare.run import run_prepare
+    from embed_core.train.run import run_train_stage
 
     tmp = tmp_path_factory.mktemp("artifact")
     raw = _config_dict(tmp, tiny_model)
@@ -23,7 +25,7 @@ def trained(tmp_path_factory, tiny_model):
     config = parse_config(raw)
     run_dir = tmp / "runs/demo"
     run_prepare(config, run_dir)
-    run_train_stage(config, run_dir, "stage1")
+    run_train_stage(config, run_dir, "stage1", upstream=records_upstream(config, "train"))
     return config, run_dir, run_dir / "train-stage1/model"
 
 
@@ -73,7 +75,7 @@ def test_evaluate_releases_the_final_model_with_the_evaluation_table_in_its_card
     import yaml
     from sentence_transformers import SentenceTransformer
 
-    from embed_core.evaluate.stage import run_evaluate
+    from embed_core.evaluate.run import run_evaluate
 
     config, run_dir, model_dir = trained
     raw = config.model_dump(mode="json")
@@ -101,7 +103,7 @@ def test_evaluate_releases_the_final_model_with_the_evaluation_table_in_its_card
 def test_push_to_hub_without_network_is_a_clear_error_after_the_release_is_committed(trained, monkeypatch):
     """The offline case (this machine has no Hub); the upload itself needs a network and a token."""
     from embed_core.errors import EmbedpipeError
-    from embed_core.evaluate.stage import run_evaluate
+    from embed_core.evaluate.run import run_evaluate
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config, run_dir, _ = trained

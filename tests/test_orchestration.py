@@ -207,8 +207,8 @@ def test_gpu_kubernetes_template_adds_gpu_job_variables():
 def test_config_snapshot_keys_every_stage_like_the_original_config(tmp_path):
     """The run dir's config.yaml (absolute data_root) must not change any stage's cache key."""
     from embed_core.config import load_config
-    from embed_core.evaluate import stage as evaluate
-    from embed_core.prepare import stage as prepare
+    from embed_core.evaluate import run as evaluate
+    from embed_core.prepare import run as prepare
     from embed_core.rundir import load_config_snapshot, save_config_snapshot
 
     original = load_config(REPO / "deployments/configs/demo.yaml")  # data_root: data (relative)

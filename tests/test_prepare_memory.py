@@ -36,7 +36,7 @@ def write_sts_source(path: Path, rows: int) -> None:
 def peak_rss_mb(config_path: Path, run_dir: Path) -> float:
     code = textwrap.dedent(f"""
         from embed_core.config import load_config
-        from embed_core.prepare.stage import run_prepare
+        from embed_core.prepare.run import run_prepare
         run_prepare(load_config({str(config_path)!r}), {str(run_dir)!r})
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)

@@ -1,46 +1,67 @@
-"""The stage registry is the one place the pipeline's shape is written: a stage registered there
-shows up in status, the pipeline flow and the CLI without touching any of them."""
+"""The stage registry is the one place the pipeline's shape is written: a stage package that
+declares its ``STAGE``, plus one line in ``stages.ORDER``, shows up in status, the pipeline flow and
+the CLI without touching any of them."""
 
 import logging
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from embed_core import stages
-from embed_core.artifacts import StageWriter, read_manifest
-from embed_core.config import SynthesizeConfig, load_config
-from embed_core.fingerprint import Fingerprint
-from embed_core.stages import Stage, register, unregister
+from embed_core.artifacts import read_manifest
+from embed_core.config import load_config
+from embed_core.synthesize.config import SynthesizeConfig
+
+# A stage that counts the rows of its upstream's records (reads ctx.upstream, writes through StageWriter),
+# declared the way every built-in stage is: a module with a STAGE.
+COUNT_ROWS_STAGE = textwrap.dedent('''
+    import logging
+
+    from embed_core.artifacts import StageWriter, read_manifest
+    from embed_core.fingerprint import Fingerprint
+    from embed_core.stage_api import Stage
 
 
-def _count_lines_stage() -> Stage:
-    """A stage that counts the rows of prepare's outputs (reads an upstream, writes through StageWriter)."""
+    def fingerprint(ctx):
+        up = read_manifest(ctx.run_dir, ctx.upstream)
+        return Fingerprint.of(ctx.instance, __name__, (), {"upstream": {n: i["sha256"] for n, i in up["outputs"].items()}
+                                                          if up else "missing"})
 
-    def fingerprint(config, run_dir, instance, options):
-        up = read_manifest(Path(run_dir), "prepare")
-        return Fingerprint.of(instance, __name__, (), {"upstream": {n: i["sha256"] for n, i in up["outputs"].items()}
-                                                       if up else "missing"})
 
-    def run(config, run_dir, instance, options, fp):
-        rows = sum(i.get("rows") or 0 for i in read_manifest(Path(run_dir), "prepare")["outputs"].values())
+    def run(ctx, fp):
+        rows = sum(i.get("rows") or 0 for i in read_manifest(ctx.run_dir, ctx.upstream)["outputs"].values())
         logging.getLogger("embedpipe.count-rows").info("counted %d rows", rows)  # the library's own logger
-        with StageWriter(Path(run_dir), instance) as writer:
+        with StageWriter(ctx.run_dir, ctx.instance) as writer:
             writer.write_file("rows.txt", str(rows).encode(), kind="count")
-            return writer.commit({"input_fingerprint": fp.key, "run_name": config.run_name, "counts": {"rows": rows}})
+            return writer.commit({"input_fingerprint": fp.key, "run_name": ctx.config.run_name,
+                                  "counts": {"rows": rows}})
 
-    return Stage(name="count-rows", help="count prepare's rows", module=__name__, enabled=lambda c: True,
-                 fingerprint=fingerprint, run=run, summarize=lambda m, d: f"{m['counts']['rows']} rows")
+
+    STAGE = Stage(name="count-rows", help="count the upstream's rows", fingerprint=fingerprint, run=run,
+                  summarize=lambda m: f"{m['counts']['rows']} rows")
+''')
 
 
 @pytest.fixture
-def count_stage():
-    stage = register(_count_lines_stage(), after="prepare")
-    yield stage
-    unregister(stage.name)
+def count_stage(tmp_path, monkeypatch):
+    """The count-rows stage as a package of its own, one line added to the order after prepare."""
+    package = tmp_path / "plugin_stages"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "count_rows.py").write_text(COUNT_ROWS_STAGE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    order = list(stages.ORDER)
+    order.insert(order.index("embed_core.prepare.stage") + 1, "plugin_stages.count_rows")
+    monkeypatch.setattr(stages, "ORDER", order)
+    yield stages.get("count-rows")
+    for name in ("plugin_stages.count_rows", "plugin_stages"):
+        sys.modules.pop(name, None)
 
 
 def test_the_registry_lists_the_built_in_stages_in_pipeline_order():
-    assert [s.name for s in stages.STAGES] == ["prepare", "synthesize", "mine", "train", "evaluate"]
+    assert [s.name for s in stages.all_stages()] == ["prepare", "synthesize", "mine", "train", "evaluate"]
 
 
 def test_a_registered_stage_appears_in_pipeline_order_status_and_the_cli(count_stage, demo_copy, tmp_path):

@@ -14,13 +14,17 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from embed_core.stages import records_upstream
 from embed_core.artifacts import read_records
-from embed_core.config import SynthesizeConfig, parse_config
+from embed_core.config import parse_config
+from embed_core.synthesize.config import SynthesizeConfig
 from embed_core.prepare.cleaning import EvalTexts, normalize_text
-from embed_core.prepare.stage import run_prepare
+from embed_core.prepare.run import run_prepare
 from embed_core.schema import Record, table_to_records
 from embed_core.synthesize.prompts import MalformedAnswer, load_templates
-from embed_core.synthesize.stage import Job, Outcome, filter_candidates, plan_jobs, run_synthesize, to_candidate
+from embed_core.synthesize.filters import filter_candidates, to_candidate
+from embed_core.synthesize.jobs import Job, Outcome, plan_jobs
+from embed_core.synthesize.run import run_synthesize
 from tests.llm_server import ScriptedLLMServer
 
 MALFORMED_ROW = "A MALFORMED sentence about a cat on a mat.,A cat sits on a mat.,4.0\n"
@@ -161,7 +165,7 @@ def test_faults_are_retried_failures_recorded_and_reruns_make_no_calls(demo_copy
     faults = ["429", "500", "timeout", "bad_json", "503", "429"]
     with ScriptedLLMServer(faults=faults, timeout_sleep=2.5) as server:
         config, run_dir = _prepared(demo_copy, tmp_path, _server_cfg(server.base_url))
-        m1 = run_synthesize(config, run_dir)
+        m1 = run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
         calls_first = server.total_calls
         client = m1["counts"]["client"]
         assert {"http_429": 2, "http_500": 1, "timeout": 1, "bad_response": 1, "http_503": 1} == client["errors"]
@@ -190,7 +194,7 @@ def test_faults_are_retried_failures_recorded_and_reruns_make_no_calls(demo_copy
             1 for r in rows["scifact"] if r.origin in ("paraphrase", "augmentation"))
 
         # unchanged rerun (the stage recomputed from scratch): every answer from the cache, zero calls
-        m2 = run_synthesize(config, run_dir)
+        m2 = run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
         assert server.total_calls == calls_first
         assert m2["counts"]["client"]["requests"] == 0
         assert m2["counts"]["client"]["cache_hits"] == m1["counts"]["client"]["cache_size"]
@@ -201,7 +205,7 @@ def test_two_endpoints_share_the_requests_and_one_dying_mid_run_loses_and_repeat
     with ScriptedLLMServer() as steady, ScriptedLLMServer(die_after=3) as dying:
         cfg = _server_cfg(None, server={"base_urls": [dying.base_url, steady.base_url], "endpoint_cooldown_s": 60})
         config, run_dir = _prepared(demo_copy, tmp_path, cfg)
-        m1 = run_synthesize(config, run_dir)
+        m1 = run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
         client = m1["counts"]["client"]
         strategies = m1["counts"]["strategies"]
         requested = sum(s["requested"] for s in strategies.values())
@@ -215,19 +219,19 @@ def test_two_endpoints_share_the_requests_and_one_dying_mid_run_loses_and_repeat
         assert client["endpoints"][dying.base_url]["failed"] >= 1
         # run again (the dead endpoint still listed): the request cache answers everything
         calls = steady.total_calls
-        m2 = run_synthesize(config, run_dir)
+        m2 = run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
         assert steady.total_calls == calls and m2["counts"]["client"]["requests"] == 0
 
 
 def test_budget_stops_cleanly_and_a_bigger_budget_resumes_from_the_cache(demo_copy, tmp_path):
     with ScriptedLLMServer() as server:
         config, run_dir = _prepared(demo_copy, tmp_path, _server_cfg(server.base_url, max_requests=5))
-        m1 = run_synthesize(config, run_dir)
+        m1 = run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
         assert server.total_calls == 5 and m1["counts"]["client"]["budget_exhausted"]
         budget_failures = sum(v for s in m1["counts"]["strategies"].values() for k, v in s.items() if k == "failed:budget")
         assert budget_failures == 15 - 5
         config2 = config.model_copy(update={"synthesize": config.synthesize.model_copy(update={"max_requests": None})})
-        m2 = run_synthesize(config2, run_dir)
+        m2 = run_synthesize(config2, run_dir, upstream=records_upstream(config2, "synthesize"))
         assert m2["counts"]["client"]["cache_hits"] == 5
         assert server.total_calls == 15                         # only the 10 missing requests were made
         assert m2["counts"]["failed"] == 0
@@ -281,7 +285,7 @@ def test_real_llama_cpp_server_paraphrase_and_hard_negatives(demo_copy, tmp_path
              "strategies": ["paraphrase", "hard_negative"], "datasets": ["scifact", "stsb"],
              "max_records_per_dataset": 2, "hard_negative_fraction": 1.0, "max_parse_retries": 1}
     config, run_dir = _prepared(demo_copy, tmp_path, synth, names=("scifact", "stsb"))
-    manifest = run_synthesize(config, run_dir)
+    manifest = run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
     client = manifest["counts"]["client"]
     assert manifest["counts"]["client"]["server"]["launched"]
     assert client["requests"] >= 6 and client["completion_tokens"] > 0
@@ -306,12 +310,12 @@ def test_real_llama_cpp_server_paraphrase_and_hard_negatives(demo_copy, tmp_path
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     # an unchanged rerun makes zero requests and does not start the server
-    again = run_synthesize(config, run_dir)
+    again = run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
     assert again["counts"]["client"]["requests"] == 0 and not again["counts"]["client"]["server"]["launched"]
 
 
 def _client(server: ScriptedLLMServer, tmp_path: Path, **server_cfg):
-    from embed_core.config import LLMServerConfig, SamplingConfig
+    from embed_core.synthesize.config import LLMServerConfig, SamplingConfig
     from embed_core.synthesize.cache import RequestCache
     from embed_core.synthesize.client import LLMClient
 

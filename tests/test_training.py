@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from embed_core.stages import records_upstream
 from embed_core.config import parse_config
 from tests.conftest import REPO
 
@@ -34,7 +35,7 @@ def _config_dict(tmp_path, tiny_model, **stage_overrides):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, tiny_model):
-    from embed_core.prepare.stage import run_prepare
+    from embed_core.prepare.run import run_prepare
 
     tmp = tmp_path_factory.mktemp("train")
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -59,7 +60,8 @@ def _train_in_subprocess(cfg: dict, prepared_run: Path, tmp_path: Path, stage: s
     code = textwrap.dedent("""
         import os, signal, sys
         from embed_core.config import load_config
-        from embed_core.train.stage import run_train_stage
+        from embed_core.stages import records_upstream
+        from embed_core.train.run import run_train_stage
         from embed_core.train.trainer import Trainer
 
         kill_after = int(sys.argv[4])
@@ -72,7 +74,8 @@ def _train_in_subprocess(cfg: dict, prepared_run: Path, tmp_path: Path, stage: s
             return rows
 
         Trainer.train_step = train_step_then_die
-        run_train_stage(load_config(sys.argv[1]), sys.argv[2], sys.argv[3])
+        config = load_config(sys.argv[1])
+        run_train_stage(config, sys.argv[2], sys.argv[3], upstream=records_upstream(config, "train"))
     """)
     proc = subprocess.run([sys.executable, "-c", code, str(cfg_path), str(other), stage, str(kill_after_step or 0)],
                           cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
@@ -86,13 +89,13 @@ def _weights(model_dir):
 
 
 def test_two_stages_train_and_save_a_loadable_model(prepared, tiny_model):
-    from embed_core.train.stage import run_train_stage
+    from embed_core.train.run import run_train_stage
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
-    m1 = run_train_stage(config, run_dir, "stage1")
+    m1 = run_train_stage(config, run_dir, "stage1", upstream=records_upstream(config, "train"))
     assert set(m1["datasets"]) == {"scifact", "flag-msmarco", "flag-toy"}  # retrieval only
-    m2 = run_train_stage(config, run_dir, "stage2")
+    m2 = run_train_stage(config, run_dir, "stage2", upstream=records_upstream(config, "train"))
     assert m2["init_model"].endswith("train-stage1/model")
     assert {"sts", "nli", "classification", "retrieval"} <= {d["task"] for d in m2["datasets"].values()}
     ret = sum(d["weight"] for d in m2["datasets"].values() if d["task"] == "retrieval")
@@ -122,20 +125,20 @@ def test_two_stages_train_and_save_a_loadable_model(prepared, tiny_model):
         mine = ours(ours.tokenize(["a test sentence", "another one"])).numpy()
     assert abs(mine - emb).max() < 1e-5
 
-    from embed_core.evaluate.stage import trained_models
+    from embed_core.evaluate.run import trained_models
 
     assert list(trained_models(run_dir)) == ["stage1", "stage2"]
 
 
 @pytest.mark.slow
 def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_model, tmp_path):
-    from embed_core.train.stage import run_train_stage
+    from embed_core.train.run import run_train_stage
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
     cfg["train"]["stages"] = [dict(cfg["train"]["stages"][1], name="resume", eta=None)]
     config = parse_config(cfg)
-    reference = run_train_stage(config, run_dir, "resume")
+    reference = run_train_stage(config, run_dir, "resume", upstream=records_upstream(config, "train"))
     ref_losses = [r["loss"] for r in pq.read_table(run_dir / "train-resume/metrics.parquet").to_pylist()]
     ref_weights = _weights(run_dir / "train-resume/model")
 
@@ -145,7 +148,7 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_
     assert not (other / "train-resume").exists()
     assert [p.name for p in sorted((other / "checkpoints/resume").glob("step-*"))] == ["step-0000003", "step-0000006"]
 
-    resumed = run_train_stage(config, other, "resume", resume=True)
+    resumed = run_train_stage(config, other, "resume", resume=True, upstream=records_upstream(config, "train"))
     losses = [r["loss"] for r in pq.read_table(other / "train-resume/metrics.parquet").to_pylist()]
     assert losses == ref_losses  # bit-for-bit: same batches, same dropout, same optimizer state
     weights = _weights(other / "train-resume/model")
@@ -154,9 +157,9 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_
 
 
 def test_grad_cache_gives_the_same_gradients_as_a_full_batch(prepared, tiny_model):
-    from embed_core.config import TrainStageConfig
+    from embed_core.train.config import TrainStageConfig
     from embed_core.train.batches import build_batch
-    from embed_core.train.stage import load_datasets
+    from embed_core.train.run import load_datasets
     from embed_core.train.trainer import Trainer
 
     tmp, run_dir = prepared
@@ -165,7 +168,7 @@ def test_grad_cache_gives_the_same_gradients_as_a_full_batch(prepared, tiny_mode
     for chunk in (None, 3):
         stage = TrainStageConfig(name="gc", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
                                  num_hard_negatives=2, grad_cache_chunk=chunk, query_max_length=32, passage_max_length=48)
-        datasets = load_datasets(config, run_dir, stage)
+        datasets = load_datasets(run_dir, stage, records_upstream(config, "train"))
         trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "gc", seed=0)
         trainer.model.eval()  # no dropout: compare the math, not RNG replay
         batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
@@ -182,9 +185,9 @@ def test_grad_cache_with_dropout_on_equals_the_uncached_gradient_of_the_same_for
     """Dropout on: GradCache replays each chunk with the RNG states of its cached pass, so its
     gradients equal those of one graph over the same chunked forward (same masks); a different
     seed gives other masks and other gradients, so the comparison is not vacuous."""
-    from embed_core.config import TrainStageConfig
+    from embed_core.train.config import TrainStageConfig
     from embed_core.train.batches import TextGroup, build_batch
-    from embed_core.train.stage import load_datasets
+    from embed_core.train.run import load_datasets
     from embed_core.train.trainer import Trainer
 
     tmp, run_dir = prepared
@@ -192,7 +195,7 @@ def test_grad_cache_with_dropout_on_equals_the_uncached_gradient_of_the_same_for
     chunk = 3
     stage = TrainStageConfig(name="gc", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
                              num_hard_negatives=2, grad_cache_chunk=chunk, query_max_length=32, passage_max_length=48)
-    datasets = load_datasets(config, run_dir, stage)
+    datasets = load_datasets(run_dir, stage, records_upstream(config, "train"))
     trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "gc2", seed=0)
     assert trainer.model.training and trainer.model.model.config.hidden_dropout_prob > 0
     batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
@@ -223,9 +226,9 @@ def test_grad_cache_with_dropout_on_equals_the_uncached_gradient_of_the_same_for
 def test_length_bucketed_passes_give_the_loss_and_gradients_of_one_padded_pass(prepared, tiny_model):
     """A batch's texts encoded in length-sorted passes (each cut to its own longest text) give the
     loss and gradients of one pass padded to the longest text: fp32, dropout off, within 1e-5."""
-    from embed_core.config import TrainStageConfig
+    from embed_core.train.config import TrainStageConfig
     from embed_core.train.batches import build_batch
-    from embed_core.train.stage import load_datasets
+    from embed_core.train.run import load_datasets
     from embed_core.train.trainer import Trainer
 
     tmp, run_dir = prepared
@@ -234,7 +237,7 @@ def test_length_bucketed_passes_give_the_loss_and_gradients_of_one_padded_pass(p
     for buckets in (1, 4):
         stage = TrainStageConfig(name="lb", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
                                  num_hard_negatives=2, length_buckets=buckets, query_max_length=64, passage_max_length=128)
-        datasets = load_datasets(config, run_dir, stage)
+        datasets = load_datasets(run_dir, stage, records_upstream(config, "train"))
         trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "lb", seed=0)
         trainer.model.eval()
         passes = []
@@ -258,9 +261,9 @@ def test_bf16_autocast_gives_the_fp32_loss_and_gradients_within_the_stated_toler
     """precision: bf16 (what auto picks on CUDA and on CPUs with native bf16) on a fixed batch, with
     length buckets: the loss within 2 % of the fp32 unbucketed loss and every gradient pointing the
     same way (cosine >= 0.98); fp32 is what the exact-resume tests pin."""
-    from embed_core.config import TrainStageConfig
+    from embed_core.train.config import TrainStageConfig
     from embed_core.train.batches import build_batch
-    from embed_core.train.stage import load_datasets
+    from embed_core.train.run import load_datasets
     from embed_core.train.trainer import Trainer
 
     tmp, run_dir = prepared
@@ -270,7 +273,7 @@ def test_bf16_autocast_gives_the_fp32_loss_and_gradients_within_the_stated_toler
         stage = TrainStageConfig(name="bf", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
                                  num_hard_negatives=2, length_buckets=buckets, bucket_pass_cost=0,  # really split
                                  query_max_length=64, passage_max_length=128)
-        datasets = load_datasets(config, run_dir, stage)
+        datasets = load_datasets(run_dir, stage, records_upstream(config, "train"))
         train = config.train.model_copy(update={"precision": precision})
         trainer = Trainer(train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "bf", seed=0)
         assert trainer.bf16 == (precision == "bf16")
@@ -323,13 +326,13 @@ def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, 
     """The same stage under deepspeed.initialize (ZeRO-2, DS_ACCELERATOR=cpu, gloo) in a subprocess:
     its losses follow the plain trainer's."""
     pytest.importorskip("deepspeed")
-    from embed_core.train.stage import run_train_stage
+    from embed_core.train.run import run_train_stage
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
     stage = dict(cfg["train"]["stages"][0], name="ds", steps=3, checkpoint_every=100)
     cfg["train"]["stages"] = [stage]
-    run_train_stage(parse_config(cfg), run_dir, "ds")
+    run_train_stage(parse_config(cfg), run_dir, "ds", upstream=records_upstream(parse_config(cfg), "train"))
     plain = [r["loss"] for r in pq.read_table(run_dir / "train-ds/metrics.parquet").to_pylist()]
 
     cfg["train"]["deepspeed"] = {"zero_optimization": {"stage": 2}}
@@ -391,14 +394,14 @@ def test_bidirectional_switch_makes_a_decoder_see_later_tokens(tmp_path, tiny_mo
 
 def test_stage_with_bce_and_hmcl_losses_trains_and_saves(prepared, tiny_model):
     """A stage can swap QZhou's losses per task: pair BCE for STS, HMCL for retrieval and NLI."""
-    from embed_core.train.stage import run_train_stage
+    from embed_core.train.run import run_train_stage
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
     alt = dict(cfg["train"]["stages"][1], name="alt", steps=8,
                losses={"retrieval": "hmcl", "nli": "hmcl", "sts": "pair_bce"})
     cfg["train"]["stages"] = [alt]
-    manifest = run_train_stage(parse_config(cfg), run_dir, "alt")
+    manifest = run_train_stage(parse_config(cfg), run_dir, "alt", upstream=records_upstream(parse_config(cfg), "train"))
     metrics = pq.read_table(run_dir / "train-alt/metrics.parquet").to_pylist()
     assert len(metrics) == 8 and all(r["loss"] == r["loss"] and r["loss"] > 0 for r in metrics)
     assert {"retrieval", "sts", "nli"} & {r["task"] for r in metrics}
@@ -438,7 +441,7 @@ def test_hmcl_batches_map_scores_to_levels_and_fill_missing_ones():
 
 
 def test_codiemb_stage_alternates_ir_and_sts_steps(prepared, tiny_model):
-    from embed_core.train.stage import run_train_stage
+    from embed_core.train.run import run_train_stage
 
     tmp, run_dir = prepared
     cfg = _config_dict(tmp, tiny_model)
@@ -447,7 +450,7 @@ def test_codiemb_stage_alternates_ir_and_sts_steps(prepared, tiny_model):
                          "nli": "codiemb_sts"},
                  datasets=["scifact", "flag-toy", "stsb", "sick-e"])
     cfg["train"]["stages"] = [stage]
-    run_train_stage(parse_config(cfg), run_dir, "codiemb")
+    run_train_stage(parse_config(cfg), run_dir, "codiemb", upstream=records_upstream(parse_config(cfg), "train"))
     metrics = pq.read_table(run_dir / "train-codiemb/metrics.parquet").to_pylist()
     tasks = [r["task"] for r in metrics]
     assert tasks[0::2] == ["retrieval"] * 3 and all(t in ("sts", "nli") for t in tasks[1::2])

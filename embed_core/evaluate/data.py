@@ -11,16 +11,15 @@ import random
 from pathlib import Path
 from typing import Any
 
-from embed_core.config import EvalTaskSpec
+from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.errors import RowError, SourceError
+from embed_core.prepare.convert import CONVERTERS
 from embed_core.prepare.convert.beir import beir_files, read_qrels, read_queries
 from embed_core.prepare.readers import RawRow, read_jsonl, read_rows
 
+# The columns of a task file are those of the prepare source kind of the same name.
 DEFAULT_COLUMNS: dict[str, dict[str, str | int]] = {
-    "sts": {"text1": "sentence1", "text2": "sentence2", "score": "score"},
-    "pair_classification": {"text1": "sentence1", "text2": "sentence2", "label": "label"},
-    "classification": {"text": "text", "label": "label"},
-}
+    kind: dict(CONVERTERS[kind].columns) for kind in ("sts", "pair_classification", "classification")}
 
 
 def _paths(spec: EvalTaskSpec, resolve, attr: str = "path") -> list[tuple[Path, str]]:

@@ -25,7 +25,7 @@ from mteb.models.abs_encoder import AbsEncoder, get_prompt_name
 from mteb.models.model_meta import ModelMeta, ScoringFunction
 from mteb.types import PromptType
 
-from embed_core.config import EngineConfig
+from embed_core.model.config import EngineConfig
 from embed_core.engine import ray_encode
 from embed_core.model.embedding_cache import EmbeddingCache
 from embed_core.model.encoder import Encoder, model_dim, model_fingerprint, resolve_model_path, uses_bf16

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from embed_core.plots import pyplot as _plt
 from embed_core.plots import to_png as _png
+from embed_core.train.stage import stage_name_of, trained_model_dirs
 
 
 def main_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[str], dict[tuple[str, str], float]]:
@@ -69,11 +70,12 @@ def _deltas(models: list[str], tasks: list[str], values: dict[tuple[str, str], f
 
 def training_metrics(run_dir: Path) -> dict[str, pa.Table]:
     out = {}
-    paths = sorted(Path(run_dir).glob("train-*/metrics.parquet"), key=lambda p: p.stat().st_mtime)
+    paths = sorted((d.parent / "metrics.parquet" for d in trained_model_dirs(run_dir)
+                    if (d.parent / "metrics.parquet").exists()), key=lambda p: p.stat().st_mtime)
     for path in paths:
         table = pq.read_table(path)
         if {"step", "loss"} <= set(table.column_names):
-            out[path.parent.name.removeprefix("train-")] = table
+            out[stage_name_of(path.parent.name)] = table
     return out
 
 

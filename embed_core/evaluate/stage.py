@@ -1,388 +1,64 @@
-"""The evaluate stage: MTEB on local task data for the base model and the run's trained models.
-
-Writes ``<run_dir>/evaluate/``:
-* ``results.parquet`` — one row per (model, task, split, subset, metric) with every scalar mteb
-  reports, ``main`` marking the task's main score; metrics are mteb's own;
-* ``results/embedpipe__<model label>/<model fingerprint>/`` — mteb's own result cache layout
-  (``<task>.json``, ``model_meta.json``, ``run_settings.jsonl``): ``mteb.ResultCache(<run_dir>/evaluate)
-  .load_results(require_model_meta=True)`` and mteb's tooling read it;
-* ``report.md`` and ``plots/*.png`` (see ``embed_core.evaluate.report``);
-* ``model/`` — the release: the run's final trained model (hard links to the train stage's files)
-  with its model card (README.md) completed by the evaluation table, ready for
-  ``SentenceTransformer("<run_dir>/evaluate/model")`` or an upload to the Hub;
-* ``manifest.json`` — models (path, fingerprint, settings), tasks, texts encoded, timings.
-
-Results accumulate: evaluating another model keeps the other models' rows from the previous
-evaluate artifact, and re-evaluating a model replaces its rows. Embeddings are cached per model
-fingerprint (shared with mine): the run's trained models in ``<run_dir>/cache/embeddings/``, the base
-model and other fixed models machine-wide, so a rerun or a fresh run directory encodes nothing again.
-"""
+"""The evaluate stage, as the pipeline sees it: MTEB on the configured tasks for the base and
+trained models (the body is ``run.py``; task data, the model adapter, report and geometry beside it)."""
 
 from __future__ import annotations
 
-import logging
-import os
-import shutil
-import time
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from pydantic import Field
 
-from embed_core.artifacts import StageWriter, stage_is_intact
-from embed_core.config import EngineConfig, EvalTaskSpec, EvaluateConfig, RunConfig, config_hash
-from embed_core.engine import engine_session
-from embed_core.errors import ConfigError, EmbedpipeError
-from embed_core.fingerprint import Fingerprint, sha256_file
-from embed_core.model.card import CARD_FACTS, read_card_facts, write_card
-from embed_core.model.embedding_cache import cache_location
-from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
-from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
+from embed_core.config import RunConfig
+from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
 
-log = logging.getLogger("embedpipe.evaluate")
-STAGE = "evaluate"
-# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
-LIBRARIES = ("torch", "transformers", "mteb", "numpy", "scikit-learn")
-RESULTS = "results.parquet"
-GEOMETRY = "geometry.parquet"
-RESULT_SCHEMA = pa.schema([
-    ("model", pa.string()), ("model_path", pa.string()), ("fingerprint", pa.string()),
-    ("task", pa.string()), ("task_type", pa.string()), ("split", pa.string()), ("subset", pa.string()),
-    ("metric", pa.string()), ("value", pa.float64()), ("main", pa.bool_()),
-])
+NAME = "evaluate"
+BODY = "embed_core.evaluate.run"
 
 
-def _cfg(config: RunConfig) -> EvaluateConfig:
-    if config.evaluate is None:
-        raise ConfigError("the run config has no 'evaluate' section")
-    return config.evaluate
+class EvaluateOptions(StageOptions):
+    models: list[str] | None = Field(None, description="'base', 'trained' or local model paths (default: the "
+                                                       "config's evaluate.models).", json_schema_extra={"cli_flag": "--model"})
+    tasks: list[str] | None = Field(None, description="Task names from the config (default: all configured tasks).")
 
 
-def trained_models(run_dir: Path, config: RunConfig | None = None) -> dict[str, str]:
-    """label -> model directory for every finished train stage in the run, in stage order
-    (``<run_dir>/train-<stage>/model``, labelled by the stage name); with ``config``, only its train
-    stages (not, e.g., the variants a sweep trained into the same run directory)."""
-    wanted = {f"train-{s.name}" for s in config.train.stages} if config is not None and config.train else None
-    found: dict[str, tuple[float, str]] = {}
-    for model_dir in Path(run_dir).glob("train-*/model"):
-        if wanted is not None and model_dir.parent.name not in wanted:
-            continue
-        if (model_dir / "config.json").exists() and (model_dir.parent / "manifest.json").exists():
-            found[model_dir.parent.name.removeprefix("train-")] = ((model_dir.parent / "manifest.json").stat().st_mtime,
-                                                                   str(model_dir))
-    return {label: path for label, (_, path) in sorted(found.items(), key=lambda kv: kv[1][0])}
+def pipeline_options(config: RunConfig) -> EvaluateOptions:
+    """The end-to-end pipeline evaluates the base model and every trained stage's model (the
+    config's own list when it already names 'trained')."""
+    return EvaluateOptions(models=["base", "trained"] if "trained" not in config.evaluate.models else None)
 
 
-def pipeline_models(config: RunConfig) -> list[str] | None:
-    """Models the end-to-end pipeline evaluates: the base model and every trained stage's model
-    (``None`` = the config's own list, when it already names 'trained')."""
-    return ["base", "trained"] if "trained" not in _cfg(config).models else None
-
-
-def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None, *,
-                   materialize: bool = True) -> dict[str, str]:
-    """label -> local model path for 'base', 'trained' and explicit paths (``materialize=False``:
-    model names as given, for fingerprints that must not de-quantise a GGUF model)."""
-    cfg = _cfg(config)
-    resolve = resolve_model_path if materialize else str
-    out: dict[str, str] = {}
-    for item in models or cfg.models:
-        if item == "base":
-            out["base"] = resolve(cfg.base_model)
-        elif item == "trained":
-            out.update(trained_models(run_dir, config))
-        else:
-            path = resolve(item)
-            p = Path(path)
-            # a train stage's <run>/train-<stage>/model is labelled by its stage
-            out[p.parent.name.removeprefix("train-") if p.name == "model" else (p.name or "model")] = path
-    if not out:
-        raise ConfigError("evaluate: no model to evaluate (no trained checkpoint in the run yet?)")
-    return out
-
-
-def select_tasks(cfg: EvaluateConfig, names: list[str] | None) -> list[EvalTaskSpec]:
-    if not names:
-        return list(cfg.tasks)
-    known = {t.name: t for t in cfg.tasks}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ConfigError(f"evaluate: unknown task {unknown[0]!r}; configured: {', '.join(known)}")
-    return [known[n] for n in names]
-
-
-def _data_files(config: RunConfig, spec: EvalTaskSpec) -> list[Path]:
-    paths = spec.path if isinstance(spec.path, list) else [spec.path]
-    files = [config.resolve(p) for p in paths]
-    if spec.train_path:
-        files.append(config.resolve(spec.train_path))
-    out: list[Path] = []
-    for f in files:
-        out.extend(sorted(p for p in f.rglob("*") if p.is_file()) if f.is_dir() else [f])
-    return out
-
-
-def _model_fp(path: str, precision: str) -> str:
-    import torch
-
-    settings = read_model_settings(path)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return model_fingerprint(path, settings.pooling, settings.max_length, uses_bf16(precision, device))
-
-
-def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
-                      tasks: list[str] | None = None) -> Fingerprint:
-    """Model fingerprints + task specs + data file hashes + code identity (mteb's version included)."""
-    cfg = _cfg(config)
-    resolved = resolve_models(config, Path(run_dir), models, materialize=False)
-    specs = select_tasks(cfg, tasks)
-    root = Path(config.data_root).expanduser()
-    # keyed by the path under data_root, so the same data keys the same whether data_root is
-    # written relative (a config) or absolute (the run directory's config.yaml)
-    data = {s.name: {(str(f.relative_to(root)) if f.is_relative_to(root) else str(f)): sha256_file(f) if f.exists()
-                     else "missing" for f in _data_files(config, s)} for s in specs}
-    fps = {label: _model_fp(path, cfg.precision) for label, path in resolved.items()}
-    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data,
-        "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine: the same scores
-        "seed": config.seed}, details={"models": fps})
-
-
-def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str) -> list[dict[str, Any]]:
-    """Every scalar metric mteb reported, one row each; ``main`` marks the task's main score."""
-    rows = []
-    main_name = metadata.main_score
-    for split, subsets in task_result.scores.items():
-        for scores in subsets:
-            base = {"model": label, "model_path": path, "fingerprint": fingerprint, "task": task_result.task_name,
-                    "task_type": metadata.type, "split": split, "subset": scores.get("hf_subset", "default")}
-            metrics = {k: float(v) for k, v in scores.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "main_score"}
-            if main_name not in metrics and "main_score" in scores:
-                metrics[main_name] = float(scores["main_score"])
-            rows += [{**base, "metric": k, "value": v, "main": k == main_name} for k, v in metrics.items()]
-    return rows
-
-
-def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: RunConfig, run_dir: Path):
-    """Run mteb on ``specs`` for one model; returns (result rows, mteb TaskResults, the model's mteb
-    ModelMeta, stats)."""
-    import mteb
-
-    from embed_core.evaluate.model import EvalModel
-    from embed_core.evaluate.tasks import build_task
-
-    cfg = _cfg(config)
-    root, max_bytes = cache_location(path, run_dir, config.embedding_cache)
-    model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size, precision=cfg.precision,
-                      cache_max_bytes=max_bytes, engine=cfg.engine)
-    rows: list[dict[str, Any]] = []
-    task_results: list[Any] = []
-    seconds: dict[str, float] = {}
-    for spec in specs:
-        t0 = time.perf_counter()
-        task = build_task(spec, config.resolve, seed=config.seed)
-        result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
-        for task_result in result.task_results:
-            rows += _scalar_rows(task_result, task.metadata, label, path, model.fingerprint)
-            task_results.append(task_result)
-        seconds[spec.name] = round(time.perf_counter() - t0, 2)
-        main = [r["value"] for r in rows if r["task"] == spec.name and r["main"]]
-        log.info("evaluate %s on %s: %s = %.4f (%.1f s)", label, spec.name, task.metadata.main_score,
-                 main[0] if main else float("nan"), seconds[spec.name])
-    stats = {"label": label, "path": path, "fingerprint": model.fingerprint,
-             "settings": {"pooling": model.settings.pooling, "max_length": model.settings.max_length,
-                          "use_instructions": model.settings.use_instructions, "source": model.settings.source},
-             "texts_encoded": model.texts_encoded, "cache_size": len(model.cache), "seconds": seconds}
-    return rows, task_results, model.mteb_model_meta, stats
-
-
-MTEB_RESULTS = "results"  # mteb's ResultCache keeps results under <cache_path>/results/
-
-
-def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
-    """Rows and mteb result-cache files of the current evaluate artifact (if intact), to carry over."""
-    if not stage_is_intact(run_dir, STAGE):
-        return [], {}
-    stage_dir = run_dir / STAGE
-    rows = pq.read_table(stage_dir / RESULTS).to_pylist() if (stage_dir / RESULTS).exists() else []
-    files = {str(p.relative_to(stage_dir)): p.read_bytes() for p in (stage_dir / MTEB_RESULTS).rglob("*")
-             if p.is_file()}
-    return rows, files
-
-
-def _carried(files: dict[str, bytes], metas: dict[str, Any], task_names: set[str]) -> dict[str, bytes]:
-    """Previous result-cache files that stay: other models', and an evaluated model's other tasks
-    when its fingerprint (mteb revision) is unchanged."""
-    out = {}
-    for name, blob in files.items():
-        parts = Path(name).parts  # results/<model as path>/<revision>/<file>
-        meta = next((m for m in metas.values() if m.model_name_as_path() == parts[1]), None)
-        if meta is not None and (parts[2] != meta.revision or Path(name).stem in task_names):
-            continue
-        out[name] = blob
-    return out
-
-
-def model_geometries(config: RunConfig, models: dict[str, str]) -> list[dict[str, Any]]:
-    """Token geometry (CoDiEmb §4) of every model on the configured STS task's sentences."""
-    from embed_core.evaluate.data import _read_pairs
-    from embed_core.evaluate.geometry import model_geometry
-
-    geo = _cfg(config).geometry
-    if geo is None:
-        return []
-    spec = next(t for t in _cfg(config).tasks if t.name == geo.task)
-    texts = list(dict.fromkeys(t for row in _read_pairs(spec, config.resolve) for t in (row["sentence1"], row["sentence2"])))
-    texts = texts[:geo.max_texts]
-    out = []
-    for label, path in models.items():
-        t0 = time.perf_counter()
-        stats = model_geometry(path, texts, max_length=geo.max_length)
-        log.info("geometry %s: %s (%.1f s)", label, stats, time.perf_counter() - t0)
-        out.append({"model": label, "task": geo.task, **stats})
-    return out
-
-
-def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
-                 tasks: list[str] | None = None, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
-    import mteb
-
-    from embed_core.evaluate.report import build_report
-
-    cfg = _cfg(config)
-    run_dir = Path(run_dir)
-    t0 = time.perf_counter()
-    fingerprint = fingerprint or input_fingerprint(config, run_dir, models, tasks)
-    resolved = resolve_models(config, run_dir, models)
-    specs = select_tasks(cfg, tasks)
-
-    old_rows, old_files = _previous(run_dir)
-    evaluated = set(resolved)
-    task_names = {s.name for s in specs}
-    rows = [r for r in old_rows if not (r["model"] in evaluated and r["task"] in task_names)]
-    model_stats = []
-    new_results: list[tuple[Any, Any]] = []
-    metas: dict[str, Any] = {}
-    with engine_session(cfg.engine):  # engine: ray starts (and stops) a local Ray instance once for all models
-        for label, path in resolved.items():
-            new_rows, task_results, metas[label], stats = evaluate_model(label, path, specs, config, run_dir)
-            rows += new_rows
-            new_results += [(metas[label], r) for r in task_results]
-            model_stats.append(stats)
-    files = _carried(old_files, metas, task_names)
-
-    table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
-    geometry = model_geometries(config, resolved)
-    previous_geo = Path(run_dir) / STAGE / GEOMETRY
-    if geometry and previous_geo.exists():  # like the scores: other models' rows stay
-        geometry = [g for g in pq.read_table(previous_geo).to_pylist() if g["model"] not in evaluated] + geometry
-    report_md, plots = build_report(table, run_dir=run_dir, title=f"embedpipe evaluation: {config.run_name}",
-                                    geometry=geometry)
-    with StageWriter(run_dir, STAGE) as writer:
-        writer.write_table(RESULTS, table, kind="results")
-        for name, blob in sorted(files.items()):
-            writer.write_file(name, blob, kind="mteb_result")
-        cache = mteb.ResultCache(writer.staging)
-        for meta, task_result in new_results:
-            cache.save_to_cache(task_result, meta)
-        writer.register_tree(MTEB_RESULTS, kind="mteb_result")
-        for name, png in plots.items():
-            writer.write_file(f"plots/{name}", png, kind="plot")
-        writer.write_file("report.md", report_md.encode(), kind="report")
-        if geometry:
-            writer.write_table(GEOMETRY, pa.Table.from_pylist(geometry), kind="geometry")
-        release = _write_release(writer, run_dir, rows, config)
-        manifest = writer.commit({
-            "run_name": config.run_name,
-            "input_fingerprint": fingerprint.key,
-            "code": fingerprint.code,
-            "models": model_stats,
-            "release": release,
-            "tasks": [s.name for s in specs],
-            "counts": {"texts_encoded": sum(m["texts_encoded"] for m in model_stats), "result_rows": table.num_rows},
-            "timings_s": {"total": round(time.perf_counter() - t0, 3)},
-        })
-    if cfg.push_to_hub and release is not None:
-        push_release(run_dir / STAGE / RELEASE, cfg.hub_model_id, private=cfg.hub_private)
-    return manifest
-
-
-def push_release(folder: Path, repo_id: str, *, private: bool = True) -> str:
-    """Upload the released model to the Hugging Face Hub; returns the commit URL. Runs after the
-    stage committed, so a failure (offline, no token, no permission) loses nothing: the error says
-    where the release is and how to upload it by hand."""
-    from huggingface_hub import HfApi
-
-    try:
-        api = HfApi()
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id,
-                                 commit_message="Upload embedding model trained by embedpipe")
-    except Exception as exc:  # noqa: BLE001 — offline mode, HTTP and auth errors all end the same way
-        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise EmbedpipeError(f"evaluate: push_to_hub to {repo_id} failed ({type(exc).__name__}: {detail}); the "
-                             f"release is committed in {folder}: upload it with `huggingface-cli upload {repo_id} "
-                             f"{folder}`") from None
-    log.info("evaluate: pushed %s to the Hub: %s", folder, info)
-    return str(info)
-
-
-RELEASE = "model"
-_REWRITTEN = ("README.md", CARD_FACTS)
-
-
-def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]],
-                   config: RunConfig) -> dict[str, Any] | None:
-    """Stage ``model/``: the last trained model of the run, if it has scores, with its card rendered
-    again with the evaluation table (its scores next to the base model's). Files are hard links
-    (artifacts are never modified in place, so sharing inodes is safe), copies across filesystems."""
-    trained = trained_models(run_dir, config)
-    scored = {r["model"] for r in rows if r["main"]}
-    label = next((lab for lab in reversed(trained) if lab in scored), None)
-    if label is None:
-        return None
-    source = Path(trained[label])
-    facts = read_card_facts(source)
-    if facts is None:  # a model saved before cards existed
-        return None
-    target = writer.staging / RELEASE
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        rel = path.relative_to(source)
-        if str(rel) in _REWRITTEN:
-            continue
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target / rel)
-        except OSError:
-            shutil.copy2(path, target / rel)
-    scores = [r for r in rows if r["main"] and r["model"] in (label, "base")]
-    write_card(target, facts, sentence_transformers_prompts(read_model_settings(source)), scores)
-    writer.register_tree(RELEASE, kind="model")
-    return {"model": label, "source": str(source), "path": RELEASE}
-
-
-def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / STAGE / RESULTS
-    if not path.exists():
-        return []
-    return [r for r in pq.read_table(path).to_pylist() if r["main"]]
-
-
-def format_counts(manifest: dict[str, Any], run_dir: str | Path | None = None) -> str:
+def format_counts(manifest: dict[str, Any]) -> str:
     lines = []
     for m in manifest["models"]:
         lines.append(f"{m['label']}: {m['path']} (fingerprint {m['fingerprint']}, pooling {m['settings']['pooling']}, "
                      f"max_length {m['settings']['max_length']}), texts encoded {m['texts_encoded']}")
-    if run_dir is not None:
-        scores = main_scores(run_dir)
-        labels = list(dict.fromkeys(r["model"] for r in scores))
-        tasks = list(dict.fromkeys(r["task"] for r in scores))
+    scores = manifest["counts"].get("main_scores", [])
+    labels = list(dict.fromkeys(r["model"] for r in scores))
+    if scores:
         lines.append(f"{'task':<38}" + "".join(f"{lab:>14}" for lab in labels))
-        for t in tasks:
-            vals = {r["model"]: r["value"] for r in scores if r["task"] == t}
-            lines.append(f"{t:<38}" + "".join(f"{100 * vals[lab]:>14.2f}" if lab in vals else f"{'-':>14}"
-                                              for lab in labels))
+    for t in dict.fromkeys(r["task"] for r in scores):
+        vals = {r["model"]: r["value"] for r in scores if r["task"] == t}
+        lines.append(f"{t:<38}" + "".join(f"{100 * vals[lab]:>14.2f}" if lab in vals else f"{'-':>14}"
+                                          for lab in labels))
     return "\n".join(lines)
 
+
+def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
+    report_md = (ctx.stage_dir / "report.md").read_text(encoding="utf-8")
+    return Report(markdown=report_md, markdown_key="evaluate-report-", table=manifest["counts"].get("main_scores", []),
+                  table_key="evaluate-scores-", table_description="evaluate stage: main score per model and task (mteb)")
+
+
+def _fingerprint(ctx: StageContext):
+    return lazy(BODY, "input_fingerprint")(ctx.config, ctx.run_dir, ctx.options.models, ctx.options.tasks)
+
+
+def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
+    return lazy(BODY, "run_evaluate")(ctx.config, ctx.run_dir, ctx.options.models, ctx.options.tasks,
+                                      fingerprint=fingerprint)
+
+
+# log_prints off: `datasets` fingerprints functions with dill, which disassembles code with
+# print() while capturing sys.stdout; Prefect's print patch would turn that into log lines.
+STAGE = Stage(name=NAME, help="MTEB on the configured tasks for the base and trained models",
+              enabled=lambda c: c.evaluate is not None, fingerprint=_fingerprint, run=_run, summarize=format_counts,
+              report=_report, options=EvaluateOptions, pipeline_options=pipeline_options, log_prints=False)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from embed_core.config import EvalTaskSpec
+from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.errors import ConfigError
 from embed_core.evaluate import data as local_data
 

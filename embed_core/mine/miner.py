@@ -27,46 +27,12 @@ from typing import Any
 import faiss
 import numpy as np
 
-from embed_core.config import MineConfig
+from embed_core.mine.config import MineConfig
 from embed_core.errors import ConfigError
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import Record
 
 Embed = Callable[[list[str]], np.ndarray]
-
-
-@dataclass
-class MineSettings:
-    """The knobs of ``mine_records`` (a ``MineConfig`` without model and I/O settings)."""
-
-    range_min: int = 10
-    range_max: int = 30
-    num_negatives: int = 4
-    relative_margin: float | None = 0.95
-    absolute_margin: float | None = None
-    sampling: str = "top"
-    only_missing: bool = True
-    pad_random: bool = False
-    tasks: tuple[str, ...] = ("retrieval", "classification")
-    index_factory: str = "Flat"
-    nprobe: int = 32
-    ef_search: int = 128
-    train_size: int = 100_000
-    add_chunk_size: int = 16384
-    on_disk: bool = False
-    gpu: bool = True
-    query_chunk_size: int = 2048
-    seed: int = 42
-
-    @classmethod
-    def from_config(cls, cfg: MineConfig, seed: int) -> "MineSettings":
-        return cls(range_min=cfg.range_min, range_max=cfg.range_max, num_negatives=cfg.num_negatives,
-                   relative_margin=cfg.relative_margin, absolute_margin=cfg.absolute_margin,
-                   sampling=cfg.sampling, only_missing=cfg.only_missing, pad_random=cfg.pad_random,
-                   tasks=tuple(cfg.tasks), index_factory=cfg.index.factory, nprobe=cfg.index.nprobe,
-                   ef_search=cfg.index.ef_search, train_size=cfg.index.train_size,
-                   add_chunk_size=cfg.index.add_chunk_size, on_disk=cfg.index.on_disk, gpu=cfg.index.gpu,
-                   query_chunk_size=cfg.query_chunk_size, seed=seed)
 
 
 @dataclass
@@ -91,38 +57,39 @@ class MineStats:
                 "kept_score": q(self.kept_scores), "filtered_score": q(self.filtered_scores)}
 
 
-def new_index(dim: int, s: MineSettings) -> faiss.Index:
-    """An empty inner-product index from ``s.index_factory`` (a ConfigError names a bad string)."""
+def new_index(dim: int, factory: str) -> faiss.Index:
+    """An empty inner-product index from a ``faiss.index_factory`` string (a ConfigError names a bad one)."""
     try:
-        return faiss.index_factory(dim, s.index_factory, faiss.METRIC_INNER_PRODUCT)
+        return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
         lines = [x for x in str(exc).strip().splitlines() if x.strip()]
         reason = lines[-1].strip() if lines else "not understood"
-        raise ConfigError(f"mine.index.factory: faiss.index_factory cannot build {s.index_factory!r} for "
+        raise ConfigError(f"mine.index.factory: faiss.index_factory cannot build {factory!r} for "
                           f"{dim}-d vectors ({reason[:200]})") from None
 
 
-def build_index(pool: list[str], embed: Embed, s: MineSettings,
+def build_index(pool: list[str], embed: Embed, cfg: MineConfig, seed: int,
                 index_dir: Path | None = None) -> tuple[faiss.Index, dict[str, Any]]:
     """The pool's index, filled ``add_chunk_size`` texts at a time: the pool's embeddings are never
     all in memory outside the index (with the embedding cache, a chunk is encoded once and read
     back from its memory-mapped shards). Indexes that need training (IVF, PQ) are trained first on
     a seeded sample of ``train_size`` pool vectors; IVF's clusters are capped at sample / 39.
     ``on_disk`` (IVF only): the inverted lists go to a memory-mapped file in ``index_dir``
-    (``fill_on_disk``), so not even the index needs to fit in memory."""
+    (``fill_on_disk``), so not even the index needs to fit in memory. ``seed`` draws the training sample."""
+    s = cfg.index
     first = embed(pool[: s.add_chunk_size])
-    index = new_index(first.shape[1], s)
-    info: dict[str, Any] = {"factory": s.index_factory}
+    index = new_index(first.shape[1], s.factory)
+    info: dict[str, Any] = {"factory": s.factory}
     ivf = faiss.try_extract_index_ivf(index)
     if s.on_disk and ivf is None:
-        raise ConfigError(f"mine.index.on_disk: only IVF indexes keep their lists on disk; {s.index_factory!r} "
+        raise ConfigError(f"mine.index.on_disk: only IVF indexes keep their lists on disk; {s.factory!r} "
                           "has none (use e.g. 'IVF4096,PQ64')")
     if not index.is_trained:
-        rng = np.random.default_rng(s.seed)
+        rng = np.random.default_rng(seed)
         sample = np.sort(rng.choice(len(pool), size=min(s.train_size, len(pool)), replace=False))
         vectors = embed([pool[i] for i in sample])
         if ivf is not None and ivf.nlist * 39 > len(vectors):
-            raise ConfigError(f"mine.index.factory {s.index_factory!r}: {ivf.nlist} clusters need at least "
+            raise ConfigError(f"mine.index.factory {s.factory!r}: {ivf.nlist} clusters need at least "
                               f"{ivf.nlist * 39} training vectors, the pool sample has {len(vectors)}; use fewer "
                               "clusters (about pool / 39 at most) or 'Flat' for small pools")
         index.train(vectors)
@@ -133,7 +100,7 @@ def build_index(pool: list[str], embed: Embed, s: MineSettings,
         info.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe))
     hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
     if hnsw is not None:
-        hnsw.efSearch = max(s.ef_search, s.range_max * 2)
+        hnsw.efSearch = max(s.ef_search, cfg.range_max * 2)
         info["ef_search"] = int(hnsw.efSearch)
 
     def chunks(head: np.ndarray):
@@ -196,113 +163,157 @@ def normalized_key(text: str) -> int:
                                           digest_size=8).digest(), "little")
 
 
-def eligible(record: Record, s: MineSettings) -> bool:
-    if record.task not in s.tasks:
+def eligible(record: Record, cfg: MineConfig) -> bool:
+    if record.task not in cfg.tasks:
         return False
-    return not (s.only_missing and len(record.negatives) >= s.num_negatives)
+    return not (cfg.only_missing and len(record.negatives) >= cfg.num_negatives)
 
 
-def mine_records(records: list[Record], embed: Embed, s: MineSettings, corpus: list[str] | None = None,
-                 index_dir: Path | None = None) -> tuple[list[Record], MineStats]:
-    """Return ``records`` with mined negatives added to the eligible ones, and the statistics.
-    ``index_dir``: where an ``on_disk`` index keeps its files (the caller removes them)."""
-    stats = MineStats()
-    todo = [i for i, r in enumerate(records) if eligible(r, s)]
-    if not todo:
-        return list(records), stats
+def candidate_pool(records: list[Record], corpus: list[str] | None) -> list[str]:
+    """The texts negatives are drawn from: the configured corpus, or every text the dataset offers
+    as a document (positives, negatives, and classification texts), each once, in first-seen order."""
+    if corpus is not None:
+        return list(dict.fromkeys(corpus))
+    pool: dict[str, None] = {}
+    for r in records:
+        for t in r.positives:
+            pool.setdefault(t)
+        for t in r.negatives:
+            pool.setdefault(t)
+        if r.task == "classification":
+            pool.setdefault(r.query)
+    return list(pool)
 
-    # Candidate pool: the configured corpus, or every text the dataset offers as a document.
+
+def text_labels(records: list[Record]) -> dict[str, set[str]]:
+    """The labels each text carries anywhere in ``records`` (for label-aware selection)."""
     labels: dict[str, set[str]] = defaultdict(set)
-    if corpus is None:
-        pool_set: dict[str, None] = {}
-        for r in records:
-            for t in r.positives:
-                pool_set.setdefault(t)
-            for t in r.negatives:
-                pool_set.setdefault(t)
-            if r.task == "classification":
-                pool_set.setdefault(r.query)
-        pool = list(pool_set)
-    else:
-        pool = list(dict.fromkeys(corpus))
-    for r in records:  # labels of texts, for label-aware selection
+    for r in records:
         if r.label is not None:
             labels[r.query].add(r.label)
             for t in r.positives:
                 labels[t].add(r.label)
         for t, lab in zip(r.negatives, r.negative_labels):
             labels[t].add(lab)
-    pool_norm = [normalized_key(t) for t in pool]
-    index, stats.index = build_index(pool, embed, s, index_dir)
+    return labels
 
-    queries = [records[i].query for i in todo]
-    query_vecs = embed(queries)
+
+@dataclass
+class _Miner:
+    """One dataset's mining: the pool and its index, the rules (``cfg``) and the statistics."""
+
+    cfg: MineConfig
+    embed: Embed
+    pool: list[str]
+    labels: dict[str, set[str]]
+    rng: random.Random
+    stats: MineStats
+    pool_norm: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pool_norm = [normalized_key(t) for t in self.pool]
+
+    def survivors(self, rec: Record, scores, ids, floor: float, budget: int,
+                  seen: set[int], positives_norm: set[int]) -> list[tuple[int, float]]:
+        """(pool id, score) of the retrieved candidates that pass the rules, in rank order: not the
+        query, a positive, a current negative or a duplicate; of another label (classification);
+        below the margins under the lowest positive score. Adds what it considered to ``seen``."""
+        cfg, pool_norm = self.cfg, self.pool_norm
+        considered = 0
+        out: list[tuple[int, float]] = []
+        for score, j in zip(scores, ids):
+            if j < 0 or pool_norm[j] in seen:
+                continue  # the query itself, a current negative, or a duplicate already considered
+            if considered >= budget:
+                break
+            considered += 1
+            if pool_norm[j] in positives_norm:
+                continue
+            seen.add(pool_norm[j])
+            if rec.task == "classification" and (rec.label in self.labels.get(self.pool[j], ())
+                                                 or not self.labels.get(self.pool[j])):
+                continue
+            score = float(score)
+            if (cfg.relative_margin is not None and score >= cfg.relative_margin * floor) or \
+                    (cfg.absolute_margin is not None and score >= floor - cfg.absolute_margin):
+                self.stats.filtered_scores.append(score)
+                continue
+            out.append((int(j), score))
+        return out
+
+    def choose(self, survivors: list[tuple[int, float]], qv: np.ndarray, seen: set[int],
+               positives_norm: set[int]) -> list[tuple[int, float]]:
+        """The window's negatives (top or seeded sample), padded with random pool texts if asked."""
+        cfg, rng = self.cfg, self.rng
+        kept = survivors[cfg.range_min:cfg.range_max]
+        chosen = kept[: cfg.num_negatives] if cfg.sampling == "top" else rng.sample(kept, min(len(kept), cfg.num_negatives))
+        need = cfg.num_negatives - len(chosen)
+        if need > 0 and cfg.pad_random:
+            taken = {j for j, _ in chosen}
+            fill = [j for j in rng.sample(range(len(self.pool)), min(len(self.pool), need * 4 + 8))
+                    if j not in taken and self.pool_norm[j] not in seen and self.pool_norm[j] not in positives_norm][:need]
+            if fill:
+                chosen += [(j, float(qv @ v)) for j, v in zip(fill, self.embed([self.pool[j] for j in fill]))]
+            self.stats.padded += len(fill)
+        return chosen
+
+    def mine_one(self, rec: Record, qv: np.ndarray, scores, ids, budget: int,
+                 pos_vecs: dict[str, np.ndarray], old_neg_vecs: dict[str, np.ndarray]) -> Record:
+        """``rec`` with its mined negatives (and the scores of all its negatives) added."""
+        stats, num = self.stats, self.cfg.num_negatives
+        pos_scores = [float(qv @ pos_vecs[p]) for p in rec.positives]
+        stats.positive_scores.extend(pos_scores)
+        positives_norm = {normalized_key(p) for p in rec.positives}
+        seen = {normalized_key(rec.query), *(normalized_key(n) for n in rec.negatives)}
+        survivors = self.survivors(rec, scores, ids, min(pos_scores), budget, seen, positives_norm)
+        chosen = self.choose(survivors, qv, seen, positives_norm)
+        if len(chosen) < num:
+            stats.too_few += 1
+            if len(stats.too_few_examples) < 5:
+                stats.too_few_examples.append(f"{rec.id} ({len(chosen)} of {num})")
+        stats.queries += 1
+        stats.negatives_added += len(chosen)
+        stats.kept_scores.extend(score for _, score in chosen)
+        old_scores = list(rec.negative_scores) or [float(qv @ old_neg_vecs[t]) for t in rec.negatives]
+        new_labels = list(rec.negative_labels)
+        if rec.task == "classification":
+            new_labels += [sorted(self.labels[self.pool[j]])[0] for j, _ in chosen]
+        return replace(rec, negatives=[*rec.negatives, *(self.pool[j] for j, _ in chosen)],
+                       negative_scores=[*old_scores, *(round(sc, 6) for _, sc in chosen)],
+                       negative_labels=new_labels)
+
+
+def mine_records(records: list[Record], embed: Embed, cfg: MineConfig, corpus: list[str] | None = None,
+                 index_dir: Path | None = None, *, seed: int) -> tuple[list[Record], MineStats]:
+    """Return ``records`` with mined negatives added to the eligible ones, and the statistics.
+    ``index_dir``: where an ``on_disk`` index keeps its files (the caller removes them); ``seed``:
+    the run's seed (index training sample, random sampling and padding)."""
+    stats = MineStats()
+    todo = [i for i, r in enumerate(records) if eligible(r, cfg)]
+    if not todo:
+        return list(records), stats
+    pool = candidate_pool(records, corpus)
+    miner = _Miner(cfg, embed, pool, text_labels(records), random.Random(seed), stats)
+    index, stats.index = build_index(pool, embed, cfg, seed, index_dir)
+
+    query_vecs = embed([records[i].query for i in todo])
     pos_texts = sorted({t for i in todo for t in records[i].positives})
     pos_vecs = dict(zip(pos_texts, embed(pos_texts)))
     old_neg_texts = sorted({t for i in todo for t in records[i].negatives if not records[i].negative_scores})
     old_neg_vecs = dict(zip(old_neg_texts, embed(old_neg_texts))) if old_neg_texts else {}
 
-    rng = random.Random(s.seed)
     out = list(records)
     max_pos = max(len(records[i].positives) for i in todo)
     widen = 4 if any(records[i].task == "classification" for i in todo) else 1
     # Candidates considered per query: the top range_max retrieved, plus room for the positives
     # (as NV-Retriever and sentence-transformers do); classification looks 4x deeper because
     # same-label neighbours are removed.
-    budget = (s.range_max + max_pos) * widen
+    budget = (cfg.range_max + max_pos) * widen
     k = min(len(pool), budget + 32)  # slack for the query itself and duplicates, which use no budget
-    for start in range(0, len(todo), s.query_chunk_size):
-        chunk = todo[start:start + s.query_chunk_size]
+    for start in range(0, len(todo), cfg.query_chunk_size):
+        chunk = todo[start:start + cfg.query_chunk_size]
         scores, ids = index.search(query_vecs[start:start + len(chunk)], k)
         for row, rec_i in enumerate(chunk):
-            rec = records[rec_i]
-            qv = query_vecs[start + row]
-            pos_scores = [float(qv @ pos_vecs[p]) for p in rec.positives]
-            stats.positive_scores.extend(pos_scores)
-            floor = min(pos_scores)
-            positives_norm = {normalized_key(p) for p in rec.positives}
-            seen = {normalized_key(rec.query), *(normalized_key(n) for n in rec.negatives)}
-            considered = 0
-            survivors: list[tuple[int, float]] = []
-            for score, j in zip(scores[row], ids[row]):
-                if j < 0 or pool_norm[j] in seen:
-                    continue  # the query itself, a current negative, or a duplicate already considered
-                if considered >= budget:
-                    break
-                considered += 1
-                if pool_norm[j] in positives_norm:
-                    continue
-                seen.add(pool_norm[j])
-                if rec.task == "classification" and (rec.label in labels.get(pool[j], ()) or not labels.get(pool[j])):
-                    continue
-                score = float(score)
-                if (s.relative_margin is not None and score >= s.relative_margin * floor) or \
-                        (s.absolute_margin is not None and score >= floor - s.absolute_margin):
-                    stats.filtered_scores.append(score)
-                    continue
-                survivors.append((int(j), score))
-            kept = survivors[s.range_min:s.range_max]
-            chosen = kept[: s.num_negatives] if s.sampling == "top" else rng.sample(kept, min(len(kept), s.num_negatives))
-            need = s.num_negatives - len(chosen)
-            if need > 0 and s.pad_random:
-                taken = {j for j, _ in chosen}
-                fill = [j for j in rng.sample(range(len(pool)), min(len(pool), need * 4 + 8))
-                        if j not in taken and pool_norm[j] not in seen and pool_norm[j] not in positives_norm][:need]
-                if fill:
-                    chosen += [(j, float(qv @ v)) for j, v in zip(fill, embed([pool[j] for j in fill]))]
-                stats.padded += len(fill)
-            if len(chosen) < s.num_negatives:
-                stats.too_few += 1
-                if len(stats.too_few_examples) < 5:
-                    stats.too_few_examples.append(f"{rec.id} ({len(chosen)} of {s.num_negatives})")
-            stats.queries += 1
-            stats.negatives_added += len(chosen)
-            stats.kept_scores.extend(score for _, score in chosen)
-            old_scores = list(rec.negative_scores) or [float(qv @ old_neg_vecs[t]) for t in rec.negatives]
-            new_labels = list(rec.negative_labels)
-            if rec.task == "classification":
-                new_labels += [sorted(labels[pool[j]])[0] for j, _ in chosen]
-            out[rec_i] = replace(rec, negatives=[*rec.negatives, *(pool[j] for j, _ in chosen)],
-                                 negative_scores=[*old_scores, *(round(sc, 6) for _, sc in chosen)],
-                                 negative_labels=new_labels)
+            out[rec_i] = miner.mine_one(records[rec_i], query_vecs[start + row], scores[row], ids[row], budget,
+                                        pos_vecs, old_neg_vecs)
     return out, stats

@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable
 import openai
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from embed_core.config import LLMServerConfig, SamplingConfig
+from embed_core.synthesize.config import LLMServerConfig, SamplingConfig
 from embed_core.synthesize.cache import RequestCache, request_key
 
 log = logging.getLogger("embedpipe.synthesize")

@@ -23,10 +23,12 @@ import numpy as np
 import torch
 
 from embed_core.artifacts import read_records
-from embed_core.config import DevConfig, DevTaskSpec, EvalTaskSpec, RunConfig
+from embed_core.config import RunConfig
 from embed_core.errors import ConfigError
+from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.evaluate.model import EvalModel
 from embed_core.model.settings import ModelSettings
+from embed_core.train.config import DevConfig, DevTaskSpec
 
 log = logging.getLogger("embedpipe.train")
 

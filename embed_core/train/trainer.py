@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from embed_core.config import TrainConfig, TrainStageConfig
+from embed_core.train.config import TrainConfig, TrainStageConfig
 from embed_core.errors import CheckpointError, ConfigError
 from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.model.embedder import Embedder

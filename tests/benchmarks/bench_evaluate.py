@@ -51,7 +51,7 @@ def config(tmp: str):
 
 
 def run_ours(tmp: str, precision: str = "fp32") -> dict:
-    from embed_core.evaluate.stage import main_scores, run_evaluate
+    from embed_core.evaluate.run import main_scores, run_evaluate
 
     cfg = config(tmp)
     cfg.evaluate.precision = precision

@@ -56,7 +56,8 @@ def anon_peak_sampler() -> dict:
 
 
 def child(on_disk: bool, n: int, factory: str, out: str) -> None:
-    from embed_core.mine.miner import MineSettings, build_index
+    from embed_core.mine.config import MineConfig
+    from embed_core.mine.miner import build_index
 
     anon = anon_peak_sampler()
     pool = [str(i) for i in range(n)]
@@ -67,10 +68,11 @@ def child(on_disk: bool, n: int, factory: str, out: str) -> None:
             return vectors(int(texts[0]), len(texts))
         return np.concatenate([vectors(int(t), 1) for t in texts])  # the training sample
 
-    settings = MineSettings(index_factory=factory, on_disk=on_disk, add_chunk_size=CHUNK, train_size=50_000, gpu=False)
+    settings = MineConfig(index={"factory": factory, "on_disk": on_disk, "add_chunk_size": CHUNK, "train_size": 50_000,
+                                 "gpu": False})
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        index, info = build_index(pool, embed, settings, Path(tmp))
+        index, info = build_index(pool, embed, settings, 42, Path(tmp))
         build = time.perf_counter() - t0
         queries = vectors(10**9, 2000, seed=1)
         t0 = time.perf_counter()

@@ -83,7 +83,8 @@ def large_pool() -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def run_ours(pairs, pool) -> dict:
-    from embed_core.mine.miner import MineSettings, mine_records
+    from embed_core.mine.config import MineConfig
+    from embed_core.mine.miner import mine_records
     from embed_core.model.embedding_cache import EmbeddingCache
     from embed_core.model.encoder import Encoder
     from embed_core.schema import Record
@@ -98,7 +99,7 @@ def run_ours(pairs, pool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cache = EmbeddingCache(tmp, enc.fingerprint, enc.dim, "float32")
         embed = lambda texts: cache.get_or_encode(texts, lambda t: enc.encode(t, batch_size=BATCH))  # noqa: E731
-        out, stats = mine_records(records, embed, MineSettings(relative_margin=0.95, **WINDOW), corpus=pool)
+        out, stats = mine_records(records, embed, MineConfig(relative_margin=0.95, **WINDOW), corpus=pool, seed=42)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "negatives": {r.query: r.negatives for r in out}, "added": stats.negatives_added}
 

@@ -61,7 +61,7 @@ def pool_and_records(passages: int):
 
 
 def _embedder(kind: str, cache_dir: str, precision: str):
-    from embed_core.config import EngineConfig
+    from embed_core.model.config import EngineConfig
     from embed_core.engine import ray_encode
     from embed_core.model.embedding_cache import EmbeddingCache
     from embed_core.model.encoder import Encoder, default_model_path, model_dim, model_fingerprint, uses_bf16
@@ -81,13 +81,14 @@ def _embedder(kind: str, cache_dir: str, precision: str):
 
 def child_engine(kind: str, passages: int, cache_dir: str, precision: str) -> dict:
     from embed_core.engine import engine_session
-    from embed_core.mine.miner import MineSettings, mine_records
+    from embed_core.mine.config import MineConfig
+    from embed_core.mine.miner import mine_records
 
     records, pool = pool_and_records(passages)
     embed, engine = _embedder(kind, cache_dir, precision)
     t0 = time.perf_counter()
     with engine_session(engine):
-        out, stats = mine_records(records, embed, MineSettings(relative_margin=0.95, **WINDOW), corpus=pool)
+        out, stats = mine_records(records, embed, MineConfig(relative_margin=0.95, **WINDOW), corpus=pool, seed=42)
         workers_mb = ray_workers_peak_rss_mb()  # before the session stops them
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "pool": len(pool), "queries": len(records), "added": stats.negatives_added,
@@ -113,15 +114,16 @@ def child_index(factory: str, passages: int, cache_dir: str, precision: str) -> 
     import faiss
     import numpy as np
 
-    from embed_core.mine.miner import MineSettings, mine_records
+    from embed_core.mine.config import IndexConfig, MineConfig
+    from embed_core.mine.miner import mine_records
 
     records, pool = pool_and_records(passages)
     embed, _ = _embedder("local", cache_dir, precision)  # warm: nothing is encoded
     out: dict = {}
     for name, fac in (("flat", "Flat"), ("ivfpq", factory)):
         t0 = time.perf_counter()
-        mined, stats = mine_records(records, embed, MineSettings(relative_margin=0.95, index_factory=fac, **WINDOW),
-                                    corpus=pool)
+        mined, stats = mine_records(records, embed, MineConfig(relative_margin=0.95, index={"factory": fac}, **WINDOW),
+                                    corpus=pool, seed=42)
         out[name] = {"mine_s": time.perf_counter() - t0, "negatives": {r.query: r.negatives for r in mined},
                      "index": stats.index}
     # recall@30 of the raw search, on the same vectors and the miner's nprobe
@@ -138,7 +140,7 @@ def child_index(factory: str, passages: int, cache_dir: str, precision: str) -> 
     index.train(sample)
     index.add(xb)
     build = time.perf_counter() - t0
-    faiss.ParameterSpace().set_index_parameter(index, "nprobe", MineSettings.nprobe)
+    faiss.ParameterSpace().set_index_parameter(index, "nprobe", IndexConfig().nprobe)
     t0 = time.perf_counter()
     _, approx = index.search(xq, 30)
     approx_search = time.perf_counter() - t0

@@ -71,7 +71,7 @@ def load_pairs() -> dict[str, list[tuple[str, str]]]:
 def run_ours(steps: int, batch: int, dataset: str, precision: str) -> dict:
     import torch
 
-    from embed_core.config import TrainConfig, TrainStageConfig
+    from embed_core.train.config import TrainConfig, TrainStageConfig
     from embed_core.schema import Record, records_to_table
     from embed_core.train.batches import DatasetRecords
     from embed_core.train.trainer import Trainer

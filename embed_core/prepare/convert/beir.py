@@ -1,7 +1,7 @@
 """BEIR layout: ``corpus.jsonl`` + ``queries.jsonl`` + ``qrels/<split>.tsv`` → one record per query.
 
 Every judged document with relevance > 0 is a positive (grades listed in the source's
-``weak_positive_grades`` go to ``weak_positives`` instead: HMCL's level 2), with its graded relevance in
+``params.weak_positive_grades`` go to ``weak_positives`` instead: HMCL's level 2), with its graded relevance in
 ``positive_scores`` (highest first), so the graded BCE targets (BCE paper Eq. 4) and CoDiEmb's
 multi-positive InfoNCE can use them. Documents judged 0 are kept as negatives with score 0.
 Documents are "title text", as BEIR and MTEB encode them. A query whose judgments are all 0 is
@@ -11,13 +11,14 @@ skipped (counted). The qrels header is detected (some copies have none).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
-from embed_core.config import SourceSpec
+from pydantic import Field
+
 from embed_core.errors import RowError, SourceError
-from embed_core.prepare.convert.base import ConvertStream, Skipped, parse_score
-from embed_core.prepare.convert.retrieval import load_corpus
+from embed_core.prepare.convert.base import Converter, ConverterParams, ConvertStream, Skipped, parse_score
 from embed_core.prepare.readers import read_delimited, read_jsonl
-from embed_core.schema import Record, is_blank
+from embed_core.schema import is_blank
 
 
 def _find(directory: Path, display: str, name: str) -> tuple[Path, str]:
@@ -76,47 +77,95 @@ def read_queries(path: Path, display: str) -> tuple[dict[str, tuple[str, int]], 
     return queries, errors
 
 
-def convert_beir(spec: SourceSpec, directory: Path) -> ConvertStream:
-    files = beir_files(directory, spec.path.rstrip("/"), spec.split)
-    queries, query_errors = read_queries(*files["queries"])
-    yield from query_errors
-    judged: dict[str, list[tuple[str, float, int]]] = {}
-    qrel_rows: list = list(read_qrels(*files["qrels"]))
-    corpus, corpus_errors = load_corpus(*files["corpus"])
-    yield from corpus_errors
-    qrels_display = files["qrels"][1]
-    for item in qrel_rows:
-        if isinstance(item, RowError):
-            yield item
-            continue
-        line, qid, did, score = item
-        if qid not in queries:
-            yield RowError(qrels_display, line, "query-id", "unknown_query", f"query id {qid!r} not in queries.jsonl")
-            continue
-        if did not in corpus:
-            yield RowError(qrels_display, line, "corpus-id", "unknown_doc", f"document id {did!r} not in corpus.jsonl")
-            continue
-        judged.setdefault(qid, []).append((did, score, line))
-    queries_display = files["queries"][1]
-    for qid, items in judged.items():
-        text, qline = queries[qid]
-        weak_grades = set(spec.weak_positive_grades or ())
-        pos = sorted(((corpus[d], s) for d, s, _ in items if s > 0 and s not in weak_grades), key=lambda x: -x[1])
-        weak = [corpus[d] for d, s, _ in items if s in weak_grades and s > 0]
-        neg = [(corpus[d], s) for d, s, _ in items if s <= 0]
-        if not pos:
-            yield Skipped(queries_display, qline, "no_relevant_document")
-            continue
-        yield Record(id=f"{spec.name}:q{qid}", dataset=spec.name, task=spec.task or "retrieval",
-                     instruction=spec.instruction, query=text,
-                     positives=[p for p, _ in pos], positive_scores=[s for _, s in pos],
-                     negatives=[n for n, _ in neg], negative_scores=[s for _, s in neg], weak_positives=weak,
-                     origin="original", source_ref=f"{queries_display}:{qline}")
-
-
 def beir_eval_queries(directory: Path, display: str, split: str) -> list[str]:
     """Texts of the queries judged in ``split`` (what contamination exclusion compares against)."""
     files = beir_files(directory, display, split)
     queries, _ = read_queries(*files["queries"])
     judged = {item[1] for item in read_qrels(*files["qrels"]) if not isinstance(item, RowError)}
     return [queries[q][0] for q in judged if q in queries]
+
+
+def load_corpus(path: Path, display: str) -> tuple[dict[str, str], list[RowError]]:
+    """BEIR-style corpus JSONL → {doc id: "title text"} (title joined as BEIR/MTEB do)."""
+    docs: dict[str, str] = {}
+    errors: list[RowError] = []
+    for raw in read_jsonl(path, display):
+        if isinstance(raw, RowError):
+            errors.append(raw)
+            continue
+        doc_id = raw.values.get("_id")
+        text = raw.values.get("text")
+        if doc_id is None:
+            errors.append(RowError(raw.file, raw.row, "_id", "missing_field", "missing field"))
+            continue
+        if not isinstance(text, str):
+            errors.append(RowError(raw.file, raw.row, "text", "missing_field" if text is None else "wrong_type",
+                                   "missing field" if text is None else "expected text"))
+            continue
+        title = raw.values.get("title") or ""
+        full = f"{title.strip()} {text.strip()}".strip() if isinstance(title, str) else text.strip()
+        if is_blank(full):
+            errors.append(RowError(raw.file, raw.row, "text", "empty_text", "empty text"))
+            continue
+        docs[str(doc_id)] = full
+    return docs, errors
+
+
+class Beir(Converter):
+    """A BEIR directory (``path``), not a file: no columns, and dev records come from dev_fraction."""
+
+    kind = "beir"
+    one_file: ClassVar[bool] = False
+
+    class Params(ConverterParams):
+        split: str = Field("train", description="The qrels split read (qrels/<split>.tsv).")
+        weak_positive_grades: list[float] | None = Field(
+            None, description="Relevance grades that make a judged document a weak-positive (HMCL level 2) "
+            "instead of a positive, e.g. [1] for TREC-DL's 'relevant topic, no answer'.")
+
+    def _files(self) -> dict[str, tuple[Path, str]]:
+        return beir_files(self.run.resolve(self.spec.path), self.spec.path.rstrip("/"), self.params.split)
+
+    def files(self) -> list[tuple[str, Path]]:
+        return [(display, path) for path, display in self._files().values()]
+
+    def texts(self):
+        """The texts of the queries judged in ``split``."""
+        yield from beir_eval_queries(self.run.resolve(self.spec.path), self.spec.path, self.params.split)
+
+    def records(self) -> ConvertStream:
+        files = self._files()
+        queries, query_errors = read_queries(*files["queries"])
+        yield from query_errors
+        qrel_rows: list = list(read_qrels(*files["qrels"]))
+        corpus, corpus_errors = load_corpus(*files["corpus"])
+        yield from corpus_errors
+        judged: dict[str, list[tuple[str, float, int]]] = {}
+        qrels_display = files["qrels"][1]
+        for item in qrel_rows:
+            if isinstance(item, RowError):
+                yield item
+                continue
+            line, qid, did, score = item
+            if qid not in queries:
+                yield RowError(qrels_display, line, "query-id", "unknown_query", f"query id {qid!r} not in queries.jsonl")
+            elif did not in corpus:
+                yield RowError(qrels_display, line, "corpus-id", "unknown_doc", f"document id {did!r} not in corpus.jsonl")
+            else:
+                judged.setdefault(qid, []).append((did, score, line))
+        yield from self._query_records(files["queries"][1], queries, judged, corpus)
+
+    def _query_records(self, queries_display: str, queries: dict[str, tuple[str, int]],
+                       judged: dict[str, list[tuple[str, float, int]]], corpus: dict[str, str]) -> ConvertStream:
+        weak_grades = set(self.params.weak_positive_grades or ())
+        for qid, items in judged.items():
+            text, qline = queries[qid]
+            pos = sorted(((corpus[d], s) for d, s, _ in items if s > 0 and s not in weak_grades), key=lambda x: -x[1])
+            weak = [corpus[d] for d, s, _ in items if s in weak_grades and s > 0]
+            neg = [(corpus[d], s) for d, s, _ in items if s <= 0]
+            if not pos:
+                yield Skipped(queries_display, qline, "no_relevant_document")
+                continue
+            yield self.record(id=f"{self.spec.name}:q{qid}", source_ref=f"{queries_display}:{qline}", query=text,
+                              positives=[p for p, _ in pos], positive_scores=[s for _, s in pos],
+                              negatives=[n for n, _ in neg], negative_scores=[s for _, s in neg], weak_positives=weak)

@@ -11,13 +11,11 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from embed_core.config import SourceSpec
-from embed_core.errors import RowError
-from embed_core.prepare.convert.base import Columns, ConvertStream, get_text, record_id
-from embed_core.prepare.readers import RawRow
-from embed_core.schema import Record
+from pydantic import Field
 
-CLASSIFICATION_COLUMNS = ({"text": "text", "label": "label"}, {"text": 0, "label": 1})
+from embed_core.errors import RowError
+from embed_core.prepare.convert.base import Converter, ConverterParams, ConvertStream, Rows
+from embed_core.prepare.readers import RawRow
 
 
 def _other(rng: random.Random, pool: list[str], text: str) -> str:
@@ -28,54 +26,75 @@ def _other(rng: random.Random, pool: list[str], text: str) -> str:
             return pick
 
 
-def convert_classification(rows, spec: SourceSpec, cols: Columns, seed: int = 0) -> ConvertStream:
-    examples: list[tuple[RawRow, str, str]] = []
-    for raw in rows:
-        if isinstance(raw, RowError):
-            yield raw
-            continue
-        try:
-            text = get_text(raw, cols["text"])
-            label = get_text(raw, cols["label"])
-        except RowError as err:
-            yield err
-            continue
-        if spec.label_map:
-            key = label.lower()
-            lowered = {str(k).lower(): str(v) for k, v in spec.label_map.items()}
-            if key not in lowered:
-                yield RowError(raw.file, raw.row, str(cols["label"]), "unknown_label",
-                               f"unknown label {label!r} (expected one of {', '.join(sorted(lowered))})")
-                continue
-            label = lowered[key]
-        examples.append((raw, text, label))
+class Classification(Converter):
+    kind = "classification"
+    task = "classification"
+    columns = {"text": "text", "label": "label"}
+    text_fields = ("text",)
 
-    by_label: dict[str, list[str]] = defaultdict(list)
-    seen: set[tuple[str, str]] = set()  # a list's `in` made this quadratic in the source size
-    for _, text, label in examples:
-        if (label, text) not in seen:
-            seen.add((label, text))
-            by_label[label].append(text)
-    labels = sorted(by_label)
-    rng = random.Random(f"{seed}:{spec.name}")
-    for raw, text, label in examples:
+    class Params(ConverterParams):
+        label_map: dict[str, str | int | float] | None = Field(
+            None, description="Raw label (case-insensitive) -> the label to keep; a label not listed is "
+            "quarantined (reason unknown_label). None = keep the raw labels.")
+        num_negatives: int = Field(4, ge=0, description="Negatives of other labels per record.")
+
+    def _examples(self, rows: Rows) -> tuple[list[tuple[RawRow, str, str]], list[RowError]]:
+        """(row, text, label) of every good row (labels mapped), and the bad rows' errors."""
+        label_map = self.params.label_map
+        lowered = {str(k).lower(): str(v) for k, v in label_map.items()} if label_map else None
+        examples: list[tuple[RawRow, str, str]] = []
+        errors: list[RowError] = []
+        for raw in rows:
+            if isinstance(raw, RowError):
+                errors.append(raw)
+                continue
+            try:
+                text = self.text(raw, "text")
+                label = self.text(raw, "label")
+            except RowError as err:
+                errors.append(err)
+                continue
+            if lowered is not None:
+                if label.lower() not in lowered:
+                    errors.append(RowError(raw.file, raw.row, str(self.cols["label"]), "unknown_label",
+                                           f"unknown label {label!r} (expected one of {', '.join(sorted(lowered))})"))
+                    continue
+                label = lowered[label.lower()]
+            examples.append((raw, text, label))
+        return examples, errors
+
+    def convert(self, rows: Rows) -> ConvertStream:
+        examples, errors = self._examples(rows)
+        yield from errors
+        by_label: dict[str, list[str]] = defaultdict(list)
+        seen: set[tuple[str, str]] = set()  # a list's `in` made this quadratic in the source size
+        for _, text, label in examples:
+            if (label, text) not in seen:
+                seen.add((label, text))
+                by_label[label].append(text)
+        labels = sorted(by_label)
+        rng = random.Random(f"{self.run.seed}:{self.spec.name}")
+        for raw, text, label in examples:
+            yield from self._example_record(rng, raw, text, label, by_label, labels)
+
+    def _example_record(self, rng: random.Random, raw: RawRow, text: str, label: str,
+                        by_label: dict[str, list[str]], labels: list[str]) -> ConvertStream:
         pool = by_label[label]
+        label_col = str(self.cols["label"])
         if len(pool) < 2:
-            yield RowError(raw.file, raw.row, str(cols["label"]), "singleton_label",
+            yield RowError(raw.file, raw.row, label_col, "singleton_label",
                            f"no other example with label {label!r} to use as positive")
-            continue
+            return
         others = [lab for lab in labels if lab != label]
-        if not others and spec.num_negatives:
-            yield RowError(raw.file, raw.row, str(cols["label"]), "single_class",
+        if not others and self.params.num_negatives:
+            yield RowError(raw.file, raw.row, label_col, "single_class",
                            "only one label in the source: no negatives possible")
-            continue
+            return
         negatives: list[str] = []
         negative_labels: list[str] = []
-        for _ in range(spec.num_negatives):
+        for _ in range(self.params.num_negatives):
             neg_label = rng.choice(others)
             negatives.append(rng.choice(by_label[neg_label]))
             negative_labels.append(neg_label)
-        yield Record(id=record_id(spec, raw), dataset=spec.name, task=spec.task or "classification",
-                     instruction=spec.instruction, query=text, positives=[_other(rng, pool, text)],
-                     negatives=negatives, negative_labels=negative_labels, label=label,
-                     origin="original", source_ref=raw.ref)
+        yield self.row_record(raw, query=text, positives=[_other(rng, pool, text)], negatives=negatives,
+                              negative_labels=negative_labels, label=label)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embed_core.config import AutoRegEmbedConfig
+from embed_core.train.config import AutoRegEmbedConfig
 from embed_core.errors import ConfigError
 from embed_core.train.batches import INFONCE_TASKS, PAIR_TASKS, DatasetRecords
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from embed_core.config import TrainConfig, TrainStageConfig
+from embed_core.train.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError
 from embed_core.losses.autoregembed import cda_loss, ic_loss
 from embed_core.train.autoregembed.data import CDAExample, ICExample

@@ -1,0 +1,89 @@
+"""The evaluate stage's config section: MTEB tasks on local files, the evaluated models, geometry
+and the Hub upload."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from embed_core.config_base import FileFormat, StrictModel, check_path_name
+from embed_core.model.config import EngineConfig
+
+EvalTaskType = Literal["sts", "retrieval", "classification", "pair_classification"]
+
+
+class EvalTaskSpec(FileFormat):
+    """One evaluation task on local files. When ``name`` is an MTEB task name (STSBenchmark, SICK-R,
+    SciFact, Banking77Classification, EmotionClassification, AmazonCounterfactualClassification, …)
+    MTEB's own task definition is used (metric, splits, classifier protocol, prompt) and only the
+    data comes from here; any other name defines a local task of ``type``."""
+
+    name: str = Field(description="Task name; an MTEB name reuses MTEB's task definition.")
+    type: EvalTaskType = Field(description="Task type (decides the file layout and the MTEB evaluator).")
+    path: str | list[str] = Field(description="sts / pair_classification / classification: the evaluated file "
+                                  "(a list is read in order as one split, e.g. SICK-R's three files); "
+                                  "retrieval: a BEIR directory (corpus.jsonl[.gz], queries.jsonl, qrels/<split>.tsv).")
+    train_path: str | None = Field(None, description="classification: file the classifier is fitted on (read "
+                                   "with the same format settings).")
+    label_map: dict[str, int] | None = Field(None, description="pair_classification: raw label -> 0/1.")
+    split: str = Field("test", description="Split name reported (and the BEIR qrels split).")
+    subset: str = Field("default", description="MTEB subset (e.g. 'en' for AmazonCounterfactualClassification).")
+    main_metric: str | None = Field(None, description="Default: MTEB's main score for the task or type.")
+    score_range: tuple[float, float] = Field((0.0, 5.0), description="sts: gold score range.")
+    instruction: str | None = Field(None, description="Instruction for instruction-following models "
+                                                      "(default: MTEB's task prompt, else none).")
+    max_rows: int | None = Field(None, ge=1, description="Evaluate only the first N rows/queries (smoke runs).")
+    max_corpus: int | None = Field(None, ge=1, description="retrieval: search a corpus of N documents: every "
+                                   "document judged for the evaluated queries plus a seeded sample of the others "
+                                   "(quick runs; scores are not comparable with the full corpus's, so give the task "
+                                   "its own name).")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return check_path_name(v, "task name")
+
+
+class GeometryConfig(StrictModel):
+    task: str = Field(description="Name of an sts task in evaluate.tasks whose sentences are analysed.")
+    max_texts: int = Field(1000, ge=2, description="Unique sentences analysed (first N of the file).")
+    max_length: int = Field(128, ge=4, description="Tokens per sentence.")
+
+
+class EvaluateConfig(StrictModel):
+    """Evaluate stage: MTEB on local task data (metrics computed by mteb)."""
+
+    models: list[str] = Field(default_factory=lambda: ["base"],
+                              description="'base' (the run's base model), 'trained' (every train-stage checkpoint "
+                                          "in the run), or local model directories.")
+    base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
+    tasks: list[EvalTaskSpec] = Field(min_length=1, description="Tasks to evaluate every model on.")
+    batch_size: int = Field(64, ge=1, description="Texts per encoding batch.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "fp32", description="fp32 by default so published scores reproduce on any hardware.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="Where the task texts are encoded "
+                                 "(local, or Ray Data actors); not part of the stage's key: any engine gives the "
+                                 "same scores.")
+    geometry: GeometryConfig | None = Field(None, description="Token-embedding geometry of every evaluated model "
+                                            "(CoDiEmb §4) on the sentences of an STS task; omitted = not computed.")
+    push_to_hub: bool = Field(False, description="Upload the released model (<run_dir>/evaluate/model: weights, "
+                              "prompts, model card with the scores) to the Hugging Face Hub after the stage commits; "
+                              "needs hub_model_id, network and a token (HF_TOKEN or huggingface-cli login).")
+    hub_model_id: str | None = Field(None, description="Hub repository for push_to_hub, e.g. my-org/my-embedder.")
+    hub_private: bool = Field(True, description="Create the Hub repository as private (if it does not exist).")
+
+    @model_validator(mode="after")
+    def _hub_target(self) -> "EvaluateConfig":
+        if self.push_to_hub and not self.hub_model_id:
+            raise ValueError("push_to_hub needs hub_model_id (e.g. my-org/my-embedder)")
+        return self
+
+    @model_validator(mode="after")
+    def _geometry_task(self) -> "EvaluateConfig":
+        if self.geometry is not None:
+            sts = [t.name for t in self.tasks if t.type == "sts"]
+            if self.geometry.task not in sts:
+                raise ValueError(f"geometry.task {self.geometry.task!r} must name an sts task of this section "
+                                 f"(sts tasks: {', '.join(sts) or 'none'})")
+        return self

@@ -1,0 +1,185 @@
+"""The mine stage's body (declared in ``stage.py``): prepare's records → the same records with mined hard negatives.
+
+Reads ``<run_dir>/prepare`` through its manifest, writes ``<run_dir>/mine/<dataset>.parquet``
+(every dataset; those without a mined task pass through unchanged), ``_scores.parquet`` (score
+distributions: positives, kept negatives, candidates removed by the margin), ``score_hist.png``
+and ``manifest.json`` (counts, index choice and parameters, model fingerprint, timings).
+Embeddings are cached per model fingerprint and dtype (shared with evaluate): the base model's in the
+machine-wide cache, other models' in ``<run_dir>/cache/embeddings/`` (``embed_core.model.embedding_cache``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.config import RunConfig, config_hash
+from embed_core.mine.config import MineConfig
+from embed_core.model.config import EngineConfig
+from embed_core.engine import engine_session, ray_encode
+from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.mine.miner import eligible, mine_records
+from embed_core.mine.stage import NAME as STAGE
+from embed_core.model.embedding_cache import EmbeddingCache, open_cache
+from embed_core.model.encoder import model_dim, model_fingerprint, uses_bf16
+from embed_core.plots import pyplot, to_png
+from embed_core.prepare.convert.beir import load_corpus
+from embed_core.schema import records_to_table, table_to_records
+
+log = logging.getLogger("embedpipe.mine")
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("torch", "transformers", "faiss-cpu", "faiss-gpu", "numpy")
+
+
+def _cfg(config: RunConfig) -> MineConfig:
+    if config.mine is None:
+        raise ConfigError("the run config has no 'mine' section")
+    return config.mine
+
+
+def _encoder(cfg: MineConfig, path: str, dim: int):
+    """texts -> embeddings on the configured engine (the model loads on first use)."""
+    if cfg.engine.kind == "ray":
+        return lambda texts: ray_encode(texts, model=path, pooling=cfg.pooling, max_length=cfg.max_length,
+                                        precision=cfg.precision, batch_size=cfg.batch_size, dim=dim, engine=cfg.engine)
+    from embed_core.model.encoder import Encoder
+
+    encoder = Encoder(path, pooling=cfg.pooling, max_length=cfg.max_length, precision=cfg.precision)
+    return lambda texts: encoder.encode(texts, batch_size=cfg.batch_size, show_progress=True)
+
+
+def _encode_device(cfg: MineConfig) -> str:
+    """The device type the texts are encoded on (it decides bf16 under precision: auto)."""
+    if cfg.engine.kind == "ray":
+        return "cuda" if cfg.engine.num_gpus_per_worker > 0 else "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) -> Fingerprint:
+    """Upstream output hashes + mine config + model fingerprint + corpus file hashes."""
+    cfg = _cfg(config)
+    up = read_manifest(Path(run_dir), upstream)  # synthesize's records when it runs, else prepare's
+    if up is None:
+        raise EmbedpipeError(f"{Path(run_dir) / upstream}: no manifest.json — run the {upstream} stage first")
+    model_fp = model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, uses_bf16(cfg.precision, _encode_device(cfg)))
+    corpora = {}
+    for ds, path in cfg.corpora.items():
+        d = config.resolve(path)
+        cfile = d / "corpus.jsonl" if (d / "corpus.jsonl").exists() else d / "corpus.jsonl.gz"
+        corpora[ds] = sha256_file(cfile) if cfile.exists() else "missing"
+    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+        "upstream": {n: i["sha256"] for n, i in up["outputs"].items()},
+        "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine: the same negatives
+        "model": model_fp, "corpora": corpora, "seed": config.seed}, details={"model_fingerprint": model_fp})
+
+
+def _corpus_texts(config: RunConfig, path: str) -> list[str]:
+    d = config.resolve(path)
+    for name in ("corpus.jsonl", "corpus.jsonl.gz"):
+        if (d / name).exists():
+            docs, errors = load_corpus(d / name, f"{path}/{name}")
+            if errors:
+                log.warning("mine: %d bad corpus rows skipped (first: %s)", len(errors), errors[0])
+            return list(docs.values())
+    raise ConfigError(f"mine.corpora: no corpus.jsonl(.gz) in {d}")
+
+
+def _plot(scores: list[dict[str, Any]]) -> bytes:
+    plt = pyplot()
+    datasets = sorted({s["dataset"] for s in scores})
+    fig, axes = plt.subplots(len(datasets), 1, figsize=(7, 2.6 * max(1, len(datasets))), squeeze=False)
+    for ax, ds in zip(axes[:, 0], datasets):
+        for kind, color in (("positive", "tab:green"), ("kept_negative", "tab:blue"), ("filtered", "tab:red")):
+            xs = [s["score"] for s in scores if s["dataset"] == ds and s["kind"] == kind]
+            if xs:
+                ax.hist(xs, bins=40, range=(-0.2, 1.0), alpha=0.55, color=color, label=f"{kind} ({len(xs)})")
+        ax.set_title(f"{ds}: cosine scores", fontsize=10)
+        ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("cosine similarity to the query")
+    return to_png(fig)
+
+
+def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None, *,
+             upstream: str) -> dict[str, Any]:
+    """Mine hard negatives for the records of ``upstream`` (a stage directory); the manifest."""
+    cfg = _cfg(config)
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    fingerprint = fingerprint or input_fingerprint(config, run_dir, upstream=upstream)
+    tables = read_records(run_dir, upstream)
+
+    cache: EmbeddingCache | None = None
+    encode = None
+
+    def embed(texts: list[str]):
+        nonlocal cache, encode
+        if cache is None:  # load the model only when something needs encoding
+            from embed_core.model.encoder import resolve_model_path
+
+            bf16 = uses_bf16(cfg.precision, _encode_device(cfg))
+            path = resolve_model_path(cfg.model)
+            cache = open_cache(path, run_dir, config.embedding_cache, model_fingerprint(cfg.model, cfg.pooling,
+                               cfg.max_length, bf16), model_dim(path), cfg.cache_dtype)
+            encode = _encoder(cfg, path, cache.dim)
+        return cache.get_or_encode(texts, encode)
+
+    out_tables: dict[str, pa.Table] = {}
+    per_dataset: list[dict[str, Any]] = []
+    score_rows: list[dict[str, Any]] = []
+    with StageWriter(run_dir, STAGE) as writer:  # opened first: an on-disk index lives in its scratch
+        with engine_session(cfg.engine):  # a local Ray instance lives as long as the loop (engine: ray)
+            for name, table in sorted(tables.items()):
+                dataset = name.removesuffix(".parquet")
+                records = table_to_records(table)
+                wanted = cfg.datasets is None or dataset in cfg.datasets
+                if not wanted or not any(eligible(r, cfg) for r in records):
+                    out_tables[name] = table
+                    per_dataset.append({"dataset": dataset, "records": len(records), "mined": False})
+                    continue
+                t_ds = time.perf_counter()
+                corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
+                index_dir = writer.scratch / f"index-{dataset}" if cfg.index.on_disk else None
+                mined, stats = mine_records(records, embed, cfg, corpus, index_dir=index_dir, seed=config.seed)
+                if index_dir is not None:  # the on-disk index's files, no longer needed
+                    shutil.rmtree(index_dir, ignore_errors=True)
+                out_tables[name] = records_to_table(mined)
+                summary = stats.summary()
+                per_dataset.append({"dataset": dataset, "records": len(records), "mined": True,
+                                    "pool": "corpus" if corpus is not None else "dataset texts",
+                                    "seconds": round(time.perf_counter() - t_ds, 2), **summary})
+                if stats.too_few:
+                    log.warning("mine %s: %d records got fewer than %d negatives, e.g. %s", dataset, stats.too_few,
+                                cfg.num_negatives, ", ".join(stats.too_few_examples))
+                for kind, xs in (("positive", stats.positive_scores), ("kept_negative", stats.kept_scores),
+                                 ("filtered", stats.filtered_scores)):
+                    score_rows += [{"dataset": dataset, "kind": kind, "score": float(x)} for x in xs]
+
+        for name, table in out_tables.items():
+            writer.write_table(name, table, kind="records")
+        writer.write_table("_scores.parquet", pa.Table.from_pylist(
+            score_rows, schema=pa.schema([("dataset", pa.string()), ("kind", pa.string()), ("score", pa.float64())])),
+            kind="stats")
+        if score_rows:
+            writer.write_file("score_hist.png", _plot(score_rows), kind="plot")
+        manifest = writer.commit({
+            "run_name": config.run_name,
+            "input_fingerprint": fingerprint.key,
+            "code": fingerprint.code,
+            "model": {"path": cfg.model, "fingerprint": fingerprint.details["model_fingerprint"], "pooling": cfg.pooling,
+                      "max_length": cfg.max_length, "precision": cfg.precision},
+            "settings": cfg.model_dump(mode="json"),
+            "counts": {"datasets": per_dataset,
+                       "texts_encoded": cache.encoded_texts if cache else 0,
+                       "cache_size": len(cache) if cache else None},
+            "timings_s": {"total": round(time.perf_counter() - t0, 3)},
+        })
+    return manifest

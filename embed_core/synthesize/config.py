@@ -1,0 +1,111 @@
+"""The synthesize stage's config section: the OpenAI-compatible server, sampling, quality filters
+and the strategies and budgets of LLM data synthesis."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from embed_core.config_base import StrictModel
+
+SynthStrategy = Literal["paraphrase", "augmentation", "hard_negative"]
+
+
+class LLMServerConfig(StrictModel):
+    """Where requests go: any OpenAI-compatible server (OpenAI, vLLM, Ollama, llama.cpp server)."""
+
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. https://api.openai.com/v1 or "
+                                 "http://localhost:8000/v1 (vLLM); None with launch: llama_cpp = the launched server.")
+    model: str = Field("gemma-3-270m", description="Model name sent with every request (part of the cache key).")
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="Environment variable holding the API key; "
+                                    "the key itself is never written to configs, logs or artifacts.")
+    mode: Literal["chat", "completion"] = Field("completion", description="chat: /chat/completions with the "
+                                                "template's messages; completion: /completions with its few-shot text "
+                                                "(base models).")
+    launch: Literal["none", "llama_cpp"] = Field("none", description="llama_cpp: start a local llama.cpp server "
+                                                 "(llama-cpp-python) on loopback when a request needs it, stop it after.")
+    gguf: str = Field("default", description="launch: GGUF weights path, or 'default' (packaged Gemma-3-270M).")
+    port: int = Field(0, ge=0, le=65535, description="launch: loopback port (0 = a free one).")
+    n_ctx: int = Field(2048, ge=256, description="launch: context length.")
+    n_threads: int | None = Field(None, ge=1, description="launch: CPU threads. None = the cores minus one (at least "
+                                  "1, at most 8): llama.cpp's threads spin at barriers, so with every core in use one "
+                                  "other busy process can slow generation 40x; a spare core keeps it steady.")
+    startup_timeout_s: float = Field(300.0, gt=0, description="launch: seconds to wait for the server's health check.")
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout.")
+    max_retries: int = Field(4, ge=0, description="Retries of a request on timeouts, 429, 5xx and connection errors.")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per retry, with full jitter. A "
+                             "Retry-After (or retry-after-ms) header of the server wins, up to max_retry_after_s.")
+    max_backoff_s: float = Field(20.0, ge=0, description="Longest retry delay.")
+    max_retry_after_s: float = Field(60.0, ge=0, description="Longest Retry-After honoured; a server asking for "
+                                     "more gets the jittered backoff instead.")
+    structured_output: Literal["auto", "on", "off"] = Field(
+        "auto", description="mode chat: send a JSON-schema response_format built from the answer model "
+        "(OpenAI, vLLM and llama.cpp constrain the reply to it). auto = on, and off for the rest of the run "
+        "when the server rejects it; the reply is parsed and validated the same way either way.")
+    max_concurrency: int = Field(4, ge=1, description="Requests in flight at once (per endpoint).")
+    base_urls: list[str] = Field(default_factory=list, description="Several OpenAI-compatible endpoints serving the "
+                                 "same model (instead of base_url): requests are shared, max_concurrency each, and a "
+                                 "request that cannot connect, times out or gets a 5xx moves to another endpoint; the "
+                                 "failing one gets no requests for endpoint_cooldown_s. The request cache does not "
+                                 "depend on the endpoint, so a resumed run repeats nothing.")
+    endpoint_cooldown_s: float = Field(30.0, ge=0, description="base_urls: seconds an endpoint that failed is left out "
+                                       "(while another is up).")
+
+    @model_validator(mode="after")
+    def _one_kind_of_endpoint(self) -> "LLMServerConfig":
+        if self.base_urls and self.base_url:
+            raise ValueError("set base_url (one endpoint) or base_urls (several), not both")
+        if self.base_urls and self.launch != "none":
+            raise ValueError("base_urls are servers you run; launch: llama_cpp starts one itself (use launch: none)")
+        if len(set(self.base_urls)) != len(self.base_urls):
+            raise ValueError("base_urls lists an endpoint twice")
+        return self
+
+
+class SamplingConfig(StrictModel):
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass.")
+    max_tokens: int = Field(192, ge=1, description="Max generated tokens per request.")
+    seed: int | None = Field(None, description="Sent to servers that honour it (per attempt: seed + attempt).")
+
+
+class SynthFilterConfig(StrictModel):
+    """Quality filters (QZhou §6.1: dedupe, drop low query–positive scores; NV-style easiness bounds)."""
+
+    model: str = Field("default",
+                       description="Embedding model that scores generated text ('default': packaged MiniLM).")
+    max_length: int = Field(256, ge=8, description="Tokens the filter model reads per text.")
+    paraphrase_min_sim: float = Field(0.7, ge=-1, le=1, description="A rewrite must stay this close to its source.")
+    pair_min_sim: float = Field(0.3, ge=-1, le=1,
+                                description="Generated (query, positive) pairs below this are dropped.")
+    negative_min_sim: float = Field(0.2, ge=-1, le=1,
+                                    description="A generated hard negative must score above this floor …")
+    negative_margin: float = Field(0.0, ge=0, description="… and below sim(query, positive) − margin.")
+    min_chars: int = Field(8, ge=1, description="Generated texts shorter than this are dropped.")
+    max_chars: int = Field(2000, ge=1, description="Generated texts longer than this are dropped.")
+
+
+class SynthesizeConfig(StrictModel):
+    """LLM data synthesis (QZhou §4, §6.1): paraphrase, augmentation, hard-negative generation."""
+
+    server: LLMServerConfig = Field(default_factory=LLMServerConfig,
+                                    description="The OpenAI-compatible server (or the local llama.cpp one to launch).")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig,
+                                     description="Generation parameters sent with every request.")
+    filter: SynthFilterConfig = Field(default_factory=SynthFilterConfig,
+                                      description="Quality filters on generated text (embedding similarity, length).")
+    strategies: list[SynthStrategy] = Field(default_factory=lambda: ["paraphrase", "augmentation", "hard_negative"],
+                                            description="Task rules: retrieval gets all three; nli/sts/pair "
+                                            "classification and classification only paraphrase (single sentences).")
+    prompt_dir: str | None = Field(None, description="Directory of prompt templates overriding the packaged ones.")
+    datasets: list[str] | None = Field(None, description="Only these datasets (default: every dataset below "
+                                       "max_dataset_rows).")
+    max_dataset_rows: int = Field(60000, ge=1, description="Datasets larger than this are left alone (QZhou: <60k).")
+    max_records_per_dataset: int | None = Field(None, ge=1, description="Synthesize from the first N records of a "
+                                                "dataset only (bounded runs).")
+    hard_negative_fraction: float = Field(0.3, ge=0, le=1, description="Share of retrieval records that get an LLM "
+                                          "hard negative (QZhou §6.1: 30%).")
+    max_parse_retries: int = Field(2, ge=0, description="Extra requests for an answer that does not parse or validate.")
+    max_requests: int | None = Field(None, ge=0, description="Run budget: HTTP requests (cached answers are free).")
+    max_tokens: int | None = Field(None, ge=0, description="Run budget: prompt + completion tokens.")

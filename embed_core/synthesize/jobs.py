@@ -1,0 +1,140 @@
+"""The synthesize stage's requests: one job per (record, strategy) the config asks for, sent to the
+LLM (request cache first; the local llama.cpp server launched only when a request is not cached)
+and parsed into validated answers."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embed_core.progress import Progress
+from embed_core.schema import Record
+from embed_core.synthesize.cache import RequestCache
+from embed_core.synthesize.client import LLMClient, RequestFailed
+from embed_core.synthesize.config import SynthesizeConfig
+from embed_core.synthesize.prompts import MalformedAnswer, PromptTemplate
+
+log = logging.getLogger("embedpipe.synthesize")
+SENTENCE_TASKS = frozenset({"nli", "sts", "pair_classification", "classification"})
+
+
+@dataclass
+class Job:
+    strategy: str
+    dataset: str
+    record: Record
+    template: PromptTemplate
+    values: dict[str, str]
+
+
+@dataclass
+class Outcome:
+    job: Job
+    answer: Any = None            # validated answer model, or None
+    reason: str = ""              # failure reason when answer is None
+    detail: str = ""
+    raw: str | None = None
+    attempts: int = 0
+
+
+def _selected_for_negative(record_id: str, seed: int, fraction: float) -> bool:
+    """Deterministic per-record draw (stable across reruns and record order)."""
+    h = int.from_bytes(hashlib.sha256(f"{seed}:{record_id}".encode()).digest()[:8], "big")
+    return h / 2 ** 64 < fraction
+
+
+def plan_jobs(cfg: SynthesizeConfig, dataset: str, records: list[Record], templates: dict[str, PromptTemplate],
+              seed: int) -> list[Job]:
+    jobs: list[Job] = []
+    originals = [r for r in records if r.origin == "original"]
+    if cfg.max_records_per_dataset is not None:
+        originals = originals[: cfg.max_records_per_dataset]
+    for rec in originals:
+        if rec.task == "retrieval" and rec.positives:
+            values = {"query": rec.query, "positive": rec.positives[0]}
+            if "paraphrase" in cfg.strategies:
+                jobs.append(Job("paraphrase", dataset, rec, templates["paraphrase-retrieval"], values))
+            if "augmentation" in cfg.strategies:
+                jobs.append(Job("augmentation", dataset, rec, templates["augmentation-retrieval"], values))
+            if "hard_negative" in cfg.strategies and _selected_for_negative(rec.id, seed, cfg.hard_negative_fraction):
+                jobs.append(Job("hard_negative", dataset, rec, templates["hard_negative-retrieval"], values))
+        elif rec.task in SENTENCE_TASKS and "paraphrase" in cfg.strategies:
+            jobs.append(Job("paraphrase", dataset, rec, templates["paraphrase-sentence"], {"query": rec.query}))
+    return jobs
+
+
+async def _run_job(client: LLMClient, job: Job, mode: str, max_parse_retries: int) -> Outcome:
+    tpl = job.template
+    prompt = tpl.render(mode, job.values)
+    last_error, last_raw = "", None
+    for attempt in range(max_parse_retries + 1):
+        try:
+            answer = await client.complete(prompt_name=tpl.name, prompt_version=tpl.version, prompt=prompt,
+                                           stop=tpl.stop, attempt=attempt, schema=tpl.answer_schema())
+        except RequestFailed as exc:
+            return Outcome(job, reason=exc.reason, detail=exc.detail, raw=last_raw, attempts=attempt + 1)
+        try:
+            return Outcome(job, answer=tpl.parse(mode, answer.text), raw=answer.text, attempts=attempt + 1)
+        except MalformedAnswer as exc:
+            last_error, last_raw = str(exc), answer.text
+    return Outcome(job, reason="malformed", detail=last_error, raw=last_raw, attempts=max_parse_retries + 1)
+
+
+async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_retries: int) -> list[Outcome]:
+    bar = Progress("synthesize", total=len(jobs), unit="jobs", logger=log)
+    failed = 0
+
+    async def one(job: Job) -> Outcome:
+        nonlocal failed
+        outcome = None
+        try:
+            outcome = await _run_job(client, job, mode, max_parse_retries)
+            return outcome
+        finally:
+            failed += outcome is None or outcome.answer is None
+            bar.update(1, requests=client.stats.requests, in_flight=client.in_flight, failed=failed)
+
+    try:
+        return list(await asyncio.gather(*(one(j) for j in jobs)))
+    finally:
+        bar.close()
+        await client.aclose()
+
+
+def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int) -> tuple[list[Outcome], dict[str, Any]]:
+    """Ask the LLM for every job (cache first); launches the local llama.cpp server if configured
+    and only if some request is not cached."""
+    from embed_core.synthesize.server import LlamaCppServer, resolve_gguf
+
+    cache = RequestCache(run_dir / "cache" / "llm.sqlite")
+    server: LlamaCppServer | None = None
+    server_info: dict[str, Any] = {"launched": False}
+
+    async def launch() -> str:
+        nonlocal server
+        if cfg.server.launch != "llama_cpp":
+            return cfg.server.base_url or ""
+        server = LlamaCppServer(resolve_gguf(cfg.server.gguf), model_alias=cfg.server.model, port=cfg.server.port,
+                                n_ctx=cfg.server.n_ctx, log_path=run_dir / "logs" / "llama-server.log",
+                                startup_timeout_s=cfg.server.startup_timeout_s, n_threads=cfg.server.n_threads)
+        t0 = time.perf_counter()
+        url = await asyncio.to_thread(server.start)
+        server_info.update(launched=True, startup_s=round(time.perf_counter() - t0, 2), gguf=server.gguf.name,
+                           base_url=url)
+        return url
+
+    client = LLMClient(cfg.server, cfg.sampling, cache, max_requests=cfg.max_requests, max_tokens=cfg.max_tokens,
+                       before_first_request=launch, seed=seed)
+    try:
+        outcomes = asyncio.run(_run_jobs(client, jobs, cfg.server.mode, cfg.max_parse_retries))
+    finally:
+        if server is not None:
+            server.stop()
+        cache_size = len(cache)
+        cache.close()
+    return outcomes, {**client.stats.as_dict(), "cache_size": cache_size, "server": server_info}

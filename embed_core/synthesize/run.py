@@ -1,0 +1,214 @@
+"""The synthesize stage's body (declared in ``stage.py``; requests in ``jobs.py``, filters in
+``filters.py``): prepare's records → the same records plus LLM-made ones (QZhou §4, §6.1).
+
+Strategies and task rules (QZhou §4.1–4.3 and §6.1):
+
+* ``paraphrase`` (structural diversity). retrieval: rewrite the (query, positive) pair and add it;
+  nli / sts / pair_classification: rewrite the row's first sentence and add a copy of the row with
+  it (scores and labels still hold); classification: rewrite the text, keep its label.
+* ``augmentation`` (semantic diversity), retrieval only: a new (query, positive) pair on another
+  aspect of the same domain. NLI and classification get none (it would make labels ambiguous).
+* ``hard_negative``, retrieval only, for ``hard_negative_fraction`` of the records (QZhou: 30%; the
+  mine stage fills the rest): a passage on the query's topic that does not answer it, put first
+  in the record's negatives (the record's origin becomes ``llm_negative``).
+
+Only datasets with at most ``max_dataset_rows`` records are touched (QZhou: fewer than ~60k).
+Every answer is validated (``embed_core.synthesize.prompts``), then filtered: length limits, copies of
+the source, duplicates of texts the dataset already has, text copied from the prompt's few-shot
+examples, the prepare stage's contamination sets,
+and embedding-similarity bounds (a rewrite stays close to its source, a generated pair's query and
+positive agree, a generated negative scores below the positive and above a floor). Kept records
+have ``origin`` set and ``source_ref`` of the record they came from; ids are ``<source id>~para``
+/ ``~aug``.
+
+Writes ``<run_dir>/synthesize/<dataset>.parquet`` (every dataset; untouched ones pass through),
+``_failures.parquet`` (requests that gave no valid answer: reason, detail and the raw reply),
+``_filtered.parquet`` (answers a filter removed, with the reason and scores), ``_samples.parquet``
+(source vs. kept generated text) and ``manifest.json`` (requests, cache hits, tokens, failures by
+reason, kept vs. filtered per strategy). Requests are cached in ``<run_dir>/cache/llm.sqlite``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.config import RunConfig, config_hash
+from embed_core.synthesize.config import SynthesizeConfig
+from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.fingerprint import Fingerprint
+from embed_core.prepare.cleaning import normalize_text
+from embed_core.schema import records_to_table, table_to_records
+from embed_core.synthesize.filters import Candidate, filter_candidates, to_candidate
+from embed_core.synthesize.jobs import generate, plan_jobs
+from embed_core.synthesize.prompts import load_templates, template_versions
+from embed_core.synthesize.stage import NAME as STAGE
+
+log = logging.getLogger("embedpipe.synthesize")
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("openai", "torch", "transformers")
+
+
+def _cfg(config: RunConfig) -> SynthesizeConfig:
+    if config.synthesize is None:
+        raise ConfigError("the run config has no 'synthesize' section")
+    return config.synthesize
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) -> Fingerprint:
+    """Upstream output hashes + synthesize config + prompt templates (version and bytes) + filter model.
+
+    The LLM's weights are not hashed (a remote server's cannot be): the model *name* is in the
+    config, and the request cache is keyed by it.
+    """
+    from embed_core.model.encoder import model_fingerprint
+
+    cfg = _cfg(config)
+    up = read_manifest(Path(run_dir), upstream)
+    if up is None:
+        raise EmbedpipeError(f"{Path(run_dir) / upstream}: no manifest.json — run the {upstream} stage first")
+    templates = load_templates(cfg.prompt_dir)
+    filter_fp = model_fingerprint(cfg.filter.model, "mean", cfg.filter.max_length, False)
+    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+        "upstream": {n: i["sha256"] for n, i in up["outputs"].items()}, "config": config_hash(cfg),
+        "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp,
+        "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
+        details={"prompt_versions": template_versions(templates)})
+
+
+def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None, *,
+                   upstream: str) -> dict[str, Any]:
+    """Run the synthesize stage on the records of ``upstream`` (a stage directory) and return its
+    manifest."""
+    cfg = _cfg(config)
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    fingerprint = fingerprint or input_fingerprint(config, run_dir, upstream=upstream)
+    records, chosen = _chosen_datasets(cfg, run_dir, upstream)
+    templates = load_templates(cfg.prompt_dir)
+    jobs = [j for ds in chosen for j in plan_jobs(cfg, ds, records[ds], templates, config.seed)]
+    log.info("synthesize: %d requests planned over %d datasets", len(jobs), len(chosen))
+
+    t_gen = time.perf_counter()
+    outcomes, client_stats = generate(cfg, jobs, run_dir, config.seed) if jobs else ([], {"requests": 0})
+    gen_s = time.perf_counter() - t_gen
+    kept, filtered = _filtered(config, cfg, records, chosen, outcomes)
+    by_ds: dict[str, list[Candidate]] = defaultdict(list)
+    for c in kept:
+        by_ds[c.outcome.job.dataset].append(c)
+    failures = [{"dataset": o.job.dataset, "source_id": o.job.record.id, "strategy": o.job.strategy,
+                 "prompt": f"{o.job.template.name}@{o.job.template.version}", "reason": o.reason,
+                 "detail": o.detail, "raw": o.raw, "attempts": o.attempts} for o in outcomes if o.answer is None]
+
+    with StageWriter(run_dir, STAGE) as writer:
+        for ds, recs in records.items():
+            negs = {c.record.id: c.record for c in by_ds.get(ds, []) if c.outcome.job.strategy == "hard_negative"}
+            new = [c.record for c in by_ds.get(ds, []) if c.outcome.job.strategy != "hard_negative"]
+            writer.write_table(f"{ds}.parquet", records_to_table([negs.get(r.id, r) for r in recs] + new),
+                               kind="records")
+        writer.write_table("_failures.parquet", _table(failures, FAILURE_FIELDS), kind="stats")
+        writer.write_table("_filtered.parquet", _table(filtered, FILTERED_FIELDS), kind="stats")
+        writer.write_table("_samples.parquet", _table(_samples(kept), SAMPLE_FIELDS), kind="stats")
+        manifest = writer.commit({
+            "run_name": config.run_name,
+            "input_fingerprint": fingerprint.key,
+            "code": fingerprint.code,
+            "llm": {"model": cfg.server.model, "mode": cfg.server.mode, "base_url": cfg.server.base_url,
+                    "base_urls": cfg.server.base_urls,
+                    "launch": cfg.server.launch, "api_key_env": cfg.server.api_key_env},
+            "prompt_versions": fingerprint.details["prompt_versions"],
+            "settings": cfg.model_dump(mode="json"),
+            "counts": {"datasets": [{"dataset": ds, "records": len(records[ds]), "synthesized": ds in chosen,
+                                     "added": sum(1 for c in by_ds.get(ds, []) if c.outcome.job.strategy != "hard_negative"),
+                                     "llm_negatives": sum(1 for c in by_ds.get(ds, []) if c.outcome.job.strategy == "hard_negative")}
+                                    for ds in records],
+                       "strategies": _strategy_counts(outcomes, filtered, kept),
+                       "client": client_stats,
+                       "failed": len(failures), "filtered": len(filtered), "kept": len(kept)},
+            "timings_s": {"generate": round(gen_s, 3), "total": round(time.perf_counter() - t0, 3)},
+        })
+    return manifest
+
+
+def _chosen_datasets(cfg: SynthesizeConfig, run_dir: Path, upstream: str) -> tuple[dict[str, list], list[str]]:
+    """Step 1: the upstream records per dataset, and the datasets small enough to synthesize for."""
+    tables = read_records(run_dir, upstream)
+    records = {name.removesuffix(".parquet"): table_to_records(t) for name, t in sorted(tables.items())}
+    chosen = [ds for ds, recs in records.items()
+              if (cfg.datasets is None or ds in cfg.datasets) and len(recs) <= cfg.max_dataset_rows]
+    if cfg.datasets:
+        unknown = sorted(set(cfg.datasets) - set(records))
+        if unknown:
+            raise ConfigError(f"synthesize.datasets: no dataset named {', '.join(unknown)} in {run_dir / upstream}")
+    return records, chosen
+
+
+def _filtered(config: RunConfig, cfg: SynthesizeConfig, records: dict[str, list], chosen: list[str],
+              outcomes: list) -> tuple[list[Candidate], list[dict[str, Any]]]:
+    """Step 3: the answered requests as candidates, through the filters (``filters.py``)."""
+    from embed_core.prepare.run import collect_eval_texts
+
+    encoder = None
+
+    def embed(texts: list[str]) -> np.ndarray:
+        nonlocal encoder
+        if encoder is None:
+            from embed_core.model.encoder import Encoder
+
+            encoder = Encoder(cfg.filter.model, pooling="mean", max_length=cfg.filter.max_length, precision="fp32")
+        return encoder.encode(texts, batch_size=64)
+
+    existing = {ds: {normalize_text(t) for r in records[ds] for t in r.texts()} for ds in chosen}
+    answered = [o for o in outcomes if o.answer is not None]
+    return filter_candidates(cfg, [to_candidate(o) for o in answered], existing, collect_eval_texts(config), embed)
+
+
+def _strategy_counts(outcomes: list, filtered: list[dict[str, Any]], kept: list[Candidate]) -> dict[str, dict]:
+    strategies: dict[str, Counter] = defaultdict(Counter)
+    for o in outcomes:
+        s = strategies[o.job.strategy]
+        s["requested"] += 1
+        s["answered" if o.answer is not None else f"failed:{o.reason}"] += 1
+    for row in filtered:
+        strategies[row["strategy"]][f"filtered:{row['reason']}"] += 1
+    for c in kept:
+        strategies[c.outcome.job.strategy]["kept"] += 1
+    return {k: dict(v) for k, v in sorted(strategies.items())}
+
+
+def _samples(kept: list[Candidate]) -> list[dict[str, Any]]:
+    """Up to three kept answers per dataset and strategy, before and after."""
+    samples = []
+    for (ds, strategy), group in _group(kept).items():
+        for c in group[:3]:
+            samples.append({"dataset": ds, "strategy": strategy, "source_id": c.outcome.job.record.id,
+                            "before": json.dumps(c.outcome.job.values, ensure_ascii=False),
+                            "after": json.dumps(c.generated, ensure_ascii=False)})
+    return samples
+
+
+def _group(kept: list[Candidate]) -> dict[tuple[str, str], list[Candidate]]:
+    out: dict[tuple[str, str], list[Candidate]] = defaultdict(list)
+    for c in kept:
+        out[(c.outcome.job.dataset, c.outcome.job.strategy)].append(c)
+    return out
+
+
+FAILURE_FIELDS = {"dataset": pa.string(), "source_id": pa.string(), "strategy": pa.string(), "prompt": pa.string(),
+                  "reason": pa.string(), "detail": pa.string(), "raw": pa.string(), "attempts": pa.int64()}
+FILTERED_FIELDS = {"dataset": pa.string(), "source_id": pa.string(), "strategy": pa.string(), "reason": pa.string(),
+                   "generated": pa.string(), "scores": pa.string()}
+SAMPLE_FIELDS = {"dataset": pa.string(), "strategy": pa.string(), "source_id": pa.string(), "before": pa.string(),
+                 "after": pa.string()}
+
+
+def _table(rows: list[dict[str, Any]], fields: dict[str, pa.DataType]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=pa.schema(list(fields.items())))

@@ -1,0 +1,227 @@
+"""The train stage's config section: the base model, LoRA, AutoRegEmbed, and the training stages
+with their losses, sampling and dev evaluation."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from embed_core.config_base import StrictModel
+from embed_core.evaluate.config import EvalTaskSpec
+
+
+class LoraSettings(StrictModel):
+    """LoRA adapters (peft) on the base model's linear layers; the saved model has them merged, so it
+    loads with plain ``transformers``."""
+
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA scaling α (the update is scaled by α / r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA path.")
+    target_modules: list[str] | str = Field("all-linear", description="peft target_modules ('all-linear' = every "
+                                            "linear layer except the output head).")
+
+
+class AutoRegEmbedConfig(StrictModel):
+    """AutoRegEmbed (autoregembed.txt §3; methods notes part B): k compression tokens appended after
+    text + instruction, their last hidden states the embedding and a frozen decoder's prefix.
+    Defaults are the paper's (k 5, τ 0.05, β 0.1, sigmoid, one negative, the Table 5 instructions)."""
+
+    compress_tokens: int = Field(5, ge=1, description="k compression tokens <EMBED0..k-1>.")
+    context_max_length: int = Field(128, ge=8, description="Encoder input tokens (text + instruction + k).")
+    target_max_length: int = Field(64, ge=4, description="Decoder target tokens (plus EOS).")
+    decoder: str | None = Field(None, description="Frozen decoder (a causal LM path); None = the base model.")
+    beta: float = Field(0.1, gt=0, description="CDA β (DPO-style scale).")
+    tau: float = Field(0.05, gt=0, description="CDA temperature τ (the public run script uses 0.1).")
+    squash: Literal["sigmoid", "tanh", "logsigmoid"] = Field(
+        "sigmoid", description="CDA bounding function (paper: sigmoid; Appendix B/C: tanh, log-sigmoid).")
+    reference_sign: Literal["paper", "repo"] = Field(
+        "paper", description="CDA S₂'s reference term: 'paper' subtracts β(log p_ref(d⁺) − log p_ref(d⁻)) (DPO), "
+        "'repo' adds it, as the authors' code does.")
+    num_negatives: int = Field(1, ge=1, description="CDA negatives per example (paper's NLI runs: 1).")
+    positive_level: float = Field(0.8, gt=0, le=1, description="CDA: a scored pair is a positive when its score is "
+                                  "at least this share of the dataset's highest score.")
+    sts_instruction: str = Field("This sentence means in one word: \u201c", description="I_next = I_self for "
+                                 "symmetric tasks (Table 5).")
+    query_instruction: str = Field("Use one word to represent the query in a retrieval task. The word is: \u201c",
+                                   description="Retrieval I_next (queries).")
+    passage_instruction: str = Field("Use one word to represent the passage in a retrieval task. The word is: "
+                                     "\u201c", description="Retrieval I_self (passages).")
+    instruction_template: str = Field("{text}\n{instruction}\n", description="Encoder text before the k tokens "
+                                      "(the authors' layout: text, newline, instruction, newline).")
+
+
+TrainMode = Literal["contrastive", "autoregembed_ic", "autoregembed_cda"]
+
+
+# Flat loss fields of configs before the loss registry: old key -> (task, loss, parameter), for
+# the error that says what to write instead.
+MOVED_LOSS_FIELDS: dict[str, tuple[str, str, str]] = {
+    "tau": ("retrieval", "infonce", "tau"), "query_negatives": ("retrieval", "infonce", "query_negatives"),
+    "cosent_tau": ("sts", "cosent", "tau"), "bce_scale": ("retrieval", "pair_bce", "scale"),
+    "bce_bias": ("retrieval", "pair_bce", "bias"), "bce_bias_warmup_from": ("retrieval", "pair_bce", "bias_warmup_from"),
+    "bce_cutoff": ("retrieval", "pair_bce", "cutoff"), "hmcl_tau": ("retrieval", "hmcl", "tau"),
+    "hmcl_weights": ("retrieval", "hmcl", "mu_c/mu_l/mu_e/mu_ed"), "hmcl_levels": ("sts", "hmcl", "levels"),
+    "num_positives": ("retrieval", "codiemb_ir", "num_positives"), "codiemb_sts_tau": ("sts", "codiemb_sts", "tau"),
+    "codiemb_sts_weights": ("sts", "codiemb_sts", "pearson_weight/rank_kl_weight/pro_weight")}
+
+
+class DevTaskSpec(EvalTaskSpec):
+    """A dev task: declared like an evaluation task (a local file or BEIR directory in ``path``), or
+    ``dataset: <name>`` for the dev records prepare set aside for that dataset (sts, nli and
+    pair_classification records become an sts task, retrieval records a retrieval task over their
+    positives and negatives)."""
+
+    path: str | list[str] = Field("", description="Task data as for evaluate tasks (unused with dataset).")
+    dataset: str | None = Field(None, description="Use prepare's dev records of this dataset (prepare/dev/<name>.parquet).")
+    weight: float = Field(1.0, ge=0, description="Weight of this task's main score in the selection score.")
+
+    @model_validator(mode="after")
+    def _data(self) -> DevTaskSpec:
+        if not self.dataset and not self.path:
+            raise ValueError(f"dev task {self.name!r}: give path (a task file) or dataset (prepare's dev records)")
+        return self
+
+
+class DevConfig(StrictModel):
+    """Evaluation on dev tasks while a stage trains (never on evaluate's test sets), and which
+    weights the stage keeps."""
+
+    tasks: list[DevTaskSpec] = Field(min_length=1, description="Dev tasks, scored every eval_every steps.")
+    eval_every: int = Field(100, ge=1, description="Score the dev tasks every this many steps (and at the last step).")
+    max_rows: int | None = Field(500, ge=1, description="Rows (pairs, queries, texts) per dev task unless the task "
+                                 "sets max_rows; None = all.")
+    select: Literal["best", "last"] = Field("best", description="best: the stage's model is the weights with the "
+                                            "highest weighted dev score; last: the final step's.")
+
+
+class TrainStageConfig(StrictModel):
+    """One training stage. Defaults are QZhou §6.3's where it states them (τ 0.02, 4 hard negatives,
+    weight decay 0.01, warm-up 300, lr 3e-5 / 2e-5, batch 256 for InfoNCE data and 768 for CoSENT
+    data, η 0.72 in stage 2); α = 0.5 is gte's (QZhou cites gte and does not give α)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="Stage name: output goes to <run_dir>/train-<name>/.")
+    tasks: list[str] | None = Field(None,
+                                    description="Only datasets of these tasks (stage 1: [retrieval]); None = all.")
+    datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a trainable task).")
+    init_from: str | None = Field(None, description="Start from this earlier stage's model, or 'base' for the base "
+                                  "model (default: the previous stage).")
+    mode: TrainMode = Field("contrastive", description="contrastive: the task losses below on pooled embeddings; "
+                            "autoregembed_ic / autoregembed_cda: AutoRegEmbed's information compression / "
+                            "conditional distribution alignment (train.autoregembed).")
+    steps: int = Field(32000, ge=1, description="Optimizer steps (QZhou: 32k stage 1, 8k stage 2).")
+    lr: float = Field(3e-5, gt=0, description="Peak learning rate (QZhou: 3e-5 stage 1, 2e-5 stage 2).")
+    warmup_steps: int = Field(300, ge=0, description="Linear warm-up steps.")
+    scheduler: Literal["cosine", "linear", "constant"] = Field("cosine",
+                                                               description="Learning-rate decay after warm-up.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on biases and norms).")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm; None = off.")
+    batch_size: dict[str, int] = Field(
+        default_factory=lambda: {"retrieval": 256, "classification": 256, "sts": 768, "nli": 768,
+                                 "pair_classification": 768},
+        description="Batch size per task (per device).")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    grad_cache_chunk: int | None = Field(None, ge=1, description="GradCache: embed in chunks of this many texts "
+                                         "with cached gradients (memory independent of batch size); None = off.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (less memory, more time).")
+    length_buckets: int = Field(4, ge=1, description="Each text group of a batch is length-sorted and encoded in at "
+                                "most this many forward passes, each padded to its own longest text (the split "
+                                "that wastes the fewest padded positions); the loss still sees the whole batch. "
+                                "1 = one pass padded to the group's longest text.")
+    bucket_pass_cost: int | None = Field(None, ge=0, description="Padded positions an extra length-bucket pass "
+                                         "must save to be made; None = auto: 0 in fp32, 8192 under bf16 autocast, "
+                                         "where small matmuls are overhead-bound (a 2-core AMX CPU: STS-B batches "
+                                         "0.51 s/step in one pass, 0.67 in four; fp32 0.85 and 0.68).")
+    alpha: float = Field(0.5, ge=0, description="Dataset sampling exponent (Eq. 4).")
+    eta: float | None = Field(None, ge=0, le=1,
+                              description="Global retrieval ratio η (stage 2: 0.72); None = Eq. 4 only.")
+    dataset_weight: dict[str, float] = Field(default_factory=dict, description="Dataset -> multiplier of its "
+                                             "size^α sampling weight (default 1; 0 leaves it out), applied before "
+                                             "η splits retrieval from the rest, e.g. {stsb: 3.0}.")
+    num_hard_negatives: int = Field(4, ge=0, description="Hard negatives per query (QZhou: 4).")
+    query_max_length: int = Field(256, ge=8, description="Tokens per query (and per text of a scored pair).")
+    passage_max_length: int = Field(512, ge=8, description="QZhou uses 1536 for a 7B decoder.")
+    checkpoint_every: int = Field(500, ge=1, description="Save a resumable checkpoint every this many steps.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (the newest).")
+    log_every: int = Field(10, ge=1, description="Log a progress line every this many steps.")
+    losses: dict[str, Any] = Field(default_factory=dict, description=(
+        "Loss per task instead of QZhou's (retrieval infonce, classification cls_infonce, sts/nli/"
+        "pair_classification cosent): {task: {name: <loss>, <parameter>: <value>, ...}} or {task: <loss>}; "
+        "the losses and their parameters are listed in docs/configuration.md."))
+    alternate_tasks: bool = Field(False, description="Alternate retrieval and non-retrieval batches step by step "
+                                  "(CoDiEmb); off = draw by the sampling weights.")
+    dev: DevConfig | None = Field(None, description="Dev evaluation during training and best-model selection; "
+                                  "None = train to the last step.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_loss_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, (task, loss, param) in MOVED_LOSS_FIELDS.items():
+                if key in data:
+                    raise ValueError(f"'{key}' moved into the loss's parameters: write "
+                                     f"losses: {{{task}: {{name: {loss}, {param}: {data[key]!r}}}}} instead")
+        return data
+
+    @field_validator("dataset_weight")
+    @classmethod
+    def _non_negative_weights(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: w for k, w in v.items() if w < 0}
+        if bad:
+            raise ValueError(f"dataset_weight must be >= 0 (got {bad})")
+        return v
+
+    @field_validator("losses")
+    @classmethod
+    def _known_losses(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            return v
+        from embed_core.losses import validate_loss_spec  # torch-heavy: only when a stage names a loss
+
+        return {task: validate_loss_spec(task, spec) for task, spec in v.items()}
+
+
+class TrainConfig(StrictModel):
+    base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
+    gguf_file: str | None = Field(None, description="GGUF weights file inside base_model (decoder LMs).")
+    pooling: Literal["mean", "cls", "last_token"] = Field("mean",
+                                                          description="Pooling of the token states into one embedding.")
+    bidirectional: bool = Field(False, description="Make a decoder's causal attention bidirectional (QZhou §3.1).")
+    max_length: int = Field(256, ge=8, description="Max tokens recorded in the saved model (inference).")
+    use_instructions: bool = Field(True, description="Prepend each dataset's instruction (query side for "
+                                   "retrieval, both sides for symmetric tasks).")
+    instruction_template: str = Field("Instruct: {instruction}\nQuery: {text}",
+                                      description="How an instruction is put before a text ({instruction}, {text}).")
+    exclude_instruction_from_pooling: bool = Field(False, description="Pool over the text's tokens only, not the instruction's.")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="Training compute: auto = bf16 autocast "
+                                                        "on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16), "
+                                                        "fp32 elsewhere; fp32 for bit-exact resumes.")
+    deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage etc.); needs the deepspeed extra.")
+    lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "
+                                      "llm-train extra); None = full fine-tuning.")
+    work_pool: str | None = Field(None, description="Prefect work pool whose deployment of the train flow runs the "
+                                  "training stages when the pipeline runs as a deployment (e.g. gpu); None = in "
+                                  "the pipeline's own process. The run directory must be on storage both pools mount.")
+    autoregembed: AutoRegEmbedConfig = Field(default_factory=AutoRegEmbedConfig, description="Settings of the AutoRegEmbed modes (stages with mode autoregembed_*).")
+    stages: list[TrainStageConfig] = Field(min_length=1, description="Training stages, run in order (QZhou: retrieval only, then all tasks).")
+
+    @field_validator("stages")
+    @classmethod
+    def _unique_names(cls, v: list[TrainStageConfig]) -> list[TrainStageConfig]:
+        names = [s.name for s in v]
+        if len(set(names)) != len(names):
+            raise ValueError("stage names must be unique")
+        return v
+
+    @model_validator(mode="after")
+    def _grad_cache_under_deepspeed(self) -> "TrainConfig":
+        # GradCache runs one backward per chunk before the optimizer step; DeepSpeed reduces (ZeRO-2/3:
+        # partitions) gradients in backward hooks that expect one backward per micro-batch
+        # (sentence-transformers#3173, tevatron#206), so the combination is refused, not guessed at.
+        cached = [s.name for s in self.stages if s.grad_cache_chunk]
+        if self.deepspeed is not None and cached:
+            zero = int((self.deepspeed.get("zero_optimization") or {}).get("stage", 0))
+            raise ValueError(f"grad_cache_chunk (stages {', '.join(cached)}) does not work with DeepSpeed (ZeRO stage "
+                             f"{zero}): train without train.deepspeed (multi-process GradCache works under torchrun), "
+                             "or use gradient_checkpointing instead of GradCache")
+        return self

@@ -1,0 +1,425 @@
+"""The train stage's body (declared in ``stage.py``): QZhou's two-stage recipe (stage 1 retrieval only, stage 2 all tasks with η).
+
+Each configured stage is its own artifact ``<run_dir>/train-<name>/``:
+* ``model/`` — the saved model (transformers + sentence-transformers layout, ``embedpipe.json``
+  with pooling, instructions and the training config);
+* ``metrics.parquet`` — per micro-batch: step, dataset, task, loss, lr, examples, tokens, seconds,
+  tokens/s, examples/s; ``loss.png`` — loss curve per task;
+* ``manifest.json`` — input fingerprint, datasets and sampling weights, timings.
+Checkpoints live in ``<run_dir>/checkpoints/<name>/`` until the stage's artifact is committed.
+
+Records come from the mine stage when the run has one, else from prepare. A stage starts from
+the previous stage's model (``init_from`` to choose another), the first from ``base_model``.
+
+A stage in an AutoRegEmbed mode (``mode: autoregembed_ic | autoregembed_cda``) trains the
+compression encoder against a frozen decoder instead (``embed_core.train.autoregembed``); a CDA stage
+first precomputes its reference scores with its initial model into ``<run_dir>/reference-<name>/``
+(``scores.parquet``), an artifact of its own keyed by that model, the examples and the method's
+settings, so a resumed or re-run stage reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.config import RunConfig, config_hash
+from embed_core.train.config import TrainConfig, TrainStageConfig
+from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.fingerprint import Fingerprint, code_identity
+from embed_core.losses import loss_for
+from embed_core.model.card import card_facts, describe_loss, write_card
+from embed_core.model.encoder import model_fingerprint, resolve_model_path
+from embed_core.model.settings import ModelSettings, read_model_settings, sentence_transformers_prompts
+from embed_core.plots import pyplot, to_png
+from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
+from embed_core.train.distributed import barrier, init_process_group, is_main_process
+from embed_core.train.sampling import dataset_weights
+from embed_core.train.stage import instance_name
+
+log = logging.getLogger("embedpipe.train")
+
+
+def _cfg(config: RunConfig) -> TrainConfig:
+    if config.train is None:
+        raise ConfigError("the run config has no 'train' section")
+    return config.train
+
+
+def get_stage(config: RunConfig, name: str) -> tuple[int, TrainStageConfig]:
+    for i, s in enumerate(_cfg(config).stages):
+        if s.name == name:
+            return i, s
+    raise ConfigError(f"train: no stage named {name!r} (configured: {', '.join(s.name for s in _cfg(config).stages)})")
+
+
+def _init_stage(config: RunConfig, index: int, stage: TrainStageConfig) -> TrainStageConfig | None:
+    stages = _cfg(config).stages
+    if stage.init_from == "base":  # e.g. loss ablations: every stage from the same base model
+        return None
+    if stage.init_from is not None:
+        return get_stage(config, stage.init_from)[1]
+    return stages[index - 1] if index > 0 else None
+
+
+def init_model_path(config: RunConfig, run_dir: Path, index: int, stage: TrainStageConfig) -> str:
+    prev = _init_stage(config, index, stage)
+    if prev is None:
+        return resolve_model_path(_cfg(config).base_model)
+    path = run_dir / instance_name(prev.name) / "model"
+    if not (path / "config.json").exists():
+        raise EmbedpipeError(f"{path}: stage {stage.name} starts from stage {prev.name}'s model — run that stage first")
+    return str(path)
+
+
+def _dataset_task(path: Path) -> str | None:
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(path, columns=["task"]).column("task")
+    return column[0].as_py() if len(column) else None
+
+
+def _used_outputs(stage_path: Path, manifest: dict[str, Any], stage: TrainStageConfig) -> dict[str, str]:
+    """Hashes of the upstream record files this stage trains on (a change elsewhere — e.g. an STS
+    source for a retrieval-only stage 1 — leaves the stage a cache hit)."""
+    used = {}
+    for name, info in manifest["outputs"].items():
+        if info.get("kind") != "records":
+            continue
+        dataset = name.removesuffix(".parquet")
+        if stage.datasets is not None and dataset not in stage.datasets:
+            continue
+        task = _dataset_task(stage_path / name)
+        if task is None or task not in TRAINABLE_TASKS or (stage.tasks is not None and task not in stage.tasks):
+            continue
+        used[name] = info["sha256"]
+    return used
+
+
+# Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
+LIBRARIES = ("torch", "transformers", "deepspeed", "peft", "numpy")
+
+
+def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstream: str) -> Fingerprint:
+    run_dir = Path(run_dir)
+    cfg = _cfg(config)
+    index, stage = get_stage(config, stage_name)
+    up = read_manifest(run_dir, upstream)
+    if up is None:
+        raise EmbedpipeError(f"{run_dir / upstream}: no manifest.json — run the earlier stages first")
+    prev = _init_stage(config, index, stage)
+    if prev is None:
+        init = {"base": model_fingerprint(cfg.base_model, cfg.pooling, cfg.max_length, False)}
+    else:
+        man = read_manifest(run_dir, instance_name(prev.name))
+        # the model it starts from (not its metrics, whose timings differ between identical runs)
+        init = {"stage": prev.name, "model": {n: i["sha256"] for n, i in man["outputs"].items() if n.startswith("model/")}
+                if man else "missing"}
+    return Fingerprint.of(instance_name(stage.name), __name__, LIBRARIES, {
+        # batch_size is per process: the global batch, and so the model, depends on how many train
+        "processes": int(os.environ.get("WORLD_SIZE", "1")),
+        "upstream": _used_outputs(run_dir / upstream, up, stage),
+        "train": config_hash(cfg.model_copy(update={"stages": [], "work_pool": None})), "stage": config_hash(stage), "init": init,
+        "dev": _dev_inputs(config, run_dir, stage), "seed": config.seed})
+
+
+def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, str]:
+    """Hashes of what the dev tasks read (with select: best they decide which weights are kept):
+    prepare's dev records of their datasets and their files."""
+    if stage.dev is None:
+        return {}
+    from embed_core.fingerprint import sha256_file
+
+    out: dict[str, str] = {}
+    prepared = read_manifest(run_dir, "prepare") or {"outputs": {}}
+    for task in stage.dev.tasks:
+        if task.dataset:
+            info = prepared["outputs"].get(f"dev/{task.dataset}.parquet")
+            out[f"{task.name}:dev/{task.dataset}"] = info["sha256"] if info else "missing"
+            continue
+        paths = [task.path] if isinstance(task.path, str) else list(task.path)
+        for path in [*paths, *([task.train_path] if task.train_path else [])]:
+            resolved = config.resolve(path)
+            files = sorted(p for p in resolved.rglob("*") if p.is_file()) if resolved.is_dir() else [resolved]
+            for f in files:
+                out[f"{task.name}:{f.name}"] = sha256_file(f) if f.is_file() else "missing"
+    return out
+
+
+def load_datasets(run_dir: Path, stage: TrainStageConfig, upstream: str) -> dict[str, DatasetRecords]:
+    """The datasets of ``upstream`` (a stage directory) that ``stage`` trains on."""
+    tables = read_records(run_dir, upstream)
+    out: dict[str, DatasetRecords] = {}
+    for name, table in sorted(tables.items()):
+        dataset = name.removesuffix(".parquet")
+        if table.num_rows == 0 or (stage.datasets is not None and dataset not in stage.datasets):
+            continue
+        records = DatasetRecords(dataset, table)
+        if records.task not in TRAINABLE_TASKS or (stage.tasks is not None and records.task not in stage.tasks):
+            continue
+        out[dataset] = records
+    if not out:
+        raise ConfigError(f"train stage {stage.name}: no dataset matches tasks={stage.tasks} datasets={stage.datasets}")
+    unknown = sorted(set(stage.dataset_weight) - set(out))
+    if unknown:  # a typo would silently leave the weights as they were
+        raise ConfigError(f"train stage {stage.name}: dataset_weight names {', '.join(unknown)}, not among the "
+                          f"stage's datasets ({', '.join(sorted(out))})")
+    return out
+
+
+def _instructions(datasets: dict[str, DatasetRecords]) -> tuple[dict[str, str], dict[str, str]]:
+    """(dataset -> instruction, task -> instruction) the model is trained with: the largest dataset
+    of a task names the task's."""
+    instructions: dict[str, str] = {}
+    task_instructions: dict[str, str] = {}
+    for name, d in sorted(datasets.items(), key=lambda kv: -kv[1].size):
+        found = sorted(d.instructions())
+        if found:
+            instructions[name] = found[0]
+            task_instructions.setdefault(d.task, found[0])
+    return instructions, task_instructions
+
+
+def _plot(rows: list[dict[str, Any]], dev_rows: list[dict[str, Any]] | None = None,
+          best: dict[str, Any] | None = None) -> bytes:
+    """Training loss per task; with dev evaluation, a second panel with the dev scores per task,
+    the selection score and the step whose weights were kept."""
+    plt = pyplot()
+    panels = 2 if dev_rows else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 3.5), squeeze=False)
+    ax = axes[0][0]
+    for task in sorted({r["task"] for r in rows}):
+        pts = [(r["step"], r["loss"]) for r in rows if r["task"] == task]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", markersize=2, linewidth=0.8, label=task)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+    if dev_rows:
+        ax = axes[0][1]
+        for task in dict.fromkeys(r["task"] for r in dev_rows):
+            pts = [(r["step"], r["score"]) for r in dev_rows if r["task"] == task]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, linewidth=0.8, label=task)
+        steps = sorted({r["step"]: r["selection"] for r in dev_rows}.items())
+        ax.plot([s for s, _ in steps], [v for _, v in steps], "k--", linewidth=1, label="selection")
+        if best:
+            ax.axvline(best["step"], color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xlabel("step")
+        ax.set_ylabel("dev main score")
+        ax.legend(fontsize=8)
+    return to_png(fig)
+
+
+DEV_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("task", pa.string()), ("score", pa.float64()),
+                        ("selection", pa.float64())])
+
+
+METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("dataset", pa.string()), ("task", pa.string()),
+                           ("loss", pa.float64()), ("examples", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
+                           ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64())])
+
+
+def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstream: str, resume: bool = False,
+                    fingerprint: Fingerprint | None = None) -> dict[str, Any]:
+    """Train the configured stage ``stage_name`` on the records of ``upstream`` (a stage directory)
+    and commit ``train-<stage>/``; every rank of a launched run calls it, rank 0 writes."""
+    run_dir = Path(run_dir)
+    index, stage = get_stage(config, stage_name)
+    t0 = time.perf_counter()
+    init_process_group()  # under torchrun / deepspeed / accelerate launch: every rank runs this function
+    fingerprint = fingerprint or input_fingerprint(config, run_dir, stage_name, upstream=upstream)
+    datasets = load_datasets(run_dir, stage, upstream)
+    init = init_model_path(config, run_dir, index, stage)
+    ckpt_dir = _checkpoint_dir(run_dir, stage, fingerprint)
+    trainer, instructions = _trainer(config, run_dir, stage, datasets, init, ckpt_dir)
+    metrics = trainer.fit(resume=resume)
+    if not is_main_process():  # rank 0 writes the stage; the others wait until it is committed
+        barrier()
+        return read_manifest(run_dir, instance_name(stage.name))
+    manifest = _commit(config, run_dir, stage, datasets, init, trainer, metrics, instructions, fingerprint, t0)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
+    barrier()
+    return manifest
+
+
+def _checkpoint_dir(run_dir: Path, stage: TrainStageConfig, fingerprint: Fingerprint) -> Path:
+    """The stage's checkpoint directory, emptied when its checkpoints are of other inputs."""
+    ckpt_dir = run_dir / "checkpoints" / stage.name
+    marker = ckpt_dir / "input_fingerprint"
+    if is_main_process():
+        if ckpt_dir.exists() and (not marker.exists() or marker.read_text() != fingerprint.key):
+            shutil.rmtree(ckpt_dir)  # checkpoints of other inputs must never be resumed
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(fingerprint.key)
+    barrier()  # every rank sees the same checkpoints to resume from
+    return ckpt_dir
+
+
+def _trainer(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets: dict[str, DatasetRecords],
+             init: str, ckpt_dir: Path) -> tuple[Any, tuple[dict[str, str], dict[str, str]]]:
+    """The stage's trainer (contrastive, with its dev evaluator on rank 0, or AutoRegEmbed) and the
+    instructions it trains with."""
+    from embed_core.train.trainer import Trainer
+
+    cfg = _cfg(config)
+    instructions, task_instructions = _instructions(datasets)
+    if stage.mode != "contrastive":
+        if stage.dev is not None:
+            raise ConfigError(f"train stage {stage.name}: dev evaluation is for contrastive stages, not {stage.mode}")
+        return _autoregembed_trainer(config, run_dir, stage, datasets, init, ckpt_dir), (instructions, task_instructions)
+    trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed, log=log.info)
+    if stage.dev is not None and cfg.deepspeed is not None:
+        raise ConfigError(f"train stage {stage.name}: dev evaluation runs on rank 0 alone, which DeepSpeed's "
+                          "partitioned parameters do not allow; drop train.deepspeed or the stage's dev section")
+    if stage.dev is not None and is_main_process():
+        from embed_core.train.dev import DevEvaluator
+
+        settings = ModelSettings(
+            pooling=cfg.pooling, max_length=cfg.max_length, use_instructions=cfg.use_instructions,
+            instruction_template=cfg.instruction_template, instructions=instructions,
+            task_instructions=task_instructions, source="training")
+        trainer.dev_evaluator = DevEvaluator(stage.dev, config, run_dir, ckpt_dir / "dev-data", settings)
+    return trainer, (instructions, task_instructions)
+
+
+def _stage_counts(stage: TrainStageConfig, trainer, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    counts = {"steps": trainer.step, "examples": sum(r["examples"] for r in rows),
+              "tokens": sum(r["tokens"] for r in rows), "final_loss": rows[-1]["loss"] if rows else None}
+    if getattr(trainer, "dev_rows", None):
+        counts["selected_step"] = trainer.best["step"] if stage.dev.select == "best" else trainer.step
+        counts["selected_dev_score"] = trainer.best["score"] if stage.dev.select == "best" else \
+            trainer.dev_rows[-1]["selection"]
+    return counts
+
+
+def _save_model(config: RunConfig, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], init: str,
+                trainer, instructions: tuple[dict[str, str], dict[str, str]], model_dir: Path) -> None:
+    cfg = _cfg(config)
+    by_dataset, by_task = instructions
+    training = {"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
+                             "train": cfg.model_dump(mode="json", exclude={"stages"}), "init_model": init,
+                             "seed": config.seed}}
+    if stage.mode == "contrastive":
+        trainer.model.save(model_dir, instructions=by_dataset, task_instructions=by_task,
+                           use_instructions=cfg.use_instructions, extra=training,
+                           retrieval_datasets=[n for n in by_dataset if datasets[n].task == "retrieval"])
+    else:
+        arc = cfg.autoregembed
+        trainer.model.save(model_dir, extra=training, task_instructions={
+            "sts": arc.sts_instruction, "nli": arc.sts_instruction, "classification": arc.sts_instruction,
+            "pair_classification": arc.sts_instruction, "retrieval": arc.query_instruction,
+            "retrieval_passage": arc.passage_instruction})
+
+
+def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], init: str,
+            trainer, metrics: list, instructions, fingerprint: Fingerprint, t0: float) -> dict[str, Any]:
+    """Rank 0: the model with its card, metrics, dev scores and loss plot, committed as ``train-<stage>/``."""
+    cfg = _cfg(config)
+    sizes = {n: d.size for n, d in datasets.items()}
+    weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta,
+                              stage.dataset_weight)
+    rows = [{k: r.get(k) for k in METRIC_SCHEMA.names} for r in metrics]
+    dataset_info = {n: {"task": d.task, "records": d.size, "weight": round(weights.get(n, 0.0), 6)}
+                    for n, d in datasets.items()}
+    counts = _stage_counts(stage, trainer, rows)
+    if stage.mode == "contrastive":
+        losses = {task: describe_loss(loss_for(task, stage.losses.get(task)))
+                  for task in sorted({d.task for d in datasets.values()})}
+    else:
+        losses = {"autoregembed": stage.mode}
+    card = card_facts(run_name=config.run_name, config_hash=config_hash(config), base_model=cfg.base_model,
+                      init_model=init, stage=stage.model_dump(mode="json"), datasets=dataset_info, losses=losses,
+                      counts=counts)
+    with StageWriter(run_dir, instance_name(stage.name)) as writer:
+        model_dir = writer.staging / "model"
+        _save_model(config, stage, datasets, init, trainer, instructions, model_dir)
+        write_card(model_dir, card, sentence_transformers_prompts(read_model_settings(model_dir)))
+        writer.register_tree("model", kind="model")
+        writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
+        dev_rows = getattr(trainer, "dev_rows", [])
+        selected = None
+        if dev_rows:
+            writer.write_table("dev.parquet", pa.Table.from_pylist(dev_rows, schema=DEV_SCHEMA), kind="metrics")
+            selected = {"select": stage.dev.select, "step": trainer.best["step"] if stage.dev.select == "best"
+                        else trainer.step, "best": trainer.best}
+        writer.write_file("loss.png", _plot(rows, dev_rows, trainer.best if dev_rows else None), kind="plot")
+        secs = sum({r["step"]: r["seconds"] for r in rows}.values())
+        return writer.commit({
+            "run_name": config.run_name, "input_fingerprint": fingerprint.key, "code": fingerprint.code,
+            "stage_name": stage.name,
+            "init_model": init, "steps": trainer.step,
+            "datasets": dataset_info,
+            "counts": counts,
+            "selected": selected,
+            "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
+        })
+
+
+def _autoregembed_trainer(config: RunConfig, run_dir: Path, stage: TrainStageConfig,
+                          datasets: dict[str, DatasetRecords], init: str, ckpt_dir: Path):
+    from embed_core.train.autoregembed.data import cda_examples, ic_examples
+    from embed_core.train.autoregembed.trainer import AutoRegEmbedTrainer
+
+    cfg = _cfg(config)
+    arc = cfg.autoregembed
+    decoder = resolve_model_path(arc.decoder or cfg.base_model)
+    if stage.mode == "autoregembed_ic":
+        examples = ic_examples(datasets, arc)
+    else:
+        examples = cda_examples(datasets, arc, positive_level=arc.positive_level, seed=config.seed)
+    trainer = AutoRegEmbedTrainer(cfg, stage, examples, init_model=init, decoder_model=decoder,
+                                  checkpoint_dir=ckpt_dir, seed=config.seed, log=log.info)
+    if stage.mode == "autoregembed_cda":
+        trainer.reference = reference_scores(run_dir, stage, trainer, init, decoder, examples, arc)
+        log.info("%s: reference scores for %d examples (%s)", stage.name, len(examples), f"reference-{stage.name}")
+    return trainer
+
+
+REFERENCE_SCHEMA = pa.schema([("example", pa.int64()), ("query", pa.string()), ("positive", pa.string()),
+                              ("ref_pos", pa.float64()), ("ref_neg", pa.list_(pa.float64()))])
+
+
+def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str, decoder: str, examples: list,
+                     arc) -> tuple[Any, Any]:
+    """log p_ref(d⁺|e_q) and log p_ref(d⁻ᵢ|e_q) of every CDA example under the stage's initial encoder:
+    read from ``reference-<stage>/`` when its key matches, else computed and written there."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from embed_core.artifacts import stage_is_intact
+
+    name = f"reference-{stage.name}"
+    blob = json.dumps({"init": model_fingerprint(init, "compress", arc.context_max_length, False),
+                       "decoder": model_fingerprint(decoder, "lm", arc.target_max_length, False),
+                       "examples": hashlib.sha256(json.dumps([list(map(str, e.__dict__.values())) for e in examples])
+                                                  .encode()).hexdigest(),
+                       "autoregembed": config_hash(arc), "code": code_identity(__name__, LIBRARIES)}, sort_keys=True)
+    key = hashlib.sha256(blob.encode()).hexdigest()
+    if not is_main_process():  # rank 0 computes and writes them; the others read what it committed
+        barrier()
+    if stage_is_intact(run_dir, name, key):
+        table = pq.read_table(run_dir / name / "scores.parquet")
+        if is_main_process():
+            barrier()
+        return (torch.tensor(table.column("ref_pos").to_pylist(), dtype=torch.float32),
+                torch.tensor(table.column("ref_neg").to_pylist(), dtype=torch.float32))
+    t0 = time.perf_counter()
+    ref_pos, ref_neg = trainer.reference_scores()
+    table = pa.Table.from_pylist([{"example": i, "query": e.query, "positive": e.positive, "ref_pos": float(p),
+                                   "ref_neg": [float(x) for x in n]}
+                                  for i, (e, p, n) in enumerate(zip(examples, ref_pos, ref_neg))], schema=REFERENCE_SCHEMA)
+    with StageWriter(run_dir, name) as writer:
+        writer.write_table("scores.parquet", table, kind="reference_scores")
+        writer.commit({"input_fingerprint": key, "stage_name": stage.name, "init_model": init, "decoder": decoder,
+                       "counts": {"examples": len(examples), "negatives": int(ref_neg.shape[1])},
+                       "timings_s": {"total": round(time.perf_counter() - t0, 3)}})
+    barrier()
+    return ref_pos, ref_neg

@@ -1,0 +1,49 @@
+"""``embedpipe train`` under a multi-process launcher (``torchrun``, ``deepspeed``, ``accelerate
+launch``): every rank runs the command. Rank 0 runs it as a single process would (the run-dir
+lock, the Prefect flow, the commits); the other ranks train alongside it, outside Prefect, and
+write nothing. Every other command runs in one process only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from embed_core.errors import EmbedpipeError
+
+if TYPE_CHECKING:
+    from embed_core.config import RunConfig
+
+# deepspeed's launcher appends --local_rank=N; the same value is in LOCAL_RANK, which is what is read
+_LAUNCHER_ARGS = ("--local_rank=", "--local-rank=")
+
+
+def without_launcher_args(argv: list[str]) -> list[str]:
+    return [a for a in argv if not a.startswith(_LAUNCHER_ARGS)]
+
+
+def is_other_rank(command: str) -> bool:
+    """True in a rank other than 0 of a launched job; a launched command other than train is an error."""
+    from embed_core.train.distributed import env_rank, launched  # torch: only for the commands that run
+
+    if not launched():
+        return False
+    if command != "train":
+        raise EmbedpipeError(f"embedpipe {command} runs in one process; only `embedpipe train` runs under "
+                             "torchrun, deepspeed or accelerate launch")
+    return env_rank() != 0
+
+
+def train_alongside_rank_0(config: RunConfig, run_dir: str, options: Any, force: bool) -> None:
+    """A rank other than 0 of a launched training job: no run-dir lock, no Prefect run, no writes.
+    It makes rank 0's decisions from the same run directory (a stage whose artifact is intact for
+    its inputs is skipped, unless ``force``) and trains each stage with it; rank 0 commits."""
+    from embed_core import stages
+    from embed_core.artifacts import stage_is_intact
+
+    stage = stages.get("train")
+    for instance in stage.instance_names(config, options):
+        ctx = stages.context(config, run_dir, stage, instance, options)
+        fingerprint = stage.fingerprint(ctx)
+        if not force and stage_is_intact(ctx.run_dir, instance, fingerprint.key):
+            continue
+        stage.run(ctx, fingerprint)
