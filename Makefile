@@ -56,9 +56,9 @@ test: $(STAMP)
 	EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider || rc=1; \
 	exit $$rc
 
-# The unit tests alone (no real servers, no subprocess pipelines): under two minutes.
+# The unit tests alone (tests/unit, no real servers, no whole-stage runs): under one minute.
 test-fast: $(STAMP)
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q tests/unit -m "not slow"
 
 serve: $(LLM_STAMP)
 	$(PY) deployments/local.py serve

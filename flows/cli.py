@@ -119,8 +119,8 @@ def _flow_command(run: Callable[[argparse.Namespace, dict], None]) -> Handler:
 
 
 def _pipeline(args: argparse.Namespace, common: dict) -> None:
-    from flows.pipeline import pipeline_flow
     from flows.output import print_result, wall_times
+    from flows.pipeline import pipeline_flow
 
     t0 = time.perf_counter()
     results = pipeline_flow(**common)

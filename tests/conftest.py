@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from flows.env import apply_defaults
+from tests.helpers.repo import REPO, SHARED_DATA
 
 # Before anything imports prefect: the defaults every process that runs flows gets (no telemetry,
 # embed_core's logs in the run logs), and a private Prefect home so result persistence (task
@@ -18,8 +19,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # test; each test also gets its own below, so what one test encodes never changes another's counts.
 os.environ["EMBEDPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="embedpipe-cache-")
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("EMBEDPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -53,7 +52,7 @@ def prefect_harness():
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny randomly initialised BERT built in code (one per test session)."""
-    from tests.tiny_model import build_tiny_bert
+    from tests.helpers.tiny_model import build_tiny_bert
 
     return build_tiny_bert(tmp_path_factory.mktemp("tiny") / "model")
 
@@ -72,21 +71,3 @@ def demo_copy(tmp_path):
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def add_tiny_stages(config_path: Path, tmp_path: Path, *, evaluate: bool) -> str:
-    """Give a copied demo config mine + two train stages (+ evaluate) on a tiny BERT built in code."""
-    from tests.tiny_model import build_tiny_bert
-
-    cfg = yaml.safe_load(config_path.read_text())
-    tiny = str(build_tiny_bert(tmp_path / "tiny"))
-    cfg["mine"] = {"model": tiny, "max_length": 64, "relative_margin": None}
-    if evaluate:
-        cfg["evaluate"] = {"base_model": tiny, "tasks": [{"name": "STSBenchmark", "type": "sts", "path": "stsb/test.csv",
-                                                          "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}}]}
-    small = {"batch_size": {"retrieval": 4, "classification": 4, "sts": 8, "nli": 8}, "query_max_length": 32,
-             "passage_max_length": 32, "num_hard_negatives": 1, "warmup_steps": 0}
-    cfg["train"] = {"base_model": tiny, "max_length": 32, "stages": [
-        {"name": "stage1", "tasks": ["retrieval"], "steps": 2, **small}, {"name": "stage2", "steps": 2, "eta": 0.72, **small}]}
-    config_path.write_text(yaml.safe_dump(cfg))
-    return tiny

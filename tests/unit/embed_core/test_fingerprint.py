@@ -1,0 +1,141 @@
+"""A cache hit means the same result: stage keys include the code each stage runs, file hashes are
+remembered by file identity, and computing a key never loads a model."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from embed_core import fingerprint
+from embed_core.fingerprint import code_identity, forget_file_hashes, module_closure, sha256_file
+from tests.helpers.repo import REPO, add_tiny_stages
+
+
+def test_each_stage_depends_only_on_the_code_it_imports():
+    prepare = module_closure("embed_core.prepare.run")
+    mine = module_closure("embed_core.mine.run")
+    train = module_closure("embed_core.train.run")
+    assert "embed_core.prepare.convert.sts" in prepare and "embed_core.prepare.cleaning" in prepare
+    assert not any(m.startswith(("embed_core.losses", "embed_core.train")) for m in (*prepare, *mine))
+    assert "embed_core.losses.cosent" in train and "embed_core.train.trainer" in train
+    assert "embed_core.mine.miner" in mine and "embed_core.mine.miner" not in prepare
+
+
+def test_code_identity_changes_with_a_module_in_the_closure_and_a_library_version(tmp_path, monkeypatch):
+    pkg = tmp_path / "embed_core"
+    shutil.copytree(REPO / "embed_core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(fingerprint, "PACKAGE_ROOT", pkg)
+    code_identity.cache_clear()
+    before = {m: code_identity(m, ("torch",)) for m in ("embed_core.prepare.run", "embed_core.mine.run", "embed_core.train.run")}
+    with open(pkg / "losses" / "cosent.py", "a") as fh:
+        fh.write("\n# a change\n")
+    code_identity.cache_clear()
+    after = {m: code_identity(m, ("torch",)) for m in before}
+    assert after["embed_core.train.run"] != before["embed_core.train.run"]
+    assert after["embed_core.prepare.run"] == before["embed_core.prepare.run"]
+    assert after["embed_core.mine.run"] == before["embed_core.mine.run"]
+    assert code_identity("embed_core.prepare.run", ("torch", "pyarrow")) != after["embed_core.prepare.run"]
+    code_identity.cache_clear()
+
+
+def test_file_hashes_are_remembered_across_processes_and_forgotten_on_change(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"a" * 1000)
+    first = sha256_file(f)
+    forget_file_hashes()
+    assert sha256_file(f) == first  # from the SQLite table
+    f.write_bytes(b"b" * 1000)  # same size; mtime/ctime move
+    assert sha256_file(f) != first
+    st = f.stat()
+    f.write_bytes(b"c" * 1000)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # a rewrite that restores mtime still changes ctime
+    forget_file_hashes()
+    assert sha256_file(f) == hashlib.sha256(b"c" * 1000).hexdigest()
+
+
+def test_status_on_a_one_gigabyte_model_answers_in_under_a_second_the_second_time(tmp_path, monkeypatch):
+    from embed_core.config import parse_config
+    from embed_core.status import run_status
+
+    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "big-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with open(model / "model.safetensors", "wb") as fh:
+        fh.truncate(1 << 30)  # 1 GiB (sparse: the test's disk stays free; every byte is still read and hashed)
+    (tmp_path / "sts.csv").write_text("a cat,a kitten,4.0\na dog,a car,0.5\n")
+    config = parse_config({
+        "data_root": str(tmp_path), "prepare": {"sources": [{"name": "s", "kind": "sts", "path": "sts.csv",
+                                                             "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}}]},
+        "evaluate": {"base_model": str(model), "tasks": [{"name": "S", "type": "sts", "path": "sts.csv", "header": False,
+                                                          "columns": {"text1": 0, "text2": 1, "score": 2}}]}})
+    forget_file_hashes()
+    t0 = time.perf_counter()
+    first = run_status(config, tmp_path / "run")
+    cold = time.perf_counter() - t0
+    forget_file_hashes()  # only the on-disk table remains, as for a new `embedpipe status` process
+    t0 = time.perf_counter()
+    second = run_status(config, tmp_path / "run")
+    warm = time.perf_counter() - t0
+    assert [r.current_input for r in first] == [r.current_input for r in second]
+    assert second[-1].stage == "evaluate" and second[-1].current_input
+    assert warm < 1.0, f"second status took {warm:.2f} s (first {cold:.2f} s)"
+
+
+def _run_cli(src: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=src, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _last_results(run_dir: Path, n: int) -> dict[str, bool]:
+    """stage -> computed? for the last pipeline run (its n history entries)."""
+    entries = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines() if line.strip()]
+    return {e["stage"]: not e["cached"] for e in entries[-n:]}
+
+
+@pytest.mark.slow
+def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy, tmp_path):
+    """On a copy of the project: a README edit recomputes nothing; a converter edit recomputes
+    prepare and everything after it; a loss edit recomputes training and evaluation only."""
+    src = tmp_path / "src"
+    for part in ("embed_core", "flows", "tasks"):
+        shutil.copytree(REPO / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "README.md", src / "README.md")
+    add_tiny_stages(demo_copy, tmp_path, evaluate=True)
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(src), EMBEDPIPE_CACHE_DIR=str(tmp_path / "hash-cache"),
+               PREFECT_HOME=str(tmp_path / "prefect"))
+    probe = subprocess.run([sys.executable, "-c", "import embed_core; print(embed_core.__file__)"], cwd=src, env=env,
+                           capture_output=True, text=True)
+    assert probe.stdout.strip() == str(src / "embed_core" / "__init__.py")  # the copy, not the installed tree
+    run = ("run", "--config", str(demo_copy), "--run-dir", str(run_dir))
+    stages = ["prepare", "mine", "train-stage1", "train-stage2", "evaluate"]
+
+    _run_cli(src, *run, env=env)
+    assert _last_results(run_dir, 5) == dict.fromkeys(stages, True)
+
+    (src / "README.md").write_text((src / "README.md").read_text() + "\nAn edit.\n")
+    status = json.loads(_run_cli(src, "status", "--run-dir", str(run_dir), "--json", env=env).stdout)
+    assert [r["state"] for r in status] == ["fresh"] * 5  # the next run would recompute nothing
+
+    base = src / "embed_core" / "prepare" / "convert" / "base.py"
+    base.write_text(base.read_text().replace("    value = value.strip()\n", "    value = value.strip().lower()\n", 1))
+    _run_cli(src, *run, env=env)
+    assert _last_results(run_dir, 5) == dict.fromkeys(stages, True)
+
+    infonce = src / "embed_core" / "losses" / "infonce.py"  # the retrieval loss both stages train with
+    edited = infonce.read_text().replace("logits = q @ docs.T / tau", "logits = 1.5 * (q @ docs.T) / tau")
+    assert edited != infonce.read_text()
+    infonce.write_text(edited)
+    _run_cli(src, *run, env=env)
+    assert _last_results(run_dir, 5) == {"prepare": False, "mine": False, "train-stage1": True, "train-stage2": True,
+                                         "evaluate": True}

@@ -1,0 +1,142 @@
+"""The layout's rules, checked on the source: the library never imports the orchestration, tasks
+never import flows, the production code carries no test hooks, and every config field is
+documented in docs/configuration.md as generated from its description."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.repo import REPO
+
+
+def _imports(root: Path) -> list[tuple[Path, int, str]]:
+    """(file, line, imported module) for every import anywhere in the files under ``root``."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                out += [(path, node.lineno, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                out.append((path, node.lineno, node.module))
+    return out
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports, at module level or inside a function
+    (``from a import b`` counts as importing ``a.b`` when ``b`` is a module)."""
+    modules = {_module_name(p): p for p in (REPO / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for path, _, imported in _imports(REPO / package):
+        graph[_module_name(path)].add(imported)
+    for path in modules.values():  # from a import b, with b a submodule
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                graph[_module_name(path)].update(f"{node.module}.{a.name}" for a in node.names
+                                                 if f"{node.module}.{a.name}" in modules)
+    return {name: {m for m in deps if m in modules and m != name} for name, deps in graph.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (its modules in order), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return path[path.index(dep):] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_library_has_no_import_cycle_function_level_imports_included():
+    cycle = _cycle(_import_graph("embed_core"))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_reports_a_cycle_it_is_given():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_stage_modules_never_import_the_registry():
+    graph = _import_graph("embed_core")
+    bad = [m for m, deps in graph.items() if m.startswith("embed_core.") and m.count(".") >= 2
+           and "embed_core.stages" in deps]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [
+    ("embed_core", ("prefect", "tasks", "flows")),
+    ("tasks", ("flows",)),
+])
+def test_a_lower_layer_never_imports_a_higher_one(package, forbidden):
+    bad = [f"{p.relative_to(REPO)}:{line} imports {mod}" for p, line, mod in _imports(REPO / package)
+           if mod.split(".")[0] in forbidden]
+    assert not bad, "\n".join(bad)
+
+
+def test_production_code_has_no_test_hooks():
+    bad = [f"{p.relative_to(REPO)}" for root in ("embed_core", "tasks", "flows") for p in (REPO / root).rglob("*.py")
+           if "EMBEDPIPE_TEST" in p.read_text(encoding="utf-8")]
+    assert not bad
+
+
+def test_configuration_reference_is_generated_from_the_field_descriptions():
+    from embed_core.config_reference import render
+
+    doc = REPO / "docs" / "configuration.md"
+    assert doc.exists() and doc.read_text(encoding="utf-8") == render(), (
+        "docs/configuration.md is out of date: run `python -m embed_core.config_reference > docs/configuration.md`")
+
+
+def _config_modules() -> list[str]:
+    """Every config module of the library (embed_core.config, embed_core.config_base and each
+    embed_core.<stage>.config): the modules the fingerprint's code walk treats as config."""
+    from embed_core.fingerprint import is_leaf
+
+    names = [_module_name(p) for p in (REPO / "embed_core").rglob("*.py")]
+    return sorted(n for n in names if is_leaf(n) and n != "embed_core.stages")
+
+
+def test_every_config_module_is_found_and_is_a_leaf_of_the_code_walk():
+    modules = _config_modules()
+    assert {"embed_core.config", "embed_core.config_base", "embed_core.prepare.config", "embed_core.mine.config",
+            "embed_core.train.config", "embed_core.evaluate.config", "embed_core.synthesize.config"} <= set(modules)
+
+
+def test_every_config_field_loss_parameter_and_converter_parameter_has_a_description():
+    import importlib
+
+    from pydantic import BaseModel
+
+    from embed_core.losses import LOSSES
+    from embed_core.prepare.convert import CONVERTERS
+
+    models = []
+    for name in _config_modules():
+        module = importlib.import_module(name)
+        models += [m for m in vars(module).values() if isinstance(m, type) and issubclass(m, BaseModel)
+                   and m.__module__ == name]
+    models += [cls.Params for cls in LOSSES.values()]
+    models += [cls.Params for cls in CONVERTERS.values()]
+    assert len(models) > 30
+    missing = [f"{m.__module__}.{m.__qualname__}.{name}" for m in models for name, f in m.model_fields.items()
+               if not f.description]
+    assert not missing, missing
