@@ -70,7 +70,7 @@ def run_logs_on_stdout(error_stream: TextIO, debug: bool) -> Iterator[None]:
     for handler in handlers.values():
         if handler.stream in (error_stream, sys.__stderr__) or getattr(handler.stream, "closed", False):
             changed.append((handler, handler.stream))
-            _point(handler, sys.stdout)
+            _point(handler, CURRENT_STDOUT)
     if not debug:
         for name in _RUN_LOGGERS:
             logging.getLogger(name).addFilter(quiet)
@@ -79,9 +79,27 @@ def run_logs_on_stdout(error_stream: TextIO, debug: bool) -> Iterator[None]:
     finally:
         for name in _RUN_LOGGERS:
             logging.getLogger(name).removeFilter(quiet)
-        for handler, stream in changed:
+        for handler, stream in changed:  # a handler whose own stream has closed keeps following stdout
             if not getattr(stream, "closed", False):
                 _point(handler, stream)
+
+
+class _CurrentStdout:
+    """A stream that writes to whatever ``sys.stdout`` is when it writes: a handler re-pointed
+    here never outlives the stdout of the command that re-pointed it (a caller's stdout may be
+    replaced and closed after the command, e.g. a test's captured stream)."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(sys.stdout, name)
+
+
+CURRENT_STDOUT = _CurrentStdout()
 
 
 def _point(handler: logging.StreamHandler, stream) -> None:
