@@ -17,6 +17,7 @@ from typing import Any
 
 from embed_core.config import RunConfig
 from embed_core.errors import EmbedpipeError
+from embed_core.fingerprint import Fingerprint
 from embed_core.stage_api import Stage, StageContext
 
 # The pipeline's order: the module that declares each stage's STAGE.
@@ -84,3 +85,12 @@ def context(config: RunConfig, run_dir: str | Path, stage: Stage | str, instance
     instance = instance or stage.instance_names(config, options)[0]
     return StageContext(config=config, run_dir=Path(run_dir), instance=instance, options=options,
                         upstream=records_upstream(config, stage.name))
+
+
+def cache_decision(stage: Stage, ctx: StageContext, force: bool = False) -> tuple[Fingerprint, bool]:
+    """The instance's fingerprint, and whether it is a cache hit: the run directory holds an intact
+    artifact of exactly those inputs (never under ``force``). The one cache: this decides."""
+    from embed_core.artifacts import stage_is_intact
+
+    fingerprint = stage.fingerprint(ctx)
+    return fingerprint, not force and stage_is_intact(ctx.run_dir, ctx.instance, fingerprint.key)

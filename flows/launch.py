@@ -38,12 +38,10 @@ def train_alongside_rank_0(config: RunConfig, run_dir: str, options: Any, force:
     It makes rank 0's decisions from the same run directory (a stage whose artifact is intact for
     its inputs is skipped, unless ``force``) and trains each stage with it; rank 0 commits."""
     from embed_core import stages
-    from embed_core.artifacts import stage_is_intact
 
     stage = stages.get("train")
     for instance in stage.instance_names(config, options):
         ctx = stages.context(config, run_dir, stage, instance, options)
-        fingerprint = stage.fingerprint(ctx)
-        if not force and stage_is_intact(ctx.run_dir, instance, fingerprint.key):
-            continue
-        stage.run(ctx, fingerprint)
+        fingerprint, hit = stages.cache_decision(stage, ctx, force)
+        if not hit:
+            stage.run(ctx, fingerprint)

@@ -3,7 +3,7 @@ it for a stage instance, records the result in the run directory's history and p
 stage's artifacts.
 
 One cache: the run directory. The runner computes the instance's input fingerprint once and asks
-the run directory whether an intact artifact of those inputs is there (``stage_is_intact``) —
+the run directory whether an intact artifact of those inputs is there (``stages.cache_decision``) —
 that decides hit or miss, before the task. On a hit the task reads the manifest and ends in a
 ``Cached`` state (the UI shows it); on a miss it runs the stage. Prefect keeps no results and no
 cache keys of its own: it gives the stage retries, logs and UI state.
@@ -24,7 +24,7 @@ from prefect.logging import get_run_logger
 from prefect.states import Completed
 
 from embed_core import stages
-from embed_core.artifacts import read_manifest, stage_is_intact
+from embed_core.artifacts import read_manifest
 from embed_core.config import RunConfig
 from embed_core.rundir import append_history, save_config_snapshot
 from embed_core.stage_api import Stage, StageContext
@@ -82,8 +82,7 @@ def run_stage_instance(stage: Stage, config: RunConfig, run_dir: str, instance: 
 
 def _run_stage_instance(stage: Stage, ctx: StageContext, force: bool, snapshot: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
-    fingerprint = stage.fingerprint(ctx)  # once per run
-    hit = not force and stage_is_intact(ctx.run_dir, ctx.instance, fingerprint.key)
+    fingerprint, hit = stages.cache_decision(stage, ctx, force)  # once per run
     state = stage_task(stage.name)(ctx=ctx, instance=ctx.instance, run_name=ctx.config.run_name,
                                    fingerprint=fingerprint, hit=hit, return_state=True)
     manifest = state.result()  # the manifest, held in memory (no result persistence)
