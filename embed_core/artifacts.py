@@ -9,8 +9,10 @@ up by the next run). Readers go through the manifest and refuse outputs whose ha
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -24,8 +26,10 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embed_core import __version__
-from embed_core.errors import EmbedpipeError
+from embed_core.errors import DISK_FULL_ERRNOS, DiskFullError, EmbedpipeError
 from embed_core.fingerprint import sha256_file
+from embed_core.paths import files_within
+from embed_core.procs import check_parent
 from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, check_table
 
 MANIFEST = "manifest.json"
@@ -172,6 +176,9 @@ class StageWriter:
 
     def __enter__(self) -> "StageWriter":
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.final.is_symlink() or (self.final.exists() and not (self.final / MANIFEST).is_file()):
+            raise EmbedpipeError(f"{self.final}: exists and is not a stage artifact embedpipe wrote (no {MANIFEST}); "
+                                 "it is left as it is: move it out of the run directory to run this stage")
         clean_leftovers(self.run_dir, self.stage)
         self.staging.mkdir()
         return self
@@ -181,6 +188,12 @@ class StageWriter:
             for stream, _ in self._streams.values():
                 stream.discard()
             shutil.rmtree(self.staging, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # pyarrow's names no file
+                where = exc.filename or self.staging
+                raise DiskFullError(f"{where}: no space left to write the {self.stage} stage "
+                                    f"({errno.errorcode.get(exc.errno, exc.errno)}: the disk is full, or a quota or "
+                                    f"file-size limit is reached); nothing was committed and {self.final} is as it "
+                                    "was: free space on the run directory's disk and run again") from exc
 
     @property
     def scratch(self) -> Path:
@@ -216,9 +229,10 @@ class StageWriter:
         return self.final / name
 
     def register_tree(self, name: str, kind: str) -> Path:
-        """Record every file a caller wrote under ``staging/<name>/`` (e.g. a saved model) as outputs."""
+        """Record every file a caller wrote under ``staging/<name>/`` (e.g. a saved model) as outputs;
+        a link out of the staging directory is an error, never an output (``files_within``)."""
         root = self.staging / name
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        for path in files_within(root):
             self.outputs[str(path.relative_to(self.staging))] = {"kind": kind, "sha256": sha256_file(path, remember=False)}
         return self.final / name
 
@@ -234,6 +248,7 @@ class StageWriter:
             "outputs": self.outputs,
         }).as_dict()
         atomic_write_json(self.staging / MANIFEST, manifest)
+        check_parent(f"committing {self.stage}")  # an orphaned worker: the lock was its parent's
         if self.final.exists() and _exchange(self.staging, self.final):
             shutil.rmtree(self.staging, ignore_errors=True)  # now holds the previous artifact
         else:
@@ -248,30 +263,47 @@ class StageWriter:
         return manifest
 
 
-def clean_leftovers(run_dir: Path, stage: str = "*") -> list[str]:
+_LEFTOVER = re.compile(r"\.(?P<stage>[^/]+)\.(?P<kind>old|staging)-[0-9a-f]{8}")
+_TMP = re.compile(r"\.[^/]+\.[a-z0-9_]{8}\.tmp")  # atomic_write_*: mkstemp(prefix=".<name>.", suffix=".tmp")
+
+
+def clean_leftovers(run_dir: Path, stage: str | None = None) -> list[str]:
     """Undo what a killed writer left in ``run_dir`` (for ``stage``, or every stage): a commit cut
     between its two renames gets its previous artifact back (``.<stage>.old-*`` → ``<stage>``);
     staging directories, superseded artifacts and half-written temporary files are removed.
-    Call it only while holding the run directory (its lock, or as the stage's one writer).
-    Returns what it did, for the log."""
+    Only entries named exactly as embedpipe's writers name them are touched (a superseded artifact
+    only when it holds a manifest). Call it only while holding the run directory (its lock, or as
+    the stage's one writer). Returns what it did, for the log."""
     run_dir = Path(run_dir)
     done: list[str] = []
-    for old in sorted(run_dir.glob(f".{stage}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True):
-        final = run_dir / old.name[1:].rsplit(".old-", 1)[0]
+    found = [(m, run_dir / m.string) for m in map(_LEFTOVER.fullmatch, _names(run_dir)) if m is not None
+             and (stage is None or m["stage"] == stage) and (run_dir / m.string).is_dir()]
+    olds = [(m, p) for m, p in found if m["kind"] == "old" and (p / MANIFEST).is_file()]
+    for match, old in sorted(olds, key=lambda mp: mp[1].stat().st_mtime, reverse=True):
+        final = run_dir / match["stage"]
         if not final.exists():
             os.replace(old, final)
             done.append(f"restored {final.name} from an interrupted commit")
         else:
             shutil.rmtree(old, ignore_errors=True)
             done.append(f"removed {old.name}")
-    for debris in run_dir.glob(f".{stage}.staging-*"):
-        shutil.rmtree(debris, ignore_errors=True)
-        done.append(f"removed {debris.name}")
-    if stage == "*":
-        for tmp in run_dir.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
-            done.append(f"removed {tmp.name}")
+    for match, debris in found:
+        if match["kind"] == "staging":
+            shutil.rmtree(debris, ignore_errors=True)
+            done.append(f"removed {debris.name}")
+    if stage is None:
+        for name in filter(_TMP.fullmatch, _names(run_dir)):
+            if (run_dir / name).is_file() and not (run_dir / name).is_symlink():
+                (run_dir / name).unlink(missing_ok=True)
+                done.append(f"removed {name}")
     return done
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
 
 
 def read_manifest(run_dir: Path, stage: str) -> dict[str, Any] | None:
@@ -286,6 +318,18 @@ def read_manifest(run_dir: Path, stage: str) -> dict[str, Any] | None:
         return None
 
 
+def changed_output(run_dir: Path, stage: str, manifest: dict[str, Any] | None = None) -> str | None:
+    """The first output of the stage (its name in the stage directory) that is missing, has become
+    a symbolic link (a stage writes none) or whose bytes differ from its manifest; None when every
+    one matches."""
+    manifest = manifest if manifest is not None else read_manifest(run_dir, stage) or {}
+    for name, info in manifest.get("outputs", {}).items():
+        path = Path(run_dir) / stage / name
+        if path.is_symlink() or not path.is_file() or sha256_file(path) != info.get("sha256"):
+            return name
+    return None
+
+
 def stage_is_intact(run_dir: Path, stage: str, input_fingerprint: str | None = None) -> bool:
     """True when the stage's manifest exists, every output matches its hash, and (if given) the
     manifest was produced from ``input_fingerprint``."""
@@ -294,11 +338,7 @@ def stage_is_intact(run_dir: Path, stage: str, input_fingerprint: str | None = N
         return False
     if input_fingerprint is not None and manifest.get("input_fingerprint") != input_fingerprint:
         return False
-    for name, info in manifest.get("outputs", {}).items():
-        path = Path(run_dir) / stage / name
-        if not path.exists() or sha256_file(path) != info.get("sha256"):
-            return False
-    return True
+    return changed_output(run_dir, stage, manifest) is None
 
 
 def read_records(run_dir: Path, stage: str, *, validate: bool = True, kind: str = "records") -> dict[str, pa.Table]:

@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from embed_core.config_base import StrictModel, check_path_name
 from embed_core.errors import ConfigError
@@ -23,6 +22,7 @@ from embed_core.evaluate.config import EvalTaskSpec, EvaluateConfig
 from embed_core.mine.config import MineConfig
 from embed_core.model.config import EmbeddingCacheConfig, EngineConfig
 from embed_core.prepare.config import PrepareConfig
+from embed_core.safe_yaml import read_yaml
 from embed_core.synthesize.config import SynthesizeConfig
 from embed_core.train.config import TrainConfig, TrainStageConfig
 
@@ -88,6 +88,11 @@ class RunConfig(StrictModel):
     def _safe_run_name(cls, v: str) -> str:
         return check_path_name(v, "run_name")
 
+    @model_validator(mode="after")
+    def _known_datasets(self) -> RunConfig:
+        check_dataset_names(self)
+        return self
+
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
         return p if p.is_absolute() else Path(self.data_root).expanduser() / p
@@ -104,6 +109,37 @@ class RunConfig(StrictModel):
         return self.model_copy(update={"run_name": run_name})
 
 
+def dataset_filters(config: RunConfig) -> list[tuple[str, list[str]]]:
+    """(key, dataset names) for every setting that names datasets: each must be a source of
+    ``prepare.sources`` (a dataset is the records of the source of that name)."""
+    out: list[tuple[str, list[str]]] = []
+    if config.synthesize is not None:
+        out.append(("synthesize.datasets", config.synthesize.datasets or []))
+    if config.mine is not None:
+        out += [("mine.datasets", config.mine.datasets or []), ("mine.corpora", list(config.mine.corpora))]
+    for i, stage in enumerate(config.train.stages if config.train is not None else []):
+        out += [(f"train.stages.{i}.datasets", stage.datasets or []),
+                (f"train.stages.{i}.dataset_weight", list(stage.dataset_weight))]
+        for j, task in enumerate(stage.dev.tasks if stage.dev is not None else []):
+            out.append((f"train.stages.{i}.dev.tasks.{j}.dataset", [task.dataset] if task.dataset else []))
+    return out
+
+
+def check_dataset_names(config: RunConfig) -> None:
+    """A dataset filter naming no source is a config error (a typo would filter everything out, or
+    nothing, silently): the key, the name, and the closest source name."""
+    import difflib
+
+    known = [s.name for s in config.prepare.sources]
+    for key, names in dataset_filters(config):
+        for name in names:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ValueError(f"{key}: no dataset {name!r} ({hint}datasets are the names of prepare.sources: "
+                                 f"{', '.join(known)})")
+
+
 def _merge(base: dict, override: dict) -> dict:
     """Mappings merge key by key; anything else (lists included) in ``override`` replaces."""
     out = dict(base)
@@ -112,58 +148,17 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key that appears twice in one mapping (plain YAML keeps the
-    last value silently, so an edited config could lose a list of sources without a word)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # '<<: *base' merges keys that this mapping may override: not a duplicate
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
-            if isinstance(key, (str, int, float, bool)):
-                seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(path: Path) -> Any:
-    """A YAML file's content; a missing, unreadable, non-UTF-8 or invalid file (duplicate keys
-    included) is a ConfigError naming the file and where in it."""
-    if not path.exists():
-        raise ConfigError(f"{path}: config file not found")
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a directory, expected a YAML config file")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the config as UTF-8") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
-
-
 def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    raw = read_yaml(path)  # first: a path that cannot be read (a symlink loop) fails here with one line
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'extends' loops back to itself")
-    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     parent = raw.pop("extends", None)
     if parent is None:
         return raw
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"{path}: extends: expected the path of another config file")
     return _merge(_read_raw(path.parent / parent, (*seen, path.resolve())), raw)
 
 
@@ -182,9 +177,10 @@ def parse_config(raw: dict, *, origin: str = "<config>") -> RunConfig:
         return RunConfig.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+        loc = ".".join(str(p) for p in first["loc"])  # empty: a check across sections, whose message names its keys
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-        raise ConfigError(f"{origin}: {loc}: {first['msg'].removeprefix('Value error, ')}{more}") from None
+        where = f"{loc}: " if loc else ""
+        raise ConfigError(f"{origin}: {where}{first['msg'].removeprefix('Value error, ')}{more}") from None
 
 
 def config_hash(model: BaseModel) -> str:

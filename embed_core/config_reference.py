@@ -32,6 +32,8 @@ starts from another config (mappings merge key by key; lists and scalars replace
 
 def _type_name(annotation: Any) -> str:
     text = str(annotation) if not isinstance(annotation, type) else annotation.__name__
+    # Annotated[int, FieldInfo(...)] -> int: the constraints are in the description
+    text = re.sub(r"Annotated\[(\w+), FieldInfo\((?:[^()]|\([^()]*\))*\)\]", r"\1", text)
     for noise in ("typing.", "<class '", "'>"):
         text = text.replace(noise, "")
     return re.sub(r"embed_core(\.\w+)*\.", "", text).replace("|", "\\|")

@@ -7,7 +7,8 @@ calls :func:`ray_encode` for the texts its embedding cache lacks, Ray Data ships
 ``num_workers`` actors (one GPU each with ``num_gpus_per_worker: 1``, CPU otherwise), and the
 embeddings come back into the same content-addressed cache the local engine fills, so a rerun or
 another stage encodes nothing again whichever engine produced them. With no ``address`` a local
-Ray instance is started for the stage and stopped after it (:func:`engine_session`).
+Ray instance is started for the stage and stopped after it (:func:`engine_session`); every process of
+it dies with the process that started it, even when that one is SIGKILLed.
 
 Ray is an optional extra (``pip install -e ".[ray]"``), imported only here and only for ``ray``.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from embed_core import procs
 from embed_core.model.config import EngineConfig
 from embed_core.errors import ConfigError
 
@@ -46,16 +48,21 @@ def engine_session(engine: EngineConfig) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    guarded, before = None, set(procs.descendants())
     if engine.address:
         ray.init(address=engine.address, log_to_driver=False)
     else:
         # one logical CPU per actor plus one for Ray Data's own tasks (the actors' threads are set below)
         ray.init(num_cpus=int(engine.num_workers * engine.cpus_per_worker) + 1, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
+        # Ray's own processes die with this one (its PR_SET_PDEATHSIG), but the agents its raylet
+        # starts linger a minute after a SIGKILL: a guard kills every process of the instance then
+        guarded = procs.guard([pid for pid in procs.descendants() if pid not in before])
     try:
         yield
     finally:
         ray.shutdown()
+        procs.release(guarded)
 
 
 class _EncodeActor:

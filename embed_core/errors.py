@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 MAX_MESSAGE_CHARS = 600
 
 
@@ -71,3 +73,11 @@ class SchemaError(RowError):
 
 class CheckpointError(EmbedpipeError):
     """A checkpoint cannot be resumed from (unsafe or damaged state file)."""
+
+
+# errno values of a write that failed for lack of space (a full disk, a quota, a file-size limit)
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class DiskFullError(EmbedpipeError):
+    """A write failed for lack of space; what was committed before is intact."""

@@ -1,6 +1,9 @@
 """A run directory's own bookkeeping: the lock that keeps two runs out of one directory, the
 snapshot of the config it was last run with, and the history of stage results.
 
+``<run_dir>/.embedpipe``    the marker: written when embedpipe makes a directory a run directory. Only an
+                            empty (or new) directory, or one already marked, becomes one: embedpipe never
+                            deletes or replaces a file in a folder of yours (see ``claim_run_dir``).
 ``<run_dir>/.lock``         held (``flock``) while a flow works in the directory; its text names the holder.
 ``<run_dir>/config.yaml``   the config of the latest run that committed a stage (a failed run leaves it as it
                             was), so ``embedpipe <stage> --run-dir D`` needs no ``--config``.
@@ -23,15 +26,18 @@ from typing import Any, Iterator
 
 import yaml
 
-from embed_core.artifacts import atomic_write_bytes, clean_leftovers
+from embed_core import __version__
+from embed_core.artifacts import atomic_write_bytes, clean_leftovers, read_manifest
 from embed_core.config import RunConfig, load_config
-from embed_core.errors import EmbedpipeError
+from embed_core.errors import EmbedpipeError, printable
 
 log = logging.getLogger("embedpipe.rundir")
 
+MARKER = ".embedpipe"
 LOCK_FILE = ".lock"
 CONFIG_SNAPSHOT = "config.yaml"
 HISTORY = "history.jsonl"
+SNAPSHOT_HEADER = "# Written by embedpipe: the config of this run directory's latest run.\n"
 
 
 class RunDirBusy(EmbedpipeError):
@@ -57,7 +63,7 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
     run id, which a run it starts on another pool shows to work in the directory under this lock).
     """
     run_dir = Path(run_dir)
-    _make_run_dir(run_dir)
+    claim_run_dir(run_dir)
     key = str(run_dir.resolve())
     with _held_guard:
         if key in _held:
@@ -106,7 +112,7 @@ def raise_if_busy(run_dir: str | Path) -> None:
     when another process holds its lock. A command calls it to refuse a busy run directory before
     it starts anything slow; the lock itself is taken where the work is done."""
     run_dir = Path(run_dir)
-    _make_run_dir(run_dir)
+    claim_run_dir(run_dir)
     if str(run_dir.resolve()) in _held:
         return  # this process holds it: run_dir_lock re-enters
     fd = _open_lock_file(run_dir)
@@ -118,7 +124,63 @@ def raise_if_busy(run_dir: str | Path) -> None:
         os.close(fd)
 
 
-def _make_run_dir(run_dir: Path) -> None:
+def claim_run_dir(run_dir: str | Path) -> None:
+    """Make ``run_dir`` a run directory, or check that it is one, or raise :class:`RunDirError`.
+
+    A run directory is embedpipe's own: it is created (with its marker) when missing or empty, and
+    accepted when it carries the marker, or holds what only embedpipe writes (a stage manifest,
+    ``history.jsonl``, a config snapshot: a run directory of a version before the marker, which
+    then gets it). Any other folder is refused, naming it and a file in it, before anything in it
+    is touched, as git refuses to clone into a non-empty folder. In a marked directory embedpipe
+    replaces only its own entries: stage directories with a manifest, its config snapshot, and
+    leftovers named the way its writers name them (``artifacts.clean_leftovers``).
+    """
+    run_dir = Path(run_dir)
+    _make_dir(run_dir)
+    if (run_dir / MARKER).is_file():
+        _check_snapshot_slot(run_dir)
+        return
+    try:
+        entries = sorted(e.name for e in os.scandir(run_dir) if e.name != LOCK_FILE)
+    except OSError as exc:
+        raise RunDirError(f"{run_dir}: cannot read the run directory: {exc.strerror}") from None
+    if entries and not _written_by_embedpipe(run_dir, entries):
+        shown = ", ".join(printable(e, 60) for e in entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise RunDirError(f"{run_dir}: not an embedpipe run directory and not empty (it holds {shown}); embedpipe "
+                          "never writes into a folder of yours: pass a new or empty --run-dir / run_dir")
+    try:
+        atomic_write_bytes(run_dir / MARKER, (json.dumps({"embedpipe": __version__, "since": _now()}) + "\n").encode())
+    except OSError as exc:
+        raise RunDirError(f"{run_dir}: cannot write in the run directory: {exc.strerror}") from None
+
+
+def _check_snapshot_slot(run_dir: Path) -> None:
+    """Refuse, before a run starts, a run directory whose ``config.yaml`` someone else put there:
+    the run would end by replacing it with its config snapshot."""
+    path = run_dir / CONFIG_SNAPSHOT
+    if path.exists() and not is_own_snapshot(path):
+        raise RunDirError(f"{path}: not a config snapshot embedpipe wrote, and a run would replace it; move it "
+                          "out of the run directory")
+
+
+def _written_by_embedpipe(run_dir: Path, entries: list[str]) -> bool:
+    """A run directory from before the marker: it holds a history, a config snapshot embedpipe
+    wrote, or a stage directory with a valid manifest."""
+    if HISTORY in entries or is_own_snapshot(run_dir / CONFIG_SNAPSHOT):
+        return True
+    return any(read_manifest(run_dir, name) is not None for name in entries if (run_dir / name).is_dir())
+
+
+def is_own_snapshot(path: Path) -> bool:
+    """True when ``path`` is a config snapshot embedpipe wrote (its first line says so)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(SNAPSHOT_HEADER.encode())) == SNAPSHOT_HEADER.encode()
+    except OSError:
+        return False
+
+
+def _make_dir(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -134,6 +196,10 @@ def _open_lock_file(run_dir: Path) -> int:
         return os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:
         raise RunDirError(f"{run_dir}: cannot write in the run directory: {exc.strerror}") from None
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def _busy(run_dir: Path) -> RunDirBusy:
@@ -192,11 +258,12 @@ def save_config_snapshot(run_dir: str | Path, config: RunConfig) -> Path:
     keys are the same for the config and its snapshot.
     """
     path = Path(run_dir) / CONFIG_SNAPSHOT
+    _check_snapshot_slot(Path(run_dir))
     data = config.model_dump(mode="json")
     data["data_root"] = str(Path(config.data_root).expanduser().resolve())
     data["run_root"] = str(Path(config.run_root).expanduser().resolve())
     body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-    atomic_write_bytes(path, ("# Written by embedpipe: the config of this run directory's latest run.\n" + body).encode())
+    atomic_write_bytes(path, (SNAPSHOT_HEADER + body).encode())
     return path
 
 

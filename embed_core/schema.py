@@ -112,8 +112,9 @@ class Record:
 
 def is_blank(text: str) -> bool:
     """True when ``text`` has nothing a model can read: only whitespace, zero-width or format
-    characters (U+200B, U+FEFF, …: Unicode category Cf) or control characters (Cc)."""
-    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
+    characters (U+200B, U+FEFF, …: Unicode category Cf), control characters (Cc) or U+FFFD (what
+    the readers make of a control character)."""
+    return all(ch.isspace() or ch == "\ufffd" or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
 
 
 def validate_row(row: dict, *, file: str, row_number: int | None) -> None:

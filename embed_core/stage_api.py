@@ -10,6 +10,9 @@ what it shows on the UI, and four functions with one signature for every stage:
 ``summarize(manifest) -> str``            the few lines the CLI and the run logs print
 ``report(ctx, manifest) -> Report``       extra markdown and a table for the Prefect UI
 
+and, where they differ from the default, ``inputs(ctx)``: the stage directories it reads (records,
+trained models; default: the records upstream), which are checked before it runs.
+
 The heavy body (torch, FAISS, MTEB) lives in the package's other modules and is imported on the
 first call (``body``), so listing the stages (``embedpipe --help``) stays light. The registry
 (``embed_core.stages``) holds the order and builds each ``StageContext``; a stage module never
@@ -88,7 +91,10 @@ class Stage:
     instances: Callable[[RunConfig, Any], list[str]] | None = None  # default: [name]
     pipeline_options: Callable[[RunConfig], Any] | None = None      # options the pipeline runs it with
     produces_records: bool = False                                # later stages read its records
+    inputs: Callable[[StageContext], list[Path]] | None = None      # stage dirs it reads; default: ctx.upstream's
+    cli_args: Callable[[str], str] | None = None                  # flags that pick an instance (train: --stage x)
     retries: int = 0                                              # Prefect task retries
+    retry_delay_s: Callable[[RunConfig], float] | None = None       # seconds before a retry; default 30
     log_prints: bool = True                                       # Prefect's print capture
 
     def instance_names(self, config: RunConfig, options: Any = None) -> list[str]:
@@ -96,6 +102,18 @@ class Stage:
 
     def options_for_pipeline(self, config: RunConfig) -> Any:
         return self.pipeline_options(config) if self.pipeline_options else self.options()
+
+    def input_dirs(self, ctx: StageContext) -> list[Path]:
+        """The stage directories ``ctx.instance`` reads (records, trained models): checked against
+        their manifests, and for staleness, before it runs (``embed_core.stages.check_inputs``)."""
+        if self.inputs is not None:
+            return self.inputs(ctx)
+        return [ctx.run_dir / ctx.upstream] if ctx.upstream else []
+
+    def command(self, instance: str) -> str:
+        """The command line that (re)computes ``instance``, without --config / --run-dir."""
+        extra = self.cli_args(instance) if self.cli_args else ""
+        return f"embedpipe {self.name}" + (f" {extra}" if extra else "")
 
 
 def lazy(module: str, function: str) -> Callable[..., Any]:

@@ -12,6 +12,7 @@ A stage with several instances (train: one per configured training stage) lists 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,98 @@ def context(config: RunConfig, run_dir: str | Path, stage: Stage | str, instance
 
 def cache_decision(stage: Stage, ctx: StageContext, force: bool = False) -> tuple[Fingerprint, bool]:
     """The instance's fingerprint, and whether it is a cache hit: the run directory holds an intact
-    artifact of exactly those inputs (never under ``force``). The one cache: this decides."""
+    artifact of exactly those inputs (never under ``force``). The one cache: this decides — after
+    ``check_inputs``, so neither a run nor a hit stands on damaged or stale inputs."""
     from embed_core.artifacts import stage_is_intact
 
+    check_inputs(stage, ctx)
     fingerprint = stage.fingerprint(ctx)
     return fingerprint, not force and stage_is_intact(ctx.run_dir, ctx.instance, fingerprint.key)
+
+
+@dataclass(frozen=True)
+class InstanceState:
+    """Where one stage instance of a run directory stands for a config (``embedpipe status``)."""
+
+    state: str                 # missing, damaged, stale or fresh
+    current: str | None        # the input fingerprint it would have now (None: cannot compute)
+    recorded: str | None       # the one in its manifest
+    detail: str = ""
+    changed: str | None = None  # damaged: the first output that is missing or differs
+
+
+def instance_state(config: RunConfig, run_dir: Path, stage: Stage, instance: str) -> InstanceState:
+    """The one judgement of an instance's artifact: ``missing`` (no manifest), ``damaged`` (an
+    output missing or changed since the manifest), ``stale`` (intact, from other inputs than this
+    config's) or ``fresh``. ``embedpipe status`` shows it; ``check_inputs`` refuses on it."""
+    from embed_core.artifacts import changed_output, read_manifest
+
+    manifest = read_manifest(run_dir, instance)
+    recorded = manifest.get("input_fingerprint") if manifest else None
+    try:
+        current, detail = stage.fingerprint(context(config, run_dir, stage, instance,
+                                                    stage.options_for_pipeline(config))).key, ""
+    except EmbedpipeError as exc:
+        current, detail = None, str(exc)
+    if manifest is None:
+        return InstanceState("missing", current, recorded, detail)
+    changed = changed_output(run_dir, instance, manifest)
+    if changed is not None:
+        return InstanceState("damaged", current, recorded, f"{instance}/{changed} is missing or changed since its "
+                             "manifest was written", changed)
+    if current is None or current != recorded:
+        return InstanceState("stale", current, recorded,
+                             detail or "inputs changed since it ran (config, data or upstream outputs)")
+    return InstanceState("fresh", current, recorded)
+
+
+def _closure(stage: Stage, ctx: StageContext, known: dict[str, Stage]) -> list[Path]:
+    """The stage directories ``ctx.instance`` reads, directly or through the stages it reads."""
+    seen: list[Path] = []
+    todo = list(stage.input_dirs(ctx))
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.append(path)
+        if path.parent == ctx.run_dir and path.name in known:
+            up = known[path.name]
+            todo += up.input_dirs(context(ctx.config, ctx.run_dir, up, path.name, up.options_for_pipeline(ctx.config)))
+    return seen
+
+
+def check_inputs(stage: Stage, ctx: StageContext) -> None:
+    """Refuse, with one line saying what to run, when a stage directory ``ctx.instance`` reads
+    (directly or not) is missing, damaged (an output differs from its manifest: e.g. weights swapped
+    into a trained model) or stale for this config (it would recompute: a single-stage run would
+    otherwise read the old data and record the new config). Stages are judged in pipeline order,
+    so the line names the first one to run; a directory outside this config's pipeline (another
+    run's model, a sweep variant) is checked against its manifest only."""
+    from embed_core.artifacts import MANIFEST, changed_output, read_manifest
+
+    known = {inst: s for s, inst in pipeline_instances(ctx.config)}
+    order = list(known)
+    deps = sorted(_closure(stage, ctx, known),
+                  key=lambda p: order.index(p.name) if p.parent == ctx.run_dir and p.name in known else len(order))
+    again = f"--run-dir {ctx.run_dir}` (with the same --config)"
+    for path in deps:
+        if path == ctx.stage_dir:  # e.g. evaluate scoring its own release again
+            continue
+        if path.parent == ctx.run_dir and path.name in known:
+            up = known[path.name]
+            st = instance_state(ctx.config, ctx.run_dir, up, path.name)
+            if st.state == "missing":
+                raise EmbedpipeError(f"{ctx.instance} reads {path}, which has no {MANIFEST} (not run yet, or "
+                                     f"interrupted): run `{up.command(path.name)} {again} first")
+            if st.state == "damaged":
+                raise EmbedpipeError(f"{ctx.instance}: {path / st.changed} is missing or changed since {path / MANIFEST} "
+                                     f"was written; rerun that stage: `{up.command(path.name)} --force {again}")
+            if st.state == "stale":
+                raise EmbedpipeError(f"{ctx.instance}: upstream stage {path.name} in {ctx.run_dir} is stale for this "
+                                     f"config: {st.detail}; run `{up.command(path.name)} {again} first, or "
+                                     "`embedpipe run` to recompute every out-of-date stage in order")
+        elif (manifest := read_manifest(path.parent, path.name)) is not None:
+            changed = changed_output(path.parent, path.name, manifest)
+            if changed is not None:
+                raise EmbedpipeError(f"{ctx.instance}: {path / changed} is missing or changed since {path / MANIFEST} "
+                                     "was written; rerun the stage that wrote it (with --force)")

@@ -1,7 +1,8 @@
 """What each stage of a run directory would do on the next run, and what it did last.
 
 For every stage the config defines, in pipeline order, compare the input fingerprint the stage
-would have now (the same function its cache key uses) with the one recorded in its manifest:
+would have now (the same function its cache key uses) with the one recorded in its manifest
+(``embed_core.stages.instance_state``: the same judgement a stage makes of its inputs before it runs):
 
 ``fresh``     intact outputs from these exact inputs: the next run is a cache hit
 ``stale``     intact outputs, but from other inputs (config, data or upstream outputs changed)
@@ -17,11 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from embed_core.artifacts import read_manifest, stage_is_intact
+from embed_core.artifacts import read_manifest
 from embed_core.config import RunConfig
-from embed_core.errors import EmbedpipeError
 from embed_core.rundir import lock_holder, read_history
-from embed_core.stages import context, pipeline_instances
+from embed_core.stages import instance_state, pipeline_instances
 
 
 @dataclass
@@ -51,23 +51,10 @@ def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
     upstream_pending: str | None = None
     for stage, name in pipeline_instances(config):
         manifest = read_manifest(run_dir, name)
-        recorded = manifest.get("input_fingerprint") if manifest else None
-        try:
-            ctx = context(config, run_dir, stage, name, stage.options_for_pipeline(config))
-            current, detail = stage.fingerprint(ctx).key, ""
-        except EmbedpipeError as exc:
-            current, detail = None, str(exc)
-        if manifest is None:
-            state = "missing"
-        elif not stage_is_intact(run_dir, name):
-            state, detail = "damaged", "an output file is missing or changed since its manifest was written"
-        elif current is None or current != recorded:
-            state = "stale"
-            detail = detail or "inputs changed since it ran (config, data or upstream outputs)"
-        elif upstream_pending:
+        judged = instance_state(config, run_dir, stage, name)
+        state, current, recorded, detail = judged.state, judged.current, judged.recorded, judged.detail
+        if state == "fresh" and upstream_pending:
             state, detail = "upstream", f"inputs match, but {upstream_pending} recomputes first"
-        else:
-            state = "fresh"
         if state != "fresh" and upstream_pending is None:
             upstream_pending = name
         h = last.get(name)

@@ -27,6 +27,7 @@ import yaml
 from embed_core.artifacts import StageWriter, read_manifest
 from embed_core.config import RunConfig, parse_config
 from embed_core.errors import ConfigError
+from embed_core.paths import files_within
 from embed_core.train.stage import instance_name
 
 
@@ -165,7 +166,7 @@ def make_soup(config: RunConfig, run_dir: Path, ranked_variants: list[str]) -> P
     name = f"sweep-{config.sweep.stage}-soup"
     with StageWriter(run_dir, name) as writer:
         out = writer.staging / "model"
-        for path in sorted(p for p in sources[0].rglob("*") if p.is_file()):
+        for path in files_within(sources[0]):  # a link out of the variant's model is refused, not copied
             if path.name in ("model.safetensors", "README.md"):
                 continue
             target = out / path.relative_to(sources[0])

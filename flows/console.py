@@ -12,12 +12,12 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator, TextIO
 
-from embed_core.errors import EmbedpipeError, printable
+from embed_core.errors import DISK_FULL_ERRNOS, EmbedpipeError, printable
 
 # OS errors that come from the user's files or machine (permissions, a full or read-only disk, a
 # file where a directory belongs); others (e.g. a vanished file) may be bugs and keep their traceback.
 _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EISDIR, errno.ENOTDIR,
-                errno.ENAMETOOLONG}
+                errno.ENAMETOOLONG, errno.EFBIG}
 
 # Where Prefect's engines log a failed run (a logger-level filter: handlers may be set up anew).
 _RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
@@ -30,6 +30,9 @@ def user_error(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _USER_ERRNOS:
         return printable(f"{exc.filename}: {exc.strerror or exc}", 600)
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # a write outside a stage writer, no file named
+        return printable(f"no space left to write ({errno.errorcode.get(exc.errno, exc.errno)}: {exc}); what was "
+                         "committed before is intact: free space on the disk and run again", 600)
     return None
 
 

@@ -1,11 +1,13 @@
 """``embedpipe train`` under a multi-process launcher (``torchrun``, ``deepspeed``, ``accelerate
 launch``): every rank runs the command. Rank 0 runs it as a single process would (the run-dir
 lock, the Prefect flow, the commits); the other ranks train alongside it, outside Prefect, and
-write nothing. Every other command runs in one process only.
+write nothing. Every other command runs in one process only. Every rank is SIGKILLed by the kernel
+when its launcher process dies (``embed_core.procs``): a killed ``torchrun`` leaves no rank behind.
 """
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Any
 
 from embed_core.errors import EmbedpipeError
@@ -22,7 +24,9 @@ def without_launcher_args(argv: list[str]) -> list[str]:
 
 
 def is_other_rank(command: str) -> bool:
-    """True in a rank other than 0 of a launched job; a launched command other than train is an error."""
+    """True in a rank other than 0 of a launched job; a launched command other than train is an error.
+    A launched rank (rank 0 too) is armed here to die with its launcher."""
+    from embed_core.procs import die_with_parent
     from embed_core.train.distributed import env_rank, launched  # torch: only for the commands that run
 
     if not launched():
@@ -30,6 +34,7 @@ def is_other_rank(command: str) -> bool:
     if command != "train":
         raise EmbedpipeError(f"embedpipe {command} runs in one process; only `embedpipe train` runs under "
                              "torchrun, deepspeed or accelerate launch")
+    die_with_parent(signal.SIGKILL)
     return env_rank() != 0
 
 

@@ -7,13 +7,8 @@ way — uvicorn serving ``prefect.server.api.server:create_app`` on loopback, UI
 ephemeral-mode flags and the current Prefect settings in its environment (so the same database),
 the wait for ``/health`` bounded by ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` — with
 one difference: its process asks the kernel for SIGTERM when the command's process dies (Linux
-``PR_SET_PDEATHSIG``, kept across ``exec``). It is started as
-
-    python -m flows.local_server <command's pid> -m uvicorn ...
-
-which arms the death signal, checks that its parent is still that pid (the command may have died
-before the signal was armed) and ``exec``s uvicorn in the same process. Elsewhere than Linux,
-Prefect starts its own temporary server.
+``PR_SET_PDEATHSIG``, kept across ``exec``; :func:`embed_core.procs.dying_with_parent`).
+Elsewhere than Linux, Prefect starts its own temporary server.
 
 The death signal follows the thread that started the process: :func:`prefect_api` starts it from
 the calling thread, which must live as long as the command (the CLI's main thread).
@@ -41,7 +36,13 @@ class TemporaryServerError(EmbedpipeError):
 @contextmanager
 def prefect_api() -> Iterator[None]:
     """The configured Prefect API for the block, else a temporary server that dies with this
-    process. Prefect's log and event workers are drained before the temporary server stops."""
+    process. Prefect's log and event workers are drained before the temporary server stops.
+
+    The server's URL is this process's setting for the block, in every thread: also in the threads
+    Prefect starts without the caller's context (a process pool's log and event forwarder), which
+    would otherwise start a temporary server of Prefect's own, one that outlives a SIGKILL. It is
+    what Prefect's own test harness does (``_temporary_global_settings_context``)."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if PREFECT_API_URL.value() or not sys.platform.startswith("linux"):
@@ -49,7 +50,8 @@ def prefect_api() -> Iterator[None]:
         return
     server, api_url = _start()
     try:
-        with temporary_settings({PREFECT_API_URL: api_url}):
+        with temporary_settings({PREFECT_API_URL: api_url}), \
+                _temporary_global_settings_context(get_settings_context()):
             try:
                 yield
             finally:
@@ -98,17 +100,22 @@ def _free_port() -> int:
 
 
 def _spawn(port: int) -> subprocess.Popen:
-    """The server process: this module's ``__main__`` (the death signal), then uvicorn as Prefect
-    runs it. Its output goes to the command's stdout: stderr carries only the command's error line."""
+    """The server process: uvicorn as Prefect runs it, with the death signal armed
+    (``embed_core.procs``). Its output goes to the command's stdout: stderr carries only the
+    command's error line."""
+    import signal
+
     import prefect
     from prefect.settings import get_current_settings
+
+    from embed_core.procs import dying_with_parent
 
     uvicorn = ["-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
                "prefect.server.api.server:create_app", "--host", _HOST, "--port", str(port), "--log-level", "error",
                "--lifespan", "on"]
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
            **get_current_settings().to_environment_variables(exclude_unset=True)}
-    return subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), *uvicorn], env=env,
+    return subprocess.Popen(dying_with_parent([sys.executable, *uvicorn], signal.SIGTERM), env=env,
                             stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
@@ -130,21 +137,3 @@ def _drain_prefect_workers() -> None:
 
     for worker in (APILogWorker, EventsWorker):
         worker.drain_all(timeout=10)
-
-
-def _exec_dying_with(parent: int, python_args: list[str]) -> None:
-    """In the server's process: SIGTERM when ``parent`` dies, then ``python *python_args`` here."""
-    import ctypes
-    import signal
-
-    pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(pr_set_pdeathsig, signal.SIGTERM) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:  # the command died before the death signal was armed
-        sys.exit(1)
-    os.execv(sys.executable, [sys.executable, *python_args])
-
-
-if __name__ == "__main__":
-    _exec_dying_with(int(sys.argv[1]), sys.argv[2:])

@@ -3,6 +3,8 @@ train stage (``embed_core.sweep``), the winner's test evaluation, and the sweep 
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 
 from embed_core import stages as registry
 from embed_core import sweep
+from embed_core.procs import die_with_parent
 from embed_core.config import RunConfig
 from embed_core.train.stage import instance_name
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
@@ -22,7 +25,8 @@ from tasks.sweep import train_variant
 def sweep_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None, config: RunConfig | None = None,
                run_name: str | None = None, force: bool = False) -> dict[str, Any]:
     """Train every variant of ``sweep.stage`` (``sweep.max_concurrency`` at once, each in its own
-    process), pick the best on dev, evaluate it on the test tasks, write ``sweep-<stage>/``.
+    process, which dies with this one), pick the best on dev, evaluate it on the test tasks, write
+    ``sweep-<stage>/``.
 
     Args:
         config_path: YAML run config with a ``sweep`` section (ignored when ``config`` is given).
@@ -46,7 +50,9 @@ def sweep_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None, co
             upstream[instance_name(earlier)] = run_stage_instance(train, base, rdir, instance_name(earlier),
                                                               train.options(stage=earlier), False)
         if cfg.sweep.max_concurrency > 1:
-            runner = ProcessPoolTaskRunner(max_workers=cfg.sweep.max_concurrency)
+            # each worker is SIGKILLed by the kernel when this process dies (its commits need this run's lock)
+            runner = ProcessPoolTaskRunner(max_workers=cfg.sweep.max_concurrency, initializer=die_with_parent,
+                                           initargs=(signal.SIGKILL, os.getpid()))
             with runner:
                 futures = [runner.submit(train_variant, {"config": c, "run_dir": rdir, "variant": n, "force": force})
                            for n, _, c in variants]

@@ -83,7 +83,10 @@ def run_stage_instance(stage: Stage, config: RunConfig, run_dir: str, instance: 
 def _run_stage_instance(stage: Stage, ctx: StageContext, force: bool, snapshot: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     fingerprint, hit = stages.cache_decision(stage, ctx, force)  # once per run
-    state = stage_task(stage.name)(ctx=ctx, instance=ctx.instance, run_name=ctx.config.run_name,
+    stage_run = stage_task(stage.name)
+    if stage.retries and stage.retry_delay_s is not None:
+        stage_run = stage_run.with_options(retry_delay_seconds=stage.retry_delay_s(ctx.config))
+    state = stage_run(ctx=ctx, instance=ctx.instance, run_name=ctx.config.run_name,
                                    fingerprint=fingerprint, hit=hit, return_state=True)
     manifest = state.result()  # the manifest, held in memory (no result persistence)
     summary = stage.summarize(manifest)

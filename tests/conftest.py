@@ -19,6 +19,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # test; each test also gets its own below, so what one test encodes never changes another's counts.
 os.environ["EMBEDPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="embedpipe-cache-")
 
+# Property-based tests (hypothesis) draw the same examples on every run and keep no example
+# database: a failure in CI reproduces on any machine, and nothing is written into the checkout.
+# HYPOTHESIS_PROFILE=explore draws fresh examples for a longer search.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+_hypothesis_settings.register_profile("explore", max_examples=500, database=None)
+_hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 
 def pytest_collection_modifyitems(config, items):

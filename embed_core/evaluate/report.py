@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embed_core.artifacts import atomic_write_bytes
 from embed_core.plots import pyplot as _plt
 from embed_core.plots import to_png as _png
 from embed_core.train.stage import stage_name_of, trained_model_dirs
@@ -152,13 +153,50 @@ def compare_runs(sources: list[str | Path], out_dir: str | Path) -> Path:
         if not results.exists():
             raise FileNotFoundError(f"{results}: no evaluation results (run the evaluate stage first)")
         run = results.parent.parent.name if results.parent.name == "evaluate" else results.stem
-        for r in pq.read_table(results).to_pylist():
+        for r in _read_results(results):
             rows.append({**r, "model": f"{run}/{r['model']}"})
     models, tasks, values = main_table(rows)
     metric_of = {r["task"]: r["metric"] for r in rows if r["main"]}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.png").write_bytes(_bars(models, tasks, values, "main score per task"))
-    md = "# embedpipe comparison\n\n" + markdown_table(models, tasks, values, metric_of) + "\n\n![compare](compare.png)\n"
-    (out / "compare.md").write_text(md, encoding="utf-8")
+    out = _compare_dir(Path(out_dir))
+    atomic_write_bytes(out / "compare.png", _bars(models, tasks, values, "main score per task"))
+    md = COMPARE_TITLE + "\n\n" + markdown_table(models, tasks, values, metric_of) + "\n\n![compare](compare.png)\n"
+    atomic_write_bytes(out / "compare.md", md.encode("utf-8"))
     return out / "compare.md"
+
+
+COMPARE_TITLE = "# embedpipe comparison"
+RESULT_COLUMNS = ("model", "task", "metric", "value", "main")
+
+
+def _read_results(path: Path) -> list[dict[str, Any]]:
+    """The rows of an evaluate stage's results.parquet, or one line saying the file is not one."""
+    from embed_core.errors import EmbedpipeError, printable
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise EmbedpipeError(f"{path}: not a readable results file ({printable(exc, 160)}); give a run directory "
+                             "or the results.parquet its evaluate stage wrote") from None
+    missing = [c for c in RESULT_COLUMNS if c not in table.column_names]
+    if missing:
+        raise EmbedpipeError(f"{path}: not an evaluate results file (no column {missing[0]!r}); give a run directory "
+                             "or the results.parquet its evaluate stage wrote")
+    return table.to_pylist()
+
+
+def _compare_dir(out: Path) -> Path:
+    """``out``, made if missing; refused when it is a file, or when it holds a compare.md or
+    compare.png that ``compare`` did not write (a user's file is never overwritten)."""
+    from embed_core.errors import EmbedpipeError
+
+    if out.exists() and not out.is_dir():
+        raise EmbedpipeError(f"{out}: --out is a file; give a directory for compare.md and compare.png "
+                             "(the file is left as it is)")
+    md = out / "compare.md"
+    ours = md.is_file() and not md.is_symlink() and md.read_bytes().startswith(COMPARE_TITLE.encode())
+    theirs = [out / n for n in ("compare.md", "compare.png") if not ours and ((out / n).exists() or (out / n).is_symlink())]
+    if theirs:
+        raise EmbedpipeError(f"{theirs[0]}: exists and was not written by embedpipe compare; refusing to overwrite it: "
+                             "give another --out directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out

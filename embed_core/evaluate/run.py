@@ -30,9 +30,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embed_core.artifacts import StageWriter, stage_is_intact
+from embed_core.artifacts import StageWriter, read_manifest, stage_is_intact
 from embed_core.config import RunConfig, config_hash
 from embed_core.evaluate.config import EvalTaskSpec, EvaluateConfig
+from embed_core.evaluate.tasks import check_main_score
 from embed_core.model.config import EngineConfig
 from embed_core.engine import engine_session
 from embed_core.errors import ConfigError, EmbedpipeError
@@ -42,6 +43,7 @@ from embed_core.model.embedding_cache import cache_location
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
 from embed_core.evaluate.stage import NAME as STAGE
 from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
+from embed_core.paths import files_within, resolve_within
 from embed_core.train.stage import instance_name, stage_name_of, trained_model_dirs
 
 log = logging.getLogger("embedpipe.evaluate")
@@ -72,6 +74,7 @@ def trained_models(run_dir: Path, config: RunConfig | None = None) -> dict[str, 
         if wanted is not None and model_dir.parent.name not in wanted:
             continue
         if (model_dir / "config.json").exists() and (model_dir.parent / "manifest.json").exists():
+            files_within(model_dir)  # a link out of the model directory is refused before anything reads it
             found[stage_name_of(model_dir.parent.name)] = ((model_dir.parent / "manifest.json").stat().st_mtime,
                                                            str(model_dir))
     return {label: path for label, (_, path) in sorted(found.items(), key=lambda kv: kv[1][0])}
@@ -99,6 +102,26 @@ def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = 
     return out
 
 
+def input_dirs(config: RunConfig, run_dir: str | Path, models: list[str] | None = None) -> list[Path]:
+    """The stage directories holding the trained models to evaluate ('trained': the config's train
+    stages that have run; a model path whose directory has a manifest beside it): each is checked
+    against its manifest before anything is scored or released."""
+    run_dir = Path(run_dir)
+    cfg = _cfg(config)
+    dirs: list[Path] = []
+    for item in models or cfg.models:
+        if item == "trained":
+            names = [instance_name(s.name) for s in config.train.stages] if config.train else \
+                [p.parent.name for p in trained_model_dirs(run_dir)]
+            dirs += [run_dir / n for n in names if (run_dir / n / "manifest.json").is_file()]
+            continue
+        model = Path(cfg.base_model if item == "base" else item).expanduser()
+        if model.is_dir() and (model.parent / "manifest.json").is_file():
+            in_run = model.parent.resolve().parent == run_dir.resolve()
+            dirs.append(run_dir / model.parent.name if in_run else model.parent)
+    return dirs
+
+
 def select_tasks(cfg: EvaluateConfig, names: list[str] | None) -> list[EvalTaskSpec]:
     if not names:
         return list(cfg.tasks)
@@ -116,7 +139,7 @@ def _data_files(config: RunConfig, spec: EvalTaskSpec) -> list[Path]:
         files.append(config.resolve(spec.train_path))
     out: list[Path] = []
     for f in files:
-        out.extend(sorted(p for p in f.rglob("*") if p.is_file()) if f.is_dir() else [f])
+        out.extend(files_within(f) if f.is_dir() else [f])
     return out
 
 
@@ -158,6 +181,8 @@ def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str)
                        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "main_score"}
             if main_name not in metrics and "main_score" in scores:
                 metrics[main_name] = float(scores["main_score"])
+            if main_name in metrics:
+                check_main_score(task_result.task_name, main_name, metrics[main_name])
             rows += [{**base, "metric": k, "value": v, "main": k == main_name} for k, v in metrics.items()]
     return rows
 
@@ -203,9 +228,10 @@ def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
     if not stage_is_intact(run_dir, STAGE):
         return [], {}
     stage_dir = run_dir / STAGE
-    rows = pq.read_table(stage_dir / RESULTS).to_pylist() if (stage_dir / RESULTS).exists() else []
-    files = {str(p.relative_to(stage_dir)): p.read_bytes() for p in (stage_dir / MTEB_RESULTS).rglob("*")
-             if p.is_file()}
+    names = list(read_manifest(run_dir, STAGE)["outputs"])  # only what the manifest lists, never a link out
+    rows = pq.read_table(resolve_within(stage_dir, RESULTS)).to_pylist() if RESULTS in names else []
+    files = {name: resolve_within(stage_dir, name).read_bytes() for name in names
+             if Path(name).parts[0] == MTEB_RESULTS}
     return rows, files
 
 
@@ -347,8 +373,8 @@ def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]
     if facts is None:  # a model saved before cards existed
         return None
     target = writer.staging / RELEASE
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        rel = path.relative_to(source)
+    for rel in released_files(source):
+        path = resolve_within(source, rel)  # a link out of the model directory is refused, never released
         if str(rel) in _REWRITTEN:
             continue
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -360,6 +386,18 @@ def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]
     write_card(target, facts, sentence_transformers_prompts(read_model_settings(source)), scores)
     writer.register_tree(RELEASE, kind="model")
     return {"model": label, "source": str(source), "path": RELEASE}
+
+
+def released_files(model_dir: Path) -> list[Path]:
+    """The files of a trained model (``<run>/train-<stage>/model``) the release copies: those its
+    train stage's manifest lists under ``model/``, as paths relative to ``model_dir`` (a file put
+    there afterwards, a link included, is not the trained model and is not released)."""
+    manifest = read_manifest(model_dir.parent.parent, model_dir.parent.name)
+    if manifest is None:
+        raise EmbedpipeError(f"{model_dir.parent}: no readable manifest.json; the trained model cannot be released "
+                             f"(run `embedpipe train` again)")
+    prefix = f"{model_dir.name}/"
+    return sorted(Path(name[len(prefix):]) for name in manifest["outputs"] if name.startswith(prefix))
 
 
 def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:

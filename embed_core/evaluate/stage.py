@@ -3,6 +3,7 @@ trained models (the body is ``run.py``; task data, the model adapter, report and
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -52,6 +53,10 @@ def _fingerprint(ctx: StageContext):
     return lazy(BODY, "input_fingerprint")(ctx.config, ctx.run_dir, ctx.options.models, ctx.options.tasks)
 
 
+def _inputs(ctx: StageContext) -> list[Path]:
+    return lazy(BODY, "input_dirs")(ctx.config, ctx.run_dir, ctx.options.models)
+
+
 def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
     return lazy(BODY, "run_evaluate")(ctx.config, ctx.run_dir, ctx.options.models, ctx.options.tasks,
                                       fingerprint=fingerprint)
@@ -61,4 +66,5 @@ def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
 # print() while capturing sys.stdout; Prefect's print patch would turn that into log lines.
 STAGE = Stage(name=NAME, help="MTEB on the configured tasks for the base and trained models",
               enabled=lambda c: c.evaluate is not None, fingerprint=_fingerprint, run=_run, summarize=format_counts,
-              report=_report, options=EvaluateOptions, pipeline_options=pipeline_options, log_prints=False)
+              report=_report, options=EvaluateOptions, pipeline_options=pipeline_options, log_prints=False,
+              inputs=_inputs)

@@ -11,12 +11,13 @@ abstract type (``AbsTaskSTS``, ``AbsTaskRetrieval``, ``AbsTaskClassification``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from embed_core.evaluate.config import EvalTaskSpec
-from embed_core.errors import ConfigError
+from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.evaluate import data as local_data
 
 MTEB_TYPES = {"sts": "STS", "retrieval": "Retrieval", "classification": "Classification",
@@ -25,6 +26,15 @@ DEFAULT_MAIN_SCORE = {"sts": "cosine_spearman", "retrieval": "ndcg_at_10", "clas
                       "pair_classification": "max_ap"}
 _LOADERS = {"sts": local_data.load_sts, "pair_classification": local_data.load_pair_classification,
             "classification": local_data.load_classification, "retrieval": local_data.load_retrieval}
+
+
+def check_main_score(task: str, metric: str, value: float) -> float:
+    """``value``, or an error naming the task when its main score is not a number: a NaN (a
+    correlation over constant scores, an average over nothing) must never be reported as a result."""
+    if math.isnan(value) or math.isinf(value):
+        raise EmbedpipeError(f"evaluate: task {task}: main score {metric} is {value} (undefined: its data "
+                             "is degenerate, e.g. constant gold scores or one class only); fix the task's files")
+    return value
 
 
 def _abstract_class(kind: str):

@@ -50,7 +50,8 @@ class MineConfig(StrictModel):
     batch_size: int = Field(64, ge=1, description="Texts per encoding batch.")
     tasks: list[str] = Field(default_factory=lambda: ["retrieval", "classification"],
                              description="Tasks whose records get mined negatives.")
-    datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a mined task).")
+    datasets: list[str] | None = Field(None, description="Only these datasets, by their prepare.sources name "
+                                       "(default: all with a mined task).")
     corpora: dict[str, str] = Field(default_factory=dict,
                                     description="dataset -> BEIR directory whose corpus is the candidate pool "
                                                 "(default pool: the dataset's own positives and negatives).")

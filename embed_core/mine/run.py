@@ -31,6 +31,7 @@ from embed_core.model.embedding_cache import EmbeddingCache, open_cache
 from embed_core.model.encoder import model_dim, model_fingerprint, uses_bf16
 from embed_core.plots import pyplot, to_png
 from embed_core.prepare.convert.beir import load_corpus
+from embed_core.prepare.readers import root_for
 from embed_core.schema import records_to_table, table_to_records
 
 log = logging.getLogger("embedpipe.mine")
@@ -86,7 +87,7 @@ def _corpus_texts(config: RunConfig, path: str) -> list[str]:
     d = config.resolve(path)
     for name in ("corpus.jsonl", "corpus.jsonl.gz"):
         if (d / name).exists():
-            docs, errors = load_corpus(d / name, f"{path}/{name}")
+            docs, errors = load_corpus(d / name, f"{path}/{name}", root_for(config.resolve, path))
             if errors:
                 log.warning("mine: %d bad corpus rows skipped (first: %s)", len(errors), errors[0])
             return list(docs.values())

@@ -28,6 +28,7 @@ import torch
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import sha256_file
 from embed_core.model.cpu_inference import pack_linear_layers
+from embed_core.model.files import check_model_dir
 from embed_core.model.onednn import cap_onednn_primitive_cache
 from embed_core.progress import Progress
 
@@ -115,7 +116,8 @@ def model_dim(path: str | Path) -> int:
 
 def model_source(name: str) -> Path:
     """The file or directory that holds a model's bytes, found without loading it (a GGUF model is
-    its .gguf file, not the de-quantised directory ``resolve_model_path`` makes from it)."""
+    its .gguf file, not the de-quantised directory ``resolve_model_path`` makes from it); a local
+    directory must pass ``check_model_dir`` (a model, with whole safetensors weights)."""
     if name in ("default", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         return Path(default_model_path())
     from embed_core.model.gguf import PACKAGED_GGUF, packaged_gguf
@@ -126,6 +128,7 @@ def model_source(name: str) -> Path:
     if not path.exists():
         raise ConfigError(f"model path {name!r} not found (models load from local paths only; "
                           "'default' is the packaged all-MiniLM-L6-v2, 'gemma3-270m' the packaged Gemma-3-270M GGUF)")
+    check_model_dir(path)
     return path
 
 

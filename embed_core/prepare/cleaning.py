@@ -36,6 +36,66 @@ def normalize_text(text: str) -> str:
     return _NON_WORD.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
+# Text hygiene: what every reader does to every text it reads (``clean_text``), one place for the rule.
+# Line and paragraph breaks of every convention become "\n"; invisible format characters are removed;
+# other control characters become U+FFFD; what only a binary or mis-decoded file holds makes the row
+# unusable.
+_LINE_BREAKS = re.compile("\r\n|[\r\x0b\x0c\x85\u2028\u2029]")
+# Invisible format characters a model gains nothing from: soft hyphen, Arabic letter mark, Mongolian
+# vowel separator, zero-width space, LRM/RLM, bidi embeddings/overrides (U+202A-U+202E) and isolates
+# (U+2066-U+2069), word joiner and invisible operators, deprecated format controls, BOM/ZWNBSP,
+# interlinear annotation marks. ZWJ/ZWNJ (U+200C/U+200D) stay: they shape Indic and Persian
+# words and join emoji.
+_INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
+                        "\ufeff\ufff9-\ufffb]")
+# Other C0 controls, DEL and C1 controls are what is left of a lost character in real data (STS-B and
+# MRPC hold "Treasury\x12s" for "Treasury's", Amazon reviews \x1a SUB for an umlaut, BQ \x08): each
+# becomes U+FFFD, the replacement character, so the word boundary stays and nothing reaches a
+# terminal as an escape sequence.
+_CONTROLS = re.compile("[\x01-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+# Never in a text: NUL (a binary file, or UTF-16 without a byte-order mark), lone surrogates (an
+# undecodable byte, or a broken "\ud800" JSON escape), noncharacters U+FFFE/U+FFFF (U+FFFE is a
+# byte-swapped BOM). The row is quarantined.
+_UNUSABLE = re.compile("[\x00\ud800-\udfff\ufffe\uffff]")
+_SUSPECT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e"
+                      "\u2060-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb\ufffe\uffff]")
+ALLOWED_CONTROLS = frozenset("\t\n")  # the only control characters a cleaned text holds
+
+
+class UnusableText(ValueError):
+    """A text holds a character no normalisation can make good (see ``clean_text``); ``reason`` is
+    the quarantine reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def is_clean(text: str) -> bool:
+    """True when ``clean_text`` would return ``text`` unchanged (the common case, one regex scan)."""
+    return _SUSPECT.search(text) is None
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every line break as ``\n``, invisible format characters removed and other
+    control characters as U+FFFD; raises ``UnusableText`` for NUL, a lone surrogate or a noncharacter
+    (the table in docs/stages.md, "Text hygiene"). Texts with none of these come back unchanged (one
+    regex scan)."""
+    if _SUSPECT.search(text) is None:
+        return text
+    bad = _UNUSABLE.search(text)
+    if bad is not None:
+        ch = bad.group()
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:
+            raise UnusableText("encoding", f"non-UTF-8 byte 0x{code - 0xDC00:02x} at character {bad.start() + 1}")
+        what = ("a lone surrogate" if 0xD800 <= code <= 0xDFFF else "a noncharacter" if code >= 0xFFFE
+                else "a NUL byte (a binary file, or UTF-16 without a byte-order mark?)")
+        raise UnusableText("control_character", f"holds {what} (U+{code:04X}) at character {bad.start() + 1}; "
+                           "remove it from the source")
+    return _CONTROLS.sub("\ufffd", _INVISIBLE.sub("", _LINE_BREAKS.sub("\n", text)))
+
+
 def _split_ref(ref: str) -> tuple[str, int | None]:
     file, _, row = ref.rpartition(":")
     return (file, int(row)) if row.isdigit() else (ref, None)

@@ -36,6 +36,7 @@ from embed_core.prepare.cleaning import (
     pair_key,
 )
 from embed_core.prepare.convert import Skipped, convert_source, source_files, source_pairs, source_texts
+from embed_core.prepare.readers import confine, root_for
 from embed_core.prepare.stage import NAME as STAGE
 from embed_core.progress import iterate
 from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, Record, validate_row
@@ -55,8 +56,10 @@ QUARANTINE_SCHEMA = pa.schema([
 LIBRARIES = ("pyarrow",)
 
 
-def _content_hash(path: Path) -> str:
-    """A source file's hash; a missing path or a directory keys as such (the reader then names the problem)."""
+def _content_hash(config: RunConfig, display: str, path: Path) -> str:
+    """A source file's hash; a missing path or a directory keys as such (the reader then names the
+    problem). A path that leaves data_root is never read, not even to hash it (``readers.confine``)."""
+    path = confine(path, display, root_for(config.resolve, display))
     if path.is_file():
         return sha256_file(path)
     return "directory" if path.is_dir() else "missing"
@@ -71,7 +74,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path | None = None) -> F
     files: dict[str, str] = {}
     for spec in [*config.prepare.sources, *config.prepare.contamination]:
         for display, path in source_files(spec, config):
-            files[str(display)] = _content_hash(Path(path))
+            files[str(display)] = _content_hash(config, str(display), Path(path))
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
         "files": files, "config": config_hash(config.prepare), "seed": config.seed, "schema": SCHEMA_VERSION})
 
@@ -84,7 +87,8 @@ def source_fingerprints(config: RunConfig) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     for spec in [*config.prepare.sources, *config.prepare.contamination]:
-        files = {str(display): _content_hash(Path(path)) for display, path in source_files(spec, config)}
+        files = {str(display): _content_hash(config, str(display), Path(path))
+                 for display, path in source_files(spec, config)}
         out[spec.name] = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     return out
 

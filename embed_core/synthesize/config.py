@@ -99,7 +99,8 @@ class SynthesizeConfig(StrictModel):
                                             description="Task rules: retrieval gets all three; nli/sts/pair "
                                             "classification and classification only paraphrase (single sentences).")
     prompt_dir: str | None = Field(None, description="Directory of prompt templates overriding the packaged ones.")
-    datasets: list[str] | None = Field(None, description="Only these datasets (default: every dataset below "
+    datasets: list[str] | None = Field(None, description="Only these datasets, by their prepare.sources name "
+                                       "(default: every dataset below "
                                        "max_dataset_rows).")
     max_dataset_rows: int = Field(60000, ge=1, description="Datasets larger than this are left alone (QZhou: <60k).")
     max_records_per_dataset: int | None = Field(None, ge=1, description="Synthesize from the first N records of a "
@@ -109,3 +110,11 @@ class SynthesizeConfig(StrictModel):
     max_parse_retries: int = Field(2, ge=0, description="Extra requests for an answer that does not parse or validate.")
     max_requests: int | None = Field(None, ge=0, description="Run budget: HTTP requests (cached answers are free).")
     max_tokens: int | None = Field(None, ge=0, description="Run budget: prompt + completion tokens.")
+    max_failed_share: float = Field(0.5, ge=0, le=1, description="Largest share of the requests that may get no "
+                                    "answer from the server (connection, timeout, HTTP errors, after the retries; "
+                                    "answers that do not parse and the run budget do not count). Beyond it the stage "
+                                    "fails instead of committing — an outage is not a finished stage — so Prefect's "
+                                    "task retry applies and the next run repeats only the unanswered requests (answers "
+                                    "are cached). 1 = never fail.")
+    retry_delay_s: float = Field(30, ge=0, description="Seconds before that task retry (time for an LLM server to "
+                                 "come back after a restart).")

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from embed_core.errors import ConfigError
+from embed_core.safe_yaml import read_yaml
 
 PACKAGED_PROMPTS = Path(__file__).parent / "prompts"
 
@@ -119,7 +119,7 @@ class PromptTemplate:
 
 def _load(path: Path) -> PromptTemplate:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = read_yaml(path)
         chat = raw.get("chat") or {}
         tpl = PromptTemplate(
             name=str(raw["name"]), version=str(raw["version"]), output=str(raw["output"]),
@@ -127,7 +127,7 @@ def _load(path: Path) -> PromptTemplate:
             prefix=str(raw.get("prefix", "")), stop=tuple(raw.get("stop") or ()),
             max_input_chars=int(raw.get("max_input_chars", 900)), source=str(path),
             digest=hashlib.sha256(path.read_bytes()).hexdigest()[:16])
-    except (KeyError, TypeError, AttributeError, yaml.YAMLError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ConfigError(f"{path}: not a prompt template ({type(exc).__name__}: {exc})") from None
     if tpl.output not in ANSWER_MODELS:
         raise ConfigError(f"{path}: output {tpl.output!r} unknown (choose from {', '.join(ANSWER_MODELS)})")

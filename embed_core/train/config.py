@@ -3,7 +3,7 @@ with their losses, sampling and dev evaluation."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -103,7 +103,8 @@ class TrainStageConfig(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="Stage name: output goes to <run_dir>/train-<name>/.")
     tasks: list[str] | None = Field(None,
                                     description="Only datasets of these tasks (stage 1: [retrieval]); None = all.")
-    datasets: list[str] | None = Field(None, description="Only these datasets (default: all with a trainable task).")
+    datasets: list[str] | None = Field(None, description="Only these datasets, by their prepare.sources name "
+                                       "(default: all with a trainable task).")
     init_from: str | None = Field(None, description="Start from this earlier stage's model, or 'base' for the base "
                                   "model (default: the previous stage).")
     mode: TrainMode = Field("contrastive", description="contrastive: the task losses below on pooled embeddings; "
@@ -116,10 +117,10 @@ class TrainStageConfig(StrictModel):
                                                                description="Learning-rate decay after warm-up.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on biases and norms).")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm; None = off.")
-    batch_size: dict[str, int] = Field(
+    batch_size: dict[str, Annotated[int, Field(gt=0)]] = Field(
         default_factory=lambda: {"retrieval": 256, "classification": 256, "sts": 768, "nli": 768,
                                  "pair_classification": 768},
-        description="Batch size per task (per device).")
+        description="Batch size per task (per device), each at least 1.")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     grad_cache_chunk: int | None = Field(None, ge=1, description="GradCache: embed in chunks of this many texts "
                                          "with cached gradients (memory independent of batch size); None = off.")

@@ -40,6 +40,7 @@ from embed_core.losses import loss_for
 from embed_core.model.card import card_facts, describe_loss, write_card
 from embed_core.model.encoder import model_fingerprint, resolve_model_path
 from embed_core.model.settings import ModelSettings, read_model_settings, sentence_transformers_prompts
+from embed_core.paths import files_within
 from embed_core.plots import pyplot, to_png
 from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
 from embed_core.train.distributed import barrier, init_process_group, is_main_process
@@ -69,6 +70,20 @@ def _init_stage(config: RunConfig, index: int, stage: TrainStageConfig) -> Train
     if stage.init_from is not None:
         return get_stage(config, stage.init_from)[1]
     return stages[index - 1] if index > 0 else None
+
+
+def input_dirs(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstream: str) -> list[Path]:
+    """The stage directories a training stage reads: its records upstream, the stage whose model it
+    starts from, and prepare when a dev task uses prepare's dev records."""
+    run_dir = Path(run_dir)
+    index, stage = get_stage(config, stage_name)
+    out = [run_dir / upstream]
+    prev = _init_stage(config, index, stage)
+    if prev is not None:
+        out.append(run_dir / instance_name(prev.name))
+    if stage.dev is not None and any(task.dataset for task in stage.dev.tasks):
+        out.append(run_dir / "prepare")
+    return out
 
 
 def init_model_path(config: RunConfig, run_dir: Path, index: int, stage: TrainStageConfig) -> str:
@@ -149,7 +164,7 @@ def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> di
         paths = [task.path] if isinstance(task.path, str) else list(task.path)
         for path in [*paths, *([task.train_path] if task.train_path else [])]:
             resolved = config.resolve(path)
-            files = sorted(p for p in resolved.rglob("*") if p.is_file()) if resolved.is_dir() else [resolved]
+            files = files_within(resolved) if resolved.is_dir() else [resolved]
             for f in files:
                 out[f"{task.name}:{f.name}"] = sha256_file(f) if f.is_file() else "missing"
     return out

@@ -76,6 +76,10 @@ def _fingerprint(ctx: StageContext):
     return lazy(BODY, "input_fingerprint")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=ctx.upstream)
 
 
+def _inputs(ctx: StageContext) -> list[Path]:
+    return lazy(BODY, "input_dirs")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=ctx.upstream)
+
+
 def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
     return lazy(BODY, "run_train_stage")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=ctx.upstream,
                                          resume=ctx.options.resume, fingerprint=fingerprint)
@@ -86,4 +90,5 @@ def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
 STAGE = Stage(name=NAME, help="the training stages in order (needs prepare/synthesize/mine output)",
               enabled=lambda c: c.train is not None, fingerprint=_fingerprint, run=_run, summarize=format_counts,
               report=_report, options=TrainOptions, log_prints=False,
-              instances=lambda c, o: train_stage_names(c, o.stage))
+              instances=lambda c, o: train_stage_names(c, o.stage), inputs=_inputs,
+              cli_args=lambda instance: f"--stage {stage_name_of(instance)}")

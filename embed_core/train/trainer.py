@@ -139,7 +139,7 @@ def _load_plain(path: Path, **kwargs: Any) -> Any:
         found = re.search(r"unsupported GLOBAL (\S+)|Unsupported global: GLOBAL (\S+)", str(exc))
         what = f"it references {found.group(1) or found.group(2)}" if found else "it is not tensors and plain data"
         raise CheckpointError(f"{path}: refusing to load: {what}, and loading it could run code; "
-                              "delete the checkpoint to train from the stage's start") from None
+                              "pass --no-resume to train from the stage's start, or delete the checkpoint") from None
 
 
 class Trainer:
@@ -416,6 +416,16 @@ class Trainer:
         return sorted(p for p in self.checkpoint_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / "trainer_state.json").exists())
 
     def load_checkpoint(self, path: Path) -> None:
+        """Restore every state from ``path``; a damaged checkpoint (cut-off, edited or missing state
+        files) is a ``CheckpointError`` naming it and ``--no-resume``."""
+        try:
+            self._load_checkpoint(path)
+        except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError, EOFError) as exc:
+            detail = " ".join(str(exc).split())[:160] or type(exc).__name__
+            raise CheckpointError(f"{path}: damaged checkpoint, cannot resume from it ({type(exc).__name__}: {detail}); "
+                                  "pass --no-resume to train from the stage's start, or delete the checkpoint") from exc
+
+    def _load_checkpoint(self, path: Path) -> None:
         meta = json.loads((path / "trainer_state.json").read_text())
         if meta.get("world", 1) != self.world:
             raise ConfigError(f"{path}: saved by {meta.get('world', 1)} processes, resumed by {self.world}; resume "

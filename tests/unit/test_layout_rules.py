@@ -98,6 +98,14 @@ def test_production_code_has_no_test_hooks():
     assert not bad
 
 
+def test_no_production_function_is_longer_than_eighty_lines():
+    long = [f"{p.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for root in ("embed_core", "tasks", "flows") for p in sorted((REPO / root).rglob("*.py"))
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80]
+    assert not long
+
+
 def test_configuration_reference_is_generated_from_the_field_descriptions():
     from embed_core.config_reference import render
 

@@ -29,7 +29,7 @@ from typing import Annotated, Any, ClassVar, Protocol
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from embed_core.errors import RowError
-from embed_core.prepare.readers import RawRow, column_label, read_rows
+from embed_core.prepare.readers import RawRow, column_label, excerpt, read_rows, root_for
 from embed_core.schema import Record, is_blank
 
 
@@ -167,7 +167,7 @@ class Converter:
         spec = self.spec
         rows = read_rows(self.run.resolve(spec.path), spec.path, fmt=spec.format, delimiter=spec.delimiter,
                          header=spec.header, quoting=spec.quoting, multiline=spec.multiline,
-                         required=self.cols.required())
+                         required=self.cols.required(), root=root_for(self.run.resolve, spec.path))
         return rows if spec.max_rows is None else _limit(rows, spec.max_rows)
 
     def texts(self) -> Iterator[str]:
@@ -285,9 +285,9 @@ def _parse_score(value: Any, *, file: str, row: int, field: str) -> float:
         try:
             score = float(text)
         except ValueError:
-            raise RowError(file, row, field, "bad_score", f"not a number: {value!r}") from None
+            raise RowError(file, row, field, "bad_score", f"not a number: {excerpt(repr(value))}") from None
     else:
-        raise RowError(file, row, field, "bad_score", f"not a number: {value!r}")
+        raise RowError(file, row, field, "bad_score", f"not a number: {excerpt(repr(value))}")
     if not math.isfinite(score):
         raise RowError(file, row, field, "nan_score", f"score is {score}")
     return score
@@ -318,5 +318,6 @@ def map_label(raw: RawRow, col: str | int, mapping: dict[str, Any]) -> Any:
     lowered = {str(k).strip().lower(): v for k, v in mapping.items()}
     if key not in lowered:
         known = ", ".join(sorted(repr(k) for k in lowered))
-        raise RowError(raw.file, raw.row, column_label(col), "unknown_label", f"unknown label {value!r} (expected one of {known})")
+        raise RowError(raw.file, raw.row, column_label(col), "unknown_label",
+                       f"unknown label {excerpt(repr(value))} (expected one of {known})")
     return lowered[key]

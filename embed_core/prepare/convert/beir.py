@@ -17,23 +17,25 @@ from pydantic import Field
 
 from embed_core.errors import RowError, SourceError
 from embed_core.prepare.convert.base import Converter, ConverterParams, ConvertStream, Skipped, parse_score
-from embed_core.prepare.readers import read_delimited, read_jsonl
+from embed_core.prepare.readers import confine, read_delimited, read_jsonl, root_for
 from embed_core.schema import is_blank
 
 
-def _find(directory: Path, display: str, name: str) -> tuple[Path, str]:
+def _find(directory: Path, display: str, name: str, root: Path | None) -> tuple[Path, str]:
     for candidate in (name, name + ".gz"):
         if (directory / candidate).exists():
-            return directory / candidate, f"{display}/{candidate}"
+            return confine(directory / candidate, f"{display}/{candidate}", root), f"{display}/{candidate}"
     raise SourceError(f"{display}/{name}", None, None, "missing_file", f"file not found in {directory}")
 
 
-def beir_files(directory: Path, display: str, split: str) -> dict[str, tuple[Path, str]]:
+def beir_files(directory: Path, display: str, split: str, root: Path | None = None) -> dict[str, tuple[Path, str]]:
+    """(real path, display) of a BEIR directory's files, each confined to ``root`` (``readers.confine``)."""
+    confine(directory, display, root)
     if not directory.is_dir():
         raise SourceError(display, None, None, "missing_file", f"BEIR directory not found (resolved to {directory})")
-    return {"corpus": _find(directory, display, "corpus.jsonl"),
-            "queries": _find(directory, display, "queries.jsonl"),
-            "qrels": _find(directory, display, f"qrels/{split}.tsv")}
+    return {"corpus": _find(directory, display, "corpus.jsonl", root),
+            "queries": _find(directory, display, "queries.jsonl", root),
+            "qrels": _find(directory, display, f"qrels/{split}.tsv", root)}
 
 
 def read_qrels(path: Path, display: str):
@@ -77,19 +79,19 @@ def read_queries(path: Path, display: str) -> tuple[dict[str, tuple[str, int]], 
     return queries, errors
 
 
-def beir_eval_queries(directory: Path, display: str, split: str) -> list[str]:
+def beir_eval_queries(directory: Path, display: str, split: str, root: Path | None = None) -> list[str]:
     """Texts of the queries judged in ``split`` (what contamination exclusion compares against)."""
-    files = beir_files(directory, display, split)
+    files = beir_files(directory, display, split, root)
     queries, _ = read_queries(*files["queries"])
     judged = {item[1] for item in read_qrels(*files["qrels"]) if not isinstance(item, RowError)}
     return [queries[q][0] for q in judged if q in queries]
 
 
-def load_corpus(path: Path, display: str) -> tuple[dict[str, str], list[RowError]]:
+def load_corpus(path: Path, display: str, root: Path | None = None) -> tuple[dict[str, str], list[RowError]]:
     """BEIR-style corpus JSONL → {doc id: "title text"} (title joined as BEIR/MTEB do)."""
     docs: dict[str, str] = {}
     errors: list[RowError] = []
-    for raw in read_jsonl(path, display):
+    for raw in read_jsonl(path, display, root):
         if isinstance(raw, RowError):
             errors.append(raw)
             continue
@@ -124,14 +126,16 @@ class Beir(Converter):
             "instead of a positive, e.g. [1] for TREC-DL's 'relevant topic, no answer'.")
 
     def _files(self) -> dict[str, tuple[Path, str]]:
-        return beir_files(self.run.resolve(self.spec.path), self.spec.path.rstrip("/"), self.params.split)
+        return beir_files(self.run.resolve(self.spec.path), self.spec.path.rstrip("/"), self.params.split,
+                          root_for(self.run.resolve, self.spec.path))
 
     def files(self) -> list[tuple[str, Path]]:
         return [(display, path) for path, display in self._files().values()]
 
     def texts(self):
         """The texts of the queries judged in ``split``."""
-        yield from beir_eval_queries(self.run.resolve(self.spec.path), self.spec.path, self.params.split)
+        yield from beir_eval_queries(self.run.resolve(self.spec.path), self.spec.path, self.params.split,
+                                     root_for(self.run.resolve, self.spec.path))
 
     def records(self) -> ConvertStream:
         files = self._files()

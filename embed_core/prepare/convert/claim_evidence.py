@@ -13,7 +13,7 @@ from pydantic import Field
 from embed_core.errors import RowError
 from embed_core.prepare.convert.base import Converter, ConverterParams, ConvertStream, Rows, Skipped, map_label
 from embed_core.prepare.convert.beir import load_corpus
-from embed_core.prepare.readers import RawRow
+from embed_core.prepare.readers import RawRow, root_for
 
 Role = Literal["positive", "negative", "ignore"]
 
@@ -54,7 +54,8 @@ class ClaimEvidence(Converter):
     def convert(self, rows: Rows) -> ConvertStream:
         corpus = None
         if self.params.corpus:
-            corpus, _ = load_corpus(self.run.resolve(self.params.corpus), self.params.corpus)
+            corpus, _ = load_corpus(self.run.resolve(self.params.corpus), self.params.corpus,
+                                    root_for(self.run.resolve, self.params.corpus))
         claims: dict[str, dict[str, Any]] = {}  # claim text -> first row, positives, negatives (file order)
         for raw in rows:
             if isinstance(raw, RowError):

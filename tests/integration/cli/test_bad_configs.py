@@ -32,7 +32,7 @@ def test_a_duplicated_yaml_key_is_an_error_not_a_silently_dropped_list(data, cap
 
 
 def test_yaml_merge_keys_may_override_what_they_merge(data):
-    from embed_core.config import read_yaml
+    from embed_core.safe_yaml import read_yaml
 
     path = data / "merge.yaml"
     path.write_text("base: &b {lr: 1, steps: 2}\nstage: {<<: *b, lr: 3}\n")
@@ -62,3 +62,29 @@ def test_two_sources_with_one_name_are_an_error_not_a_silent_merge(data, capfd):
 def test_a_reversed_score_range_is_a_config_error(data, capfd):
     path = write_config(data, [dict(STS, params={"score_range": [5, 0]})])
     in_process(capfd, "prepare", "--config", path).assert_one_line_error("score_range", "min < max")
+
+
+def test_an_alias_bomb_inside_a_free_form_mapping_is_refused_before_anything_runs(data, capfd):
+    from tests.unit.embed_core.test_safe_yaml import BOMB
+
+    path = data / "bomb.yaml"
+    path.write_text(f"run_name: r\ndata_root: {data}\nprepare:\n  sources:\n"
+                    "    - {name: s, kind: sts, path: sts.csv}\n"
+                    "  label_map:\n    l0: &l0 [lol]\n" + "".join("    " + line + "\n" for line in BOMB.splitlines()))
+    in_process(capfd, "prepare", "--config", path).assert_one_line_error(f"{path}:", "expands to more than")
+    assert not (data / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "symlink loop"])
+def test_a_config_that_is_no_regular_file_is_one_line(data, capfd, kind):
+    import os
+
+    path = data / "odd.yaml"
+    if kind == "device":
+        path = "/dev/zero"
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(path)
+    expected = "Too many levels of symbolic links" if kind == "symlink loop" else "not a regular file"
+    in_process(capfd, "prepare", "--config", path).assert_one_line_error(str(path), expected)

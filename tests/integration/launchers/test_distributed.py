@@ -79,7 +79,7 @@ def test_torchrun_two_processes_train_like_one_process_and_resume_after_a_killed
 
     # rank 0 alone wrote: one stage directory, one history entry, no staging leftovers, no checkpoints left
     assert sorted(p.name for p in two.iterdir() if not p.name.startswith(".lock")) == [
-        "checkpoints", "config.yaml", "history.jsonl", "prepare", "train-ret"]
+        ".embedpipe", "checkpoints", "config.yaml", "history.jsonl", "prepare", "train-ret"]
     assert not list((two / "checkpoints").rglob("step-*"))
     history = [json.loads(x) for x in (two / "history.jsonl").read_text().splitlines()]
     assert [h["stage"] for h in history] == ["train-ret"]

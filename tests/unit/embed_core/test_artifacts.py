@@ -92,3 +92,51 @@ def test_a_streamed_table_is_written_in_row_groups_and_registered_with_its_rows_
             raise RuntimeError("the stage dies with a half-written stream")
     assert read_records(tmp_path, "prepare")["d.parquet"].num_rows == 25
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prepare"]
+
+
+def test_a_tree_registered_with_a_link_out_of_the_staging_directory_is_refused(tmp_path):
+    from embed_core.paths import OutsideRootError
+
+    (tmp_path / "secret.txt").write_text("not an output")
+    with pytest.raises(OutsideRootError, match="leak.txt: a symbolic link to"):
+        with StageWriter(tmp_path / "run", "train-s1") as w:
+            (w.staging / "model").mkdir()
+            (w.staging / "model/config.json").write_text("{}")
+            (w.staging / "model/leak.txt").symlink_to(tmp_path / "secret.txt")
+            w.register_tree("model", kind="model")
+    assert not (tmp_path / "run/train-s1").exists()
+
+
+def test_a_write_that_runs_out_of_space_is_one_line_naming_the_stage_and_the_previous_artifact_stays(tmp_path):
+    """A real failed write without root: the process's file-size limit (RLIMIT_FSIZE) makes the
+    kernel refuse pyarrow's write with EFBIG, as a full disk refuses it with ENOSPC."""
+    import subprocess
+    import sys
+    import textwrap
+
+    with StageWriter(tmp_path, "prepare") as w:
+        w.write_table("d.parquet", table(3), kind="records")
+        w.commit({"input_fingerprint": "k1"})
+    before = (tmp_path / "prepare/d.parquet").read_bytes()
+    code = textwrap.dedent("""
+        import os, resource, signal, sys
+        import pyarrow as pa
+        from embed_core.artifacts import StageWriter
+        from embed_core.errors import DiskFullError
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+        big = pa.table({"text": [os.urandom(64).hex() for _ in range(20000)]})
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+        try:
+            with StageWriter(sys.argv[1], "prepare") as w:
+                w.write_table("d.parquet", big, kind="records")
+        except DiskFullError as exc:
+            print(exc)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip()
+    assert line.startswith(f"{tmp_path}/.prepare.staging-"), line
+    assert "no space left to write the prepare stage (EFBIG" in line and f"{tmp_path / 'prepare'} is as it was" in line
+    assert (tmp_path / "prepare/d.parquet").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepare"]

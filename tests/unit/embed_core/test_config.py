@@ -32,3 +32,36 @@ def test_extends_loop_is_an_error(tmp_path):
     (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
     with pytest.raises(ConfigError, match="loops back"):
         load_config(tmp_path / "a.yaml")
+
+
+def _config_with(**sections) -> dict:
+    return {"prepare": {"sources": [{"name": "scifact", "kind": "beir", "path": "beir/scifact"},
+                                    {"name": "stsb", "kind": "sts", "path": "stsb/train.csv"}]}, **sections}
+
+
+@pytest.mark.parametrize("sections, key, name", [
+    ({"mine": {"datasets": ["scifcat"]}}, "mine.datasets", "scifcat"),
+    ({"mine": {"corpora": {"scifakt": "beir/scifact"}}}, "mine.corpora", "scifakt"),
+    ({"synthesize": {"datasets": ["stsb", "stbs"]}}, "synthesize.datasets", "stbs"),
+    ({"train": {"stages": [{"name": "s1"}, {"name": "s2", "datasets": ["scifact", "sts-b"]}]}},
+     "train.stages.1.datasets", "sts-b"),
+    ({"train": {"stages": [{"name": "s1", "dataset_weight": {"scifactt": 2.0}}]}}, "train.stages.0.dataset_weight",
+     "scifactt"),
+    ({"train": {"stages": [{"name": "s1", "dev": {"tasks": [{"name": "d", "type": "sts", "dataset": "stsbb"}]}}]}},
+     "train.stages.0.dev.tasks.0.dataset", "stsbb"),
+])
+def test_a_dataset_filter_naming_no_source_is_a_config_error_with_a_suggestion(sections, key, name):
+    from embed_core.config import parse_config
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config(_config_with(**sections), origin="c.yaml")
+    assert str(refused.value).startswith(f"c.yaml: {key}: no dataset {name!r} (did you mean '")
+    assert str(refused.value).endswith("datasets are the names of prepare.sources: scifact, stsb)")
+
+
+def test_a_dataset_name_unlike_any_source_gets_no_suggestion():
+    from embed_core.config import parse_config
+
+    with pytest.raises(ConfigError, match=r"^c.yaml: mine.datasets: no dataset 'quora' \(datasets are the names"):
+        parse_config(_config_with(mine={"datasets": ["quora"]}), origin="c.yaml")
+    assert parse_config(_config_with(mine={"datasets": ["stsb"]})).mine.datasets == ["stsb"]

@@ -71,3 +71,22 @@ def test_evaluate_on_a_local_two_worker_ray_cluster_scores_exactly_like_the_loca
     # the actors batch (and so pad) texts differently: embeddings agree to float32 rounding
     assert results["ray"] == pytest.approx(results["local"], abs=1e-6)
     assert manifests["ray"]["input_fingerprint"] == manifests["local"]["input_fingerprint"]
+
+
+@pytest.mark.slow
+def test_every_process_of_a_local_ray_instance_dies_with_its_sigkilled_driver():
+    """Ray's agents (started by its raylet) otherwise linger a minute after the driver is killed."""
+    from tests.helpers.procs import kill_parent_and_check_children
+
+    kill_parent_and_check_children("""
+        import time
+        from embed_core import procs
+        from embed_core.engine import engine_session
+        from embed_core.model.config import EngineConfig
+        with engine_session(EngineConfig(kind="ray", num_workers=1)):
+            import ray
+            assert ray.get(ray.remote(lambda: 1).remote()) == 1  # a worker process too
+            print(*procs.descendants(), flush=True)
+            print("ready", flush=True)
+            time.sleep(600)
+    """)

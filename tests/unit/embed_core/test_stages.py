@@ -8,10 +8,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from embed_core import stages
 from embed_core.artifacts import read_manifest
 from embed_core.config import load_config
+from embed_core.errors import EmbedpipeError
 from embed_core.synthesize.config import SynthesizeConfig
 
 # A stage that counts the rows of its upstream's records (reads ctx.upstream, writes through StageWriter),
@@ -133,3 +135,93 @@ def test_progress_logs_count_rate_and_eta_at_its_interval(caplog):
         with Progress("quiet", total=3, logger=logger, every_s=3600) as progress:
             progress.update(3)
     assert not caplog.records  # a short loop stays quiet
+
+
+# ---------------------------------------------------------------- inputs are checked before use
+
+def _prepared_run(config_path, tmp_path):
+    from embed_core.prepare.run import run_prepare
+
+    config = load_config(config_path)
+    run_dir = tmp_path / "run"
+    run_prepare(config, run_dir)
+    return config, run_dir
+
+
+def _with(config_path, tmp_path, name: str, **sections):
+    raw = yaml.safe_load(config_path.read_text())
+    raw.update(sections)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path)
+
+
+def test_a_stage_refuses_an_upstream_output_that_differs_from_its_manifest(count_stage, demo_copy, tmp_path):
+    from embed_core.status import run_status
+
+    config, run_dir = _prepared_run(demo_copy, tmp_path)
+    ctx = stages.context(config, run_dir, count_stage)
+    stages.check_inputs(count_stage, ctx)  # intact and fresh: nothing to say
+    table = run_dir / "prepare" / "stsb.parquet"
+    table.write_bytes(table.read_bytes() + b"\0")
+    with pytest.raises(EmbedpipeError) as refused:
+        stages.cache_decision(count_stage, ctx)
+    assert str(refused.value) == (f"count-rows: {table} is missing or changed since {run_dir}/prepare/manifest.json was "
+                                  f"written; rerun that stage: `embedpipe prepare --force --run-dir {run_dir}` (with "
+                                  "the same --config)")
+    prepare_row = run_status(config, run_dir)[0]
+    assert (prepare_row.state, prepare_row.detail) == (
+        "damaged", "prepare/stsb.parquet is missing or changed since its manifest was written")
+    # the original bytes back, but through a link to a file elsewhere: still not what the stage wrote
+    elsewhere = tmp_path / "elsewhere.parquet"
+    elsewhere.write_bytes(table.read_bytes()[:-1])
+    table.unlink()
+    table.symlink_to(elsewhere)
+    with pytest.raises(EmbedpipeError, match="stsb.parquet is missing or changed"):
+        stages.check_inputs(count_stage, ctx)
+    table.unlink()
+    table.write_bytes(elsewhere.read_bytes())
+    stages.check_inputs(count_stage, ctx)
+
+
+def test_a_stage_refuses_an_upstream_that_is_stale_for_its_config(count_stage, demo_copy, tmp_path):
+    _, run_dir = _prepared_run(demo_copy, tmp_path)
+    changed = _with(demo_copy, tmp_path, "changed.yaml",
+                    prepare={**yaml.safe_load(demo_copy.read_text())["prepare"], "cleaning": {"max_chars": 300}})
+    with pytest.raises(EmbedpipeError) as refused:
+        stages.cache_decision(count_stage, stages.context(changed, run_dir, count_stage))
+    line = str(refused.value)
+    assert line.startswith(f"count-rows: upstream stage prepare in {run_dir} is stale for this config: ")
+    assert f"run `embedpipe prepare --run-dir {run_dir}` (with the same --config) first" in line
+    assert not (run_dir / "count-rows").exists()
+
+
+def test_a_missing_upstream_names_the_command_that_makes_it(count_stage, demo_copy, tmp_path):
+    config = load_config(demo_copy)
+    run_dir = tmp_path / "empty-run"
+    with pytest.raises(EmbedpipeError, match=r"^count-rows reads .*/prepare, which has no manifest.json .* run "
+                                             r"`embedpipe prepare --run-dir "):
+        stages.check_inputs(count_stage, stages.context(config, run_dir, count_stage))
+
+
+def test_a_disabled_stage_left_in_the_run_dir_blocks_nothing(demo_copy, tmp_path):
+    """synthesize ran once, is now off: training reads prepare, and synthesize's leftovers (damaged
+    here) are not its inputs."""
+    config, run_dir = _prepared_run(demo_copy, tmp_path)
+    (run_dir / "synthesize").mkdir()
+    (run_dir / "synthesize" / "manifest.json").write_text('{"stage": "synthesize"}')
+    trained = _with(demo_copy, tmp_path, "train.yaml", train={"base_model": "unused", "stages": [{"name": "s1"}]})
+    train = stages.get("train")
+    ctx = stages.context(trained, run_dir, train, "train-s1")
+    assert train.input_dirs(ctx) == [run_dir / "prepare"]
+    stages.check_inputs(train, ctx)
+
+
+def test_a_later_training_stage_reads_the_model_of_the_one_it_starts_from(demo_copy, tmp_path):
+    config = _with(demo_copy, tmp_path, "train.yaml", train={"base_model": "unused", "stages": [
+        {"name": "s1"}, {"name": "s2"}, {"name": "s3", "init_from": "base"}]})
+    train = stages.get("train")
+    run_dir = tmp_path / "run"
+    dirs = {inst: train.input_dirs(stages.context(config, run_dir, train, inst)) for inst in ("train-s2", "train-s3")}
+    assert dirs == {"train-s2": [run_dir / "prepare", run_dir / "train-s1"], "train-s3": [run_dir / "prepare"]}
+    assert train.command("train-s2") == "embedpipe train --stage s2"

@@ -81,25 +81,6 @@ def test_a_busy_run_dir_is_refused_by_a_check_that_holds_nothing(tmp_path):
     raise_if_busy(run_dir)
 
 
-def test_the_server_process_runs_only_while_the_process_that_started_it_lives():
-    # started by a parent other than the one named (no process has pid 0): it runs nothing
-    orphan = subprocess.run([sys.executable, "-m", "flows.local_server", "0", "-c", "print('ran')"], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
-    assert (orphan.returncode, orphan.stdout) == (1, "")
-    parent = _python("""
-        import os, subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-m", "flows.local_server", str(os.getpid()), "-c",
-                                  "import time; print('ran', flush=True); time.sleep(600)"])
-        print(child.pid, flush=True)
-        time.sleep(600)
-    """)
-    child = int(parent.stdout.readline())
-    assert parent.stdout.readline().strip() == "ran"
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    assert _gone(child), "the child outlived its SIGKILLed parent"
-
-
 @pytest.mark.prefect
 def test_the_temporary_prefect_server_answers_for_the_block_and_dies_with_a_sigkilled_command():
     import httpx

@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from embed_core import config_reference
 from embed_core.config import parse_config
@@ -13,6 +14,7 @@ from embed_core.errors import ConfigError, RowError
 from embed_core.prepare import convert
 from embed_core.prepare.convert import CONVERTERS, Skipped, convert_source, source_files, source_texts
 from embed_core.schema import Record
+from tests.helpers.hostile_text import TEXTS, assert_hygienic, usable, visible
 
 
 def items(tmp_path, source: dict, seed: int = 42) -> list:
@@ -217,3 +219,74 @@ def test_a_kind_added_as_one_module_loads_prepares_and_is_documented(tmp_path, u
     with pytest.raises(ConfigError, match="params: suffix: Input should be a valid string"):
         parse_config({"prepare": {"sources": [{"name": "l", "kind": "upper_lines", "path": "l.csv",
                                                "params": {"suffix": 3}}]}})
+
+
+# -- text hygiene through every kind (property-based) -------------------------------------------------
+
+# Per kind: the logical fields that hold a text, and fixed good values for the others.
+TEXT_FIELDS = {"sts": ("text1", "text2"), "entailment": ("text1", "text2"), "pair_classification": ("text1", "text2"),
+               "qa": ("question", "answer"), "title_body": ("title", "body"), "classification": ("text",),
+               "claim_evidence": ("claim", "evidence"), "flagembedding": ("query", "pos", "neg")}
+FIXED = {"sts": {"score": 3}, "entailment": {"label": "entailment"}, "pair_classification": {"label": "1"},
+         "claim_evidence": {"label": "SUPPORT"}}
+LIST_FIELDS = {"pos", "neg"}
+
+
+def good(text: str) -> bool:
+    return usable(text) and bool(visible(text).strip())
+
+
+def record_texts(rec: Record) -> list[str]:
+    return [*rec.texts(), rec.instruction, rec.label or "", *rec.negative_labels]
+
+
+@pytest.mark.parametrize("kind", sorted(TEXT_FIELDS))
+@given(rows=st.lists(st.lists(TEXTS, min_size=3, max_size=3), min_size=1, max_size=4))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_every_kind_makes_hygienic_records_and_keeps_every_good_row(tmp_path, kind, rows):
+    columns = CONVERTERS[kind].columns
+    lines = []
+    for i, texts in enumerate(rows):
+        row = {columns[f]: ([t] if f in LIST_FIELDS else t) for f, t in zip(TEXT_FIELDS[kind], texts)}
+        row.update({columns[f]: v for f, v in FIXED.get(kind, {}).items()})
+        if kind == "classification":
+            row[columns["label"]] = "ab"[i % 2]
+        lines.append(row)
+    if kind == "classification":  # other texts of each label, for positives and negatives
+        lines += [{"text": f"padding {n} {label}", "label": label} for label in "ab" for n in range(2)]
+    (tmp_path / "h.jsonl").write_bytes("\n".join(json.dumps(r) for r in lines).encode("utf-8", "surrogatepass"))
+    got = items(tmp_path, {"name": "h", "kind": kind, "path": "h.jsonl"})
+    records = [r for r in got if isinstance(r, Record)]
+    for rec in records:
+        for text in record_texts(rec):
+            assert_hygienic(text)
+    queries = {visible(r.query).strip() for r in records}  # converters strip their texts
+    errors = {e.row for e in got if isinstance(e, RowError)}
+    for i, texts in enumerate(rows, start=1):
+        fields = texts[:len(TEXT_FIELDS[kind])]
+        if all(good(t) for t in fields):
+            assert visible(fields[0]).strip() in queries, (i, fields, got)
+        else:
+            assert i in errors, (i, fields, got)
+
+
+@given(query=TEXTS, title=TEXTS, doc=TEXTS)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_beir_directory_with_hostile_texts_makes_hygienic_records(tmp_path, query, title, doc):
+    (tmp_path / "b/qrels").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "b/queries.jsonl").write_bytes(json.dumps({"_id": "q1", "text": query}).encode())
+    (tmp_path / "b/corpus.jsonl").write_bytes(
+        (json.dumps({"_id": "d1", "title": title, "text": doc}) + "\n"
+         + json.dumps({"_id": "d2", "title": "", "text": "plain"})).encode())
+    (tmp_path / "b/qrels/train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t1\n")
+    got = items(tmp_path, {"name": "b", "kind": "beir", "path": "b"})
+    records = [r for r in got if isinstance(r, Record)]
+    for rec in records:
+        for text in record_texts(rec):
+            assert_hygienic(text)
+    if good(query):
+        (rec,) = records
+        assert visible(rec.query).strip() == visible(query).strip()  # a lost character (U+FFFD) may end the text
+        assert len(rec.positives) == (2 if usable(title) and usable(doc) and good(title + doc) else 1)
+    else:
+        assert not records

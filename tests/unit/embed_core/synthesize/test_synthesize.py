@@ -17,6 +17,7 @@ import yaml
 from embed_core.stages import records_upstream
 from embed_core.artifacts import read_records
 from embed_core.config import parse_config
+from embed_core.errors import EmbedpipeError
 from embed_core.synthesize.config import SynthesizeConfig
 from embed_core.prepare.cleaning import EvalTexts, normalize_text
 from embed_core.prepare.run import run_prepare
@@ -223,6 +224,40 @@ def test_two_endpoints_share_the_requests_and_one_dying_mid_run_loses_and_repeat
         calls = steady.total_calls
         m2 = run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
         assert steady.total_calls == calls and m2["counts"]["client"]["requests"] == 0
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_server_that_is_down_fails_the_stage_and_commits_nothing(demo_copy, tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    config, run_dir = _prepared(demo_copy, tmp_path, _server_cfg(url, server={"max_retries": 0}))
+    with pytest.raises(EmbedpipeError) as failure:
+        run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
+    message = str(failure.value)
+    assert message.startswith("synthesize: 15 of 15 requests to " + url + " got no answer (first: connection: ")
+    assert "synthesize.max_failed_share 0.5" in message and "\n" not in message
+    assert not (run_dir / "synthesize").exists()
+
+
+@pytest.mark.slow  # commits a stage: loads the filter model
+def test_failures_within_max_failed_share_commit_and_beyond_it_fail(demo_copy, tmp_path):
+    # 5 of the 15 requests get a 500 (no retries): a third fails
+    with ScriptedLLMServer(faults=["500"] * 5) as server:
+        config, run_dir = _prepared(demo_copy, tmp_path, _server_cfg(server.base_url, server={"max_retries": 0},
+                                                                      max_failed_share=0.2))
+        with pytest.raises(EmbedpipeError, match=r"^synthesize: 5 of 15 requests to .* \(first: http_500: "):
+            run_synthesize(config, run_dir, upstream=records_upstream(config, "synthesize"))
+        assert not (run_dir / "synthesize").exists() and server.total_calls == 15
+    # the same outage within the share commits, with the failures recorded (the 10 answers come from the cache)
+    with ScriptedLLMServer(faults=["500"] * 5) as server:
+        lenient = config.model_copy(update={"synthesize": config.synthesize.model_copy(update={"max_failed_share": 0.5})})
+        manifest = run_synthesize(lenient, run_dir, upstream=records_upstream(lenient, "synthesize"))
+    assert manifest["counts"]["client"]["cache_hits"] == 10 and manifest["counts"]["failed"] == 5
 
 
 @pytest.mark.slow  # runs a whole stage on real models: make test, not make test-fast

@@ -1,0 +1,135 @@
+"""Processes that die with the process that started them, even when it is SIGKILLed.
+
+Linux sends a process the signal it asked for with ``prctl(PR_SET_PDEATHSIG)`` when its parent
+exits, and keeps the request across ``exec``. Three ways in:
+
+* :func:`dying_with_parent` wraps a command line for ``subprocess.Popen``: the child runs
+  ``python -m embed_core.procs <parent pid> <signal> <command...>``, which arms the signal, checks
+  that its parent is still that pid (the parent may have died before the signal was armed: then it
+  exits with code 1 and runs nothing) and ``exec``s the command in the same process. No
+  ``preexec_fn``: that is unsafe in a process with threads.
+* :func:`die_with_parent` arms it in the calling process: a process-pool worker's initializer, a
+  rank started by a launcher.
+* :func:`guard` is for processes started by others (a local Ray instance's agents, started by its
+  raylet): a guard process SIGKILLs the given processes once this process has exited, however it
+  exited (the end of its stdin, a pipe only this process holds), unless :func:`release` ends it first.
+
+The "parent" is, exactly, the parent's *thread* that started the child: start children from a
+thread that lives as long as they should (the main thread, a pool's own threads).
+
+:func:`parent_gone` tells a process armed this way that its parent has exited (the signal is
+asynchronous, and elsewhere than Linux there is none): ``StageWriter.commit`` refuses to commit
+then, so an orphan never writes into a run directory whose lock its parent held. Elsewhere than
+Linux nothing is armed and children may outlive a killed parent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_parent: int | None = None  # the parent this process was armed to die with
+
+
+class ParentGone(RuntimeError):
+    """The process that started this one has exited: this one must not commit anything."""
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """Ask the kernel for ``sig`` when this process's parent exits (Linux; kept across ``exec``).
+    ``parent``: the pid it must still have (default: its parent now); if it has another, that
+    one is gone already and this process exits at once with code 1."""
+    global _parent
+    _parent = os.getppid() if parent is None else parent
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != _parent:
+        os._exit(1)
+
+
+def parent_gone() -> bool:
+    """True in a process armed by :func:`die_with_parent` whose parent has exited."""
+    return _parent is not None and os.getppid() != _parent
+
+
+def check_parent(action: str) -> None:
+    """Raise :class:`ParentGone` before ``action`` when this process's parent has exited."""
+    if parent_gone():
+        raise ParentGone(f"not {action}: the process that started this one (pid {_parent}) has exited")
+
+
+def dying_with_parent(command: list[str], sig: int = signal.SIGTERM) -> list[str]:
+    """``command`` as a command line for ``subprocess.Popen`` whose process gets ``sig`` when this
+    process (the calling thread) exits."""
+    return [sys.executable, "-m", __name__, str(os.getpid()), str(int(sig)), *command]
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The processes below ``pid`` (default: this one) now, from ``/proc`` (empty elsewhere)."""
+    out: list[int] = []
+    todo = [os.getpid() if pid is None else pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += children
+            todo += children
+    return out
+
+
+def guard(pids: list[int]) -> subprocess.Popen | None:
+    """A guard process that SIGKILLs ``pids`` (each only while it is still the same process) once
+    this process has exited; None where ``/proc`` is missing. End it with :func:`release`."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    alive = [f"{pid}:{start}" for pid in pids if (start := _start_time(pid)) is not None]
+    return subprocess.Popen([sys.executable, "-m", __name__, "--guard", *alive], stdin=subprocess.PIPE,
+                            start_new_session=True)  # a Ctrl-C in the terminal reaches the command, not its guard
+
+
+def release(guarded: subprocess.Popen | None) -> None:
+    """End a guard without killing anything (the guarded processes were stopped properly)."""
+    if guarded is not None:
+        guarded.communicate(b"release\n")
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks after boot): with the pid, it names one process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _guard(items: list[str]) -> None:
+    if sys.stdin.buffer.readline().strip() == b"release":  # else the end of the pipe: its holder is gone
+        return
+    for item in items:
+        pid, start = item.split(":")
+        if _start_time(int(pid)) == start:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _exec_dying_with(parent: int, sig: int, command: list[str]) -> None:
+    die_with_parent(sig, parent)
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--guard":
+        _guard(sys.argv[2:])
+    else:
+        _exec_dying_with(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])

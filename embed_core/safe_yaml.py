@@ -1,0 +1,114 @@
+"""Reading a YAML file someone else may have written (a run config, a prompt template) with bounds:
+a regular file of at most ``MAX_YAML_BYTES``, UTF-8, no key twice in one mapping, and at most
+``MAX_YAML_NODES`` nodes once every alias is expanded. An alias bomb (a few lines whose aliases
+expand to billions of nodes) or ``/dev/zero`` then fails in milliseconds with one line instead of
+filling memory while the run directory is locked; a FIFO is refused instead of blocking.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from embed_core.errors import ConfigError
+
+MAX_YAML_BYTES = 4 * 1024 * 1024
+MAX_YAML_NODES = 100_000
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key that appears twice in one mapping (plain YAML keeps the
+    last value silently, so an edited config could lose a list of sources without a word) and a
+    document that expands (aliases counted at every use) to more than ``MAX_YAML_NODES`` nodes."""
+
+    def construct_document(self, node):
+        expanded = _expanded_size(node, {})
+        if expanded > MAX_YAML_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"expands to more than {MAX_YAML_NODES} values once its aliases (*name) are "
+                "followed; write the values out or use fewer nested aliases", node.start_mark)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<: *base' merges keys that this mapping may override: not a duplicate
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Nodes in ``node`` with every alias expanded, computed once per distinct node (an alias is
+    the same node object as its anchor), so the count costs the file's size, not its expansion.
+    Capped just above the limit so the sum itself stays small."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    sizes[id(node)] = MAX_YAML_NODES + 1  # a node reached again while being counted: a cycle
+    if isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    else:
+        children = []
+    total = 1
+    for child in children:
+        total = min(total + _expanded_size(child, sizes), MAX_YAML_NODES + 1)
+    sizes[id(node)] = total
+    return total
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file within the size bound; else one ConfigError."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:  # ELOOP (a symlink loop), EACCES, ENAMETOOLONG, ...
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{path}: is a directory, expected a YAML file")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{path}: not a regular file (a device, pipe or socket); give a YAML file")
+    if info.st_size > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: {info.st_size} bytes, more than the {MAX_YAML_BYTES // 2 ** 20} MiB a YAML "
+                          "file may have here")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_YAML_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_YAML_BYTES:  # grew since the stat
+        raise ConfigError(f"{path}: more than the {MAX_YAML_BYTES // 2 ** 20} MiB a YAML file may have here")
+    return data
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content; a missing, unreadable, irregular, oversized, non-UTF-8 or invalid file
+    (duplicate keys and alias bombs included) is a ConfigError naming the file and where in it."""
+    path = Path(path)
+    data = _read_bounded(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None

@@ -1,0 +1,68 @@
+"""Model directories that are not loadable models, through the real CLI (``embedpipe evaluate``):
+exit 2 with one line naming the directory or file and what to do, instead of a transformers
+traceback; the same check (``embed_core.model.files.check_model_dir``) guards every loader."""
+
+import shutil
+
+import pytest
+import torch
+
+from tests.helpers.cli_run import STS_SOURCE, in_process, write_config, write_sts_data
+
+pytestmark = pytest.mark.prefect
+
+STS_TASK = {"name": "LocalSTS", "type": "sts", "path": "sts.csv"}
+
+
+@pytest.fixture(autouse=True)
+def _prefect(prefect_harness):
+    yield
+
+
+def _copy(tiny_model, dest):
+    shutil.copytree(tiny_model, dest)
+    return dest
+
+
+def _not_a_model(tiny_model, tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes/README.md").write_text("my notes\n")
+    return tmp_path / "notes", "not a model directory (no config.json)"
+
+
+def _truncated(tiny_model, tmp_path):
+    model = _copy(tiny_model, tmp_path / "cut")
+    blob = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    return model, "model.safetensors: truncated or damaged safetensors file"
+
+
+def _pickle_only(tiny_model, tmp_path):
+    from safetensors.torch import load_file
+
+    model = _copy(tiny_model, tmp_path / "pickled")
+    torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
+    (model / "model.safetensors").unlink()
+    return model, "has only pickle weights (pytorch_model.bin)"
+
+
+def _a_file(tiny_model, tmp_path):
+    return tiny_model / "config.json", "is a file, not a model directory"
+
+
+@pytest.mark.parametrize("make", [_not_a_model, _truncated, _pickle_only, _a_file],
+                         ids=["not-a-model", "truncated-safetensors", "pickle-only", "a-file"])
+def test_a_base_model_that_cannot_be_loaded_is_one_line_naming_it(tmp_path, capfd, tiny_model, make):
+    write_sts_data(tmp_path)
+    model, fragment = make(tiny_model, tmp_path)
+    config = write_config(tmp_path, [STS_SOURCE], evaluate={"base_model": str(model), "tasks": [STS_TASK]})
+    result = in_process(capfd, "evaluate", "--config", config)
+    result.assert_one_line_error(str(model), fragment)
+    assert not (tmp_path / "runs/r/evaluate").exists()
+
+
+def test_an_evaluated_model_given_on_the_command_line_is_checked_the_same_way(tmp_path, capfd, tiny_model):
+    write_sts_data(tmp_path)
+    model, fragment = _not_a_model(tiny_model, tmp_path)
+    config = write_config(tmp_path, [STS_SOURCE], evaluate={"base_model": str(tiny_model), "tasks": [STS_TASK]})
+    in_process(capfd, "evaluate", "--config", config, "--model", model).assert_one_line_error(str(model), fragment)

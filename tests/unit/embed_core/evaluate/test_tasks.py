@@ -1,0 +1,19 @@
+"""The guard where main scores are collected: a NaN or infinite main score is an error naming the
+task and the metric, never a reported result."""
+
+import math
+
+import pytest
+
+from embed_core.errors import EmbedpipeError
+from embed_core.evaluate.tasks import check_main_score
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_main_score_that_is_not_a_number_is_an_error_naming_the_task(value):
+    with pytest.raises(EmbedpipeError, match=f"task FlatSTS: main score cosine_spearman is {value}"):
+        check_main_score("FlatSTS", "cosine_spearman", value)
+
+
+def test_a_finite_main_score_passes_unchanged():
+    assert check_main_score("STS", "cosine_spearman", 0.25) == 0.25
