@@ -306,6 +306,16 @@ def _names(directory: Path) -> list[str]:
         return []
 
 
+def model_artifact_dir(model: str | Path, run_dir: str | Path) -> Path | None:
+    """The stage directory a model path was committed in (``<stage>/model`` with a manifest beside
+    it; named under ``run_dir`` when it is one of that run's stages), or None for any other model
+    (a base model, a packaged one): a stage that reads a trained model checks that directory."""
+    path = Path(model).expanduser()
+    if not path.is_dir() or not (path.parent / MANIFEST).is_file():
+        return None
+    return Path(run_dir) / path.parent.name if path.parent.resolve().parent == Path(run_dir).resolve() else path.parent
+
+
 def read_manifest(run_dir: Path, stage: str) -> dict[str, Any] | None:
     """The stage's manifest (validated against ``Manifest``; stage sections as written), or None
     when there is none or it is not a manifest (a damaged one reads as missing)."""

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embed_core.artifacts import StageWriter, read_manifest, stage_is_intact
+from embed_core.artifacts import StageWriter, model_artifact_dir, read_manifest, stage_is_intact
 from embed_core.config import RunConfig, config_hash
 from embed_core.evaluate.config import EvalTaskSpec, EvaluateConfig
 from embed_core.evaluate.tasks import check_main_score
@@ -115,10 +115,8 @@ def input_dirs(config: RunConfig, run_dir: str | Path, models: list[str] | None 
                 [p.parent.name for p in trained_model_dirs(run_dir)]
             dirs += [run_dir / n for n in names if (run_dir / n / "manifest.json").is_file()]
             continue
-        model = Path(cfg.base_model if item == "base" else item).expanduser()
-        if model.is_dir() and (model.parent / "manifest.json").is_file():
-            in_run = model.parent.resolve().parent == run_dir.resolve()
-            dirs.append(run_dir / model.parent.name if in_run else model.parent)
+        trained = model_artifact_dir(cfg.base_model if item == "base" else item, run_dir)
+        dirs += [trained] if trained is not None else []
     return dirs
 
 

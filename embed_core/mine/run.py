@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.artifacts import StageWriter, model_artifact_dir, read_manifest, read_records
 from embed_core.config import RunConfig, config_hash
 from embed_core.mine.config import MineConfig
 from embed_core.model.config import EngineConfig
@@ -63,6 +63,13 @@ def _encode_device(cfg: MineConfig) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def input_dirs(config: RunConfig, run_dir: str | Path, *, upstream: str) -> list[Path]:
+    """The stage directories mining reads: its records upstream, and the stage that trained the
+    mining model when it is a trained one (checked against its manifest before use)."""
+    trained = model_artifact_dir(_cfg(config).model, run_dir)
+    return [Path(run_dir) / upstream, *([trained] if trained is not None else [])]
 
 
 def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) -> Fingerprint:

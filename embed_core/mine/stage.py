@@ -33,4 +33,4 @@ def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
 STAGE = Stage(name=NAME, help="FAISS hard-negative mining (needs prepare's or synthesize's output)",
               enabled=lambda c: c.mine is not None, fingerprint=body(BODY, "input_fingerprint", upstream=True),
               run=body(BODY, "run_mine", upstream=True), summarize=format_counts,
-              report=_report, produces_records=True)
+              report=_report, produces_records=True, inputs=body(BODY, "input_dirs", upstream=True))

@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.artifacts import StageWriter, model_artifact_dir, read_manifest, read_records
 from embed_core.config import RunConfig, config_hash
 from embed_core.train.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError, EmbedpipeError
@@ -81,6 +81,8 @@ def input_dirs(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstr
     prev = _init_stage(config, index, stage)
     if prev is not None:
         out.append(run_dir / instance_name(prev.name))
+    elif (trained := model_artifact_dir(_cfg(config).base_model, run_dir)) is not None:
+        out.append(trained)  # a base model that another stage (or run) trained
     if stage.dev is not None and any(task.dataset for task in stage.dev.tasks):
         out.append(run_dir / "prepare")
     return out

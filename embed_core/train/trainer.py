@@ -34,15 +34,16 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from embed_core.train.config import TrainConfig, TrainStageConfig
-from embed_core.errors import CheckpointError, ConfigError
+from embed_core.errors import CheckpointError, ConfigError, printable
 from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.model.embedder import Embedder
 from embed_core.model.encoder import uses_bf16
@@ -106,6 +107,25 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
             continue
         (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@contextmanager
+def _checkpoint_write(tmp: Path, complete: list[Path]) -> Iterator[None]:
+    """A checkpoint write that fails (torch reports a full disk as a RuntimeError with no errno) is
+    one line naming the checkpoint, the free space left and the last complete checkpoint, which is
+    kept (a checkpoint becomes visible only once whole)."""
+    try:
+        yield
+    except (RuntimeError, OSError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            stat = os.statvfs(tmp.parent)
+            free = f"{stat.f_bavail * stat.f_frsize / 2 ** 20:.0f} MiB free there"
+        except OSError:
+            free = "free space unknown"
+        last = complete[-1].name if complete else "none yet"
+        raise CheckpointError(f"{tmp}: writing the checkpoint failed ({printable(exc, 120)}; {free}: a full disk?); "
+                              f"the last complete checkpoint ({last}) is kept and a rerun resumes from it") from exc
 
 
 def _rng_state() -> dict[str, Any]:
@@ -390,14 +410,16 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier()
-        if self.engine is not None:  # ZeRO partitions optimizer state: DeepSpeed saves its own layout
-            self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="ds")
-        torch.save(_rng_state(), tmp / f"rng-{self.rank}.pt")
+        with _checkpoint_write(tmp, self.checkpoints()):
+            if self.engine is not None:  # ZeRO partitions optimizer state: DeepSpeed saves its own layout
+                self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="ds")
+            torch.save(_rng_state(), tmp / f"rng-{self.rank}.pt")
         barrier()
         if self.rank == 0:
             if self.engine is None:
-                torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                            "scheduler": self.scheduler.state_dict()}, tmp / "state.pt")
+                with _checkpoint_write(tmp, self.checkpoints()):
+                    torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                "scheduler": self.scheduler.state_dict()}, tmp / "state.pt")
             (tmp / "trainer_state.json").write_text(json.dumps({
                 "step": self.step, "stage": self.stage.model_dump(mode="json"), "seed": self.seed, "world": self.world,
                 "sampler": self.sampler.state_dict(), "metrics": self.metrics, "dev": self.dev_rows,

@@ -66,31 +66,22 @@ def test_watch_without_pipeline_leaves_a_users_temporary_files_alone(data, capfd
     assert snapshot(folder) == before
 
 
-def test_a_new_or_empty_run_dir_is_marked_and_a_marked_one_is_used_again(data, capfd):
+@pytest.mark.prefect
+def test_a_new_run_dir_is_marked_and_used_again(data, capfd, prefect_harness):
     config = write_config(data, [STS_SOURCE])
-    empty = data / "empty"
-    empty.mkdir()
-    for run_dir in (data / "new", empty, empty):
+    run_dir = data / "new"
+    for _ in range(2):
         result = in_process(capfd, "prepare", "--config", config, "--run-dir", run_dir)
         assert result.rc == 0, result.err[-2000:]
         assert (run_dir / ".embedpipe").is_file() and (run_dir / "prepare" / "manifest.json").is_file()
 
 
-def test_a_run_dir_from_before_the_marker_is_adopted(data, capfd):
-    config = write_config(data, [STS_SOURCE])
-    run_dir = data / "old_run"
-    assert in_process(capfd, "prepare", "--config", config, "--run-dir", run_dir).rc == 0
-    (run_dir / ".embedpipe").unlink()  # as an earlier version left it: manifests, history, snapshot
-    result = in_process(capfd, "prepare", "--config", config, "--run-dir", run_dir)
-    assert result.rc == 0, result.err[-2000:]
-    assert (run_dir / ".embedpipe").is_file()
-
-
-def test_a_config_yaml_the_user_put_into_a_run_dir_is_never_overwritten(data, capfd):
-    config = write_config(data, [STS_SOURCE])
+def test_a_config_yaml_the_user_put_into_a_run_dir_stops_the_run_before_it_starts(data, capfd):
     run_dir = data / "run"
-    assert in_process(capfd, "prepare", "--config", config, "--run-dir", run_dir).rc == 0
-    (run_dir / "config.yaml").write_text("# my own config\nrun_name: other\n")
-    in_process(capfd, "prepare", "--config", config, "--run-dir", run_dir, "--force").assert_one_line_error(
-        f"{run_dir / 'config.yaml'}: not a config snapshot embedpipe wrote")
+    run_dir.mkdir()
+    (run_dir / ".embedpipe").write_text("{}\n")  # a run directory ...
+    (run_dir / "config.yaml").write_text("# my own config\nrun_name: other\n")  # ... holding a file of the user's
+    in_process(capfd, "prepare", "--config", write_config(data, [STS_SOURCE]), "--run-dir", run_dir
+               ).assert_one_line_error(f"{run_dir / 'config.yaml'}: not a config snapshot embedpipe wrote")
     assert (run_dir / "config.yaml").read_text() == "# my own config\nrun_name: other\n"
+    assert not (run_dir / "prepare").exists()

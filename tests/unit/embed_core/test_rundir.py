@@ -29,6 +29,26 @@ def test_a_stage_directory_with_a_valid_manifest_makes_a_folder_a_run_directory(
     assert (tmp_path / MARKER).is_file()
 
 
+@pytest.mark.parametrize("left", ["history", "snapshot"])
+def test_a_history_or_a_config_snapshot_of_an_earlier_version_makes_a_folder_a_run_directory(tmp_path, left):
+    if left == "history":
+        (tmp_path / "history.jsonl").write_text('{"stage": "prepare"}\n')
+    else:
+        (tmp_path / "config.yaml").write_text("# Written by embedpipe: the config of this run directory's latest "
+                                              "run.\nrun_name: r\n")
+    claim_run_dir(tmp_path)
+    assert (tmp_path / MARKER).is_file()
+
+
+def test_an_empty_or_marked_folder_is_claimed_and_stays_claimed(tmp_path):
+    claim_run_dir(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    claim_run_dir(tmp_path / "empty")
+    (tmp_path / "empty" / "prepare").mkdir()  # what a run writes next: a marked directory stays one
+    claim_run_dir(tmp_path / "empty")
+    assert (tmp_path / "new" / MARKER).is_file() and (tmp_path / "empty" / MARKER).is_file()
+
+
 def test_a_manifest_that_is_not_one_does_not(tmp_path):
     (tmp_path / "prepare").mkdir()
     (tmp_path / "prepare" / "manifest.json").write_text("{}")

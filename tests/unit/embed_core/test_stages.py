@@ -225,3 +225,32 @@ def test_a_later_training_stage_reads_the_model_of_the_one_it_starts_from(demo_c
     dirs = {inst: train.input_dirs(stages.context(config, run_dir, train, inst)) for inst in ("train-s2", "train-s3")}
     assert dirs == {"train-s2": [run_dir / "prepare", run_dir / "train-s1"], "train-s3": [run_dir / "prepare"]}
     assert train.command("train-s2") == "embedpipe train --stage s2"
+
+
+def test_a_trained_model_named_as_base_or_mining_model_is_checked_against_its_manifest(demo_copy, tmp_path):
+    """A model another run trained (``<run>/train-x/model`` with its manifest) read as the base of a
+    training stage or as the mining model: its stage directory is an input, and a changed weight
+    file there is refused before anything is read."""
+    from embed_core.artifacts import StageWriter
+
+    other = tmp_path / "other-run"
+    with StageWriter(other, "train-x") as writer:
+        writer.write_file("model/config.json", b"{}", "model")
+        writer.write_file("model/model.safetensors", b"weights", "model")
+        writer.commit({"input_fingerprint": "f"})
+    model = other / "train-x" / "model"
+    _, run_dir = _prepared_run(demo_copy, tmp_path)
+    raw = yaml.safe_load(demo_copy.read_text())
+    train_only = {k: v for k, v in raw.items() if k not in ("mine", "synthesize")}
+    demo_copy.write_text(yaml.safe_dump(train_only))
+    checks = [(_with(demo_copy, tmp_path, "base.yaml", train={"base_model": str(model), "stages": [{"name": "s1"}]}),
+               stages.get("train"), "train-s1"),
+              (_with(demo_copy, tmp_path, "mining.yaml", mine={"model": str(model)}), stages.get("mine"), "mine")]
+    for config, stage, instance in checks:
+        ctx = stages.context(config, run_dir, stage, instance)
+        assert other / "train-x" in stage.input_dirs(ctx)
+        stages.check_inputs(stage, ctx)  # intact: nothing to say
+    (model / "model.safetensors").write_bytes(b"base weights swapped in")
+    for config, stage, instance in checks:
+        with pytest.raises(EmbedpipeError, match=f"{instance}: {model}/model.safetensors is missing or changed"):
+            stages.check_inputs(stage, stages.context(config, run_dir, stage, instance))
