@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import gone
 from tests.helpers.repo import REPO
 
 
@@ -21,18 +20,6 @@ def _python(code: str, **kwargs) -> subprocess.Popen:
     env.pop("PREFECT_API_URL", None)
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, **kwargs)
-
-
-def _gone(pid: int, seconds: float = 20) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-                return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_environment_defaults_fill_what_is_missing_and_never_override_the_user():
@@ -101,7 +88,7 @@ def test_the_temporary_prefect_server_answers_for_the_block_and_dies_with_a_sigk
     assert httpx.get(f"{api_url}/health", timeout=30).status_code == 200
     parent.send_signal(signal.SIGKILL)
     parent.wait()
-    assert all(_gone(int(pid)) for pid in children), f"the server outlived the killed command: {children}"
+    assert all(gone(int(pid)) for pid in children), f"the server outlived the killed command: {children}"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{api_url}/health", timeout=5)
 
