@@ -18,13 +18,13 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from embed_core.config_base import StrictModel, check_path_name
 from embed_core.errors import ConfigError
-from embed_core.evaluate.config import EvalTaskSpec, EvaluateConfig
+from embed_core.evaluate.config import EvaluateConfig
 from embed_core.mine.config import MineConfig
-from embed_core.model.config import EmbeddingCacheConfig, EngineConfig
+from embed_core.model.config import EmbeddingCacheConfig
 from embed_core.prepare.config import PrepareConfig
 from embed_core.safe_yaml import read_yaml
 from embed_core.synthesize.config import SynthesizeConfig
-from embed_core.train.config import TrainConfig, TrainStageConfig
+from embed_core.train.config import TrainConfig
 
 
 
