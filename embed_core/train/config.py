@@ -197,6 +197,15 @@ class TrainConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="Training compute: auto = bf16 autocast "
                                                         "on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16), "
                                                         "fp32 elsewhere; fp32 for bit-exact resumes.")
+    weights_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Storage of the weights that do not train: "
+                                                   "bf16 halves a frozen LoRA base's bytes; trained weights and their "
+                                                   "optimizer state stay fp32 (master weights) and compute follows "
+                                                   "precision. Needs precision auto or bf16.")
+    sharding: Literal["none", "fsdp"] = Field("none", description="fsdp: shard weights, gradients and optimizer "
+                                              "state over the processes (torch FSDP2, one unit per transformer layer "
+                                              "plus the root; bf16 compute with fp32 reductions under bf16 "
+                                              "precision); works with GradCache, LoRA, dev evaluation and exact "
+                                              "resume; checkpoints are sharded (torch.distributed.checkpoint).")
     deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage etc.); needs the deepspeed extra.")
     lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "
                                       "llm-train extra); None = full fine-tuning.")
@@ -225,4 +234,14 @@ class TrainConfig(StrictModel):
             raise ValueError(f"grad_cache_chunk (stages {', '.join(cached)}) does not work with DeepSpeed (ZeRO stage "
                              f"{zero}): train without train.deepspeed (multi-process GradCache works under torchrun), "
                              "or use gradient_checkpointing instead of GradCache")
+        return self
+
+    @model_validator(mode="after")
+    def _one_sharding(self) -> "TrainConfig":
+        if self.sharding == "fsdp" and self.deepspeed is not None:
+            raise ValueError("sharding: fsdp and deepspeed both shard the model: choose one (fsdp works with "
+                             "GradCache and dev evaluation; docs/stages.md, 'Sharding and memory')")
+        if self.weights_dtype == "bf16" and self.precision == "fp32":
+            raise ValueError("weights_dtype: bf16 stores weights in bf16, which fp32 compute would read back "
+                             "rounded: use precision: bf16 (or auto), or weights_dtype: fp32")
         return self

@@ -44,3 +44,24 @@ def build_tiny_gemma(dest: Path) -> Path:
     Gemma3ForCausalLM(config).save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest
+
+
+def build_tiny_decoder(dest: Path, model_type: str = "qwen3", tokenizer_dir: Path | None = None) -> Path:
+    """A tiny randomly initialised decoder of ``model_type`` (qwen2, qwen3, mistral, llama,
+    gemma3_text: the QZhou recipe's family) with the packaged tokenizer: 2 layers, 32 wide."""
+    import torch
+    from transformers import CONFIG_MAPPING, AutoModel
+
+    tokenizer_dir = tokenizer_dir or build_tiny_bert(dest.parent / f"{dest.name}-tokenizer")
+    kw = dict(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, max_position_embeddings=128, pad_token_id=0)
+    if model_type != "qwen2":
+        kw["head_dim"] = 16
+    if model_type == "gemma3_text":
+        kw["sliding_window"] = 64
+    torch.manual_seed(0)
+    AutoModel.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, dest / name)
+    return dest

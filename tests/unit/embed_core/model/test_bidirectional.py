@@ -4,32 +4,18 @@ token's state depends on the last token; causal, it does not; the SDPA and eager
 give the same embeddings; a saved bidirectional model reloads bidirectional in embedpipe,
 ``transformers.AutoModel`` and sentence-transformers (the switch is in its ``config.json``)."""
 
-import shutil
-
 import pytest
 import torch
 
 from embed_core.model.embedder import Embedder
+from tests.helpers.tiny_model import build_tiny_decoder
 
 ARCHS = ["qwen2", "qwen3", "mistral", "llama", "gemma3_text"]
 TEXTS = ("one two three four", "one two three five")
 
 
 def _tiny_decoder(dest, model_type: str, tokenizer_dir):
-    from transformers import AutoModel, CONFIG_MAPPING
-
-    kw = dict(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=1, max_position_embeddings=128, pad_token_id=0)
-    if model_type != "qwen2":
-        kw["head_dim"] = 16
-    if model_type == "gemma3_text":
-        kw["sliding_window"] = 64
-    torch.manual_seed(0)
-    AutoModel.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, dest / name)
-    return dest
+    return build_tiny_decoder(dest, model_type, tokenizer_dir)
 
 
 def _first_states(model, embedder: Embedder) -> torch.Tensor:
