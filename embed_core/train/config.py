@@ -187,6 +187,11 @@ class TrainConfig(StrictModel):
     gguf_file: str | None = Field(None, description="GGUF weights file inside base_model (decoder LMs).")
     pooling: Literal["mean", "cls", "last_token"] = Field("mean",
                                                           description="Pooling of the token states into one embedding.")
+    append_eos: Literal["auto", "always", "never"] = Field("auto", description="End every text with the tokenizer's "
+                                                           "EOS token (Qwen3-Embedding, Tevatron): auto = for "
+                                                           "last_token pooling, always = for every pooling, never = "
+                                                           "as the tokenizer has it; never twice. Saved in the "
+                                                           "model's tokenizer.json, so every loader appends it too.")
     bidirectional: bool = Field(False, description="Make a decoder's causal attention bidirectional (QZhou §3.1).")
     max_length: int = Field(256, ge=8, description="Max tokens recorded in the saved model (inference).")
     use_instructions: bool = Field(True, description="Prepend each dataset's instruction (query side for "
@@ -206,7 +211,8 @@ class TrainConfig(StrictModel):
                                               "plus the root; bf16 compute with fp32 reductions under bf16 "
                                               "precision); works with GradCache, LoRA, dev evaluation and exact "
                                               "resume; checkpoints are sharded (torch.distributed.checkpoint).")
-    deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage etc.); needs the deepspeed extra.")
+    deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage 1 or 2 etc.; ZeRO-3 is "
+                                             "refused: use sharding: fsdp); needs the deepspeed extra.")
     lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "
                                       "llm-train extra); None = full fine-tuning.")
     work_pool: str | None = Field(None, description="Prefect work pool whose deployment of the train flow runs the "
@@ -223,6 +229,30 @@ class TrainConfig(StrictModel):
             raise ValueError("stage names must be unique")
         return v
 
+    def _zero_stage(self) -> int | None:
+        """DeepSpeed's ZeRO stage (0 when its config names none); None without train.deepspeed."""
+        return None if self.deepspeed is None else int((self.deepspeed.get("zero_optimization") or {}).get("stage", 0))
+
+    @model_validator(mode="after")
+    def _no_zero3(self) -> "TrainConfig":
+        # ZeRO-3 partitions the parameters themselves: rank 0's save_pretrained would write empty tensors, and
+        # the dev evaluation and GradCache's no-grad forward read whole parameters outside the engine.
+        if self._zero_stage() == 3:
+            raise ValueError("deepspeed.zero_optimization.stage 3 (ZeRO-3) is not supported: the final save would "
+                             "write its partitioned (empty) parameters, and dev evaluation and GradCache cannot run on "
+                             "partitioned parameters; use train.sharding: fsdp (shards weights, gradients and "
+                             "optimizer state like ZeRO-3 and works with GradCache) or ZeRO stage 1 or 2")
+        return self
+
+    @model_validator(mode="after")
+    def _dev_under_deepspeed(self) -> "TrainConfig":
+        with_dev = [s.name for s in self.stages if s.dev is not None]
+        if self.deepspeed is not None and with_dev:
+            raise ValueError(f"dev evaluation (stages {', '.join(with_dev)}) runs on rank 0 alone, which DeepSpeed's "
+                             "partitioned state does not allow: drop train.deepspeed (train.sharding: fsdp works with "
+                             "dev evaluation) or the stages' dev sections")
+        return self
+
     @model_validator(mode="after")
     def _grad_cache_under_deepspeed(self) -> "TrainConfig":
         # GradCache runs one backward per chunk before the optimizer step; DeepSpeed reduces (ZeRO-2/3:
@@ -230,10 +260,9 @@ class TrainConfig(StrictModel):
         # (sentence-transformers#3173, tevatron#206), so the combination is refused, not guessed at.
         cached = [s.name for s in self.stages if s.grad_cache_chunk]
         if self.deepspeed is not None and cached:
-            zero = int((self.deepspeed.get("zero_optimization") or {}).get("stage", 0))
             raise ValueError(f"grad_cache_chunk (stages {', '.join(cached)}) does not work with DeepSpeed (ZeRO stage "
-                             f"{zero}): train without train.deepspeed (multi-process GradCache works under torchrun), "
-                             "or use gradient_checkpointing instead of GradCache")
+                             f"{self._zero_stage()}): train without train.deepspeed (multi-process GradCache works "
+                             "under torchrun), or use gradient_checkpointing instead of GradCache")
         return self
 
     @model_validator(mode="after")
@@ -241,6 +270,10 @@ class TrainConfig(StrictModel):
         if self.sharding == "fsdp" and self.deepspeed is not None:
             raise ValueError("sharding: fsdp and deepspeed both shard the model: choose one (fsdp works with "
                              "GradCache and dev evaluation; docs/stages.md, 'Sharding and memory')")
+        arc = [s.name for s in self.stages if s.mode != "contrastive"]
+        if self.sharding == "fsdp" and arc:
+            raise ValueError(f"sharding: fsdp is for contrastive stages; stages {', '.join(arc)} are AutoRegEmbed "
+                             "(an encoder and a frozen decoder): train them with sharding: none")
         if self.weights_dtype == "bf16" and self.precision == "fp32":
             raise ValueError("weights_dtype: bf16 stores weights in bf16, which fp32 compute would read back "
                              "rounded: use precision: bf16 (or auto), or weights_dtype: fp32")

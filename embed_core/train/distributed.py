@@ -8,6 +8,7 @@ wait at barriers.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -28,15 +29,17 @@ def is_main_process() -> bool:
     return env_rank() == 0
 
 
-def init_process_group() -> tuple[int, int]:
+def init_process_group(single: bool = False) -> tuple[int, int]:
     """(rank, world size); initialises the default process group once when launched (nccl on
-    CUDA, each process on its ``LOCAL_RANK`` device; gloo on CPU)."""
+    CUDA, each process on its ``LOCAL_RANK`` device; gloo on CPU). ``single``: a plain process gets a
+    process group of one too (FSDP shards over a process group), in memory, with no port."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     if launched() and not torch.distributed.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            torch.distributed.init_process_group("nccl")
-        else:
-            torch.distributed.init_process_group("gloo")
+        torch.distributed.init_process_group(backend)
+    elif single and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
@@ -67,3 +70,12 @@ def mean_over_ranks(value: float) -> float:
         t = t.cuda()
     torch.distributed.all_reduce(t)
     return float(t.item()) / torch.distributed.get_world_size()
+
+
+def broadcast_from_main(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (any picklable value; the identity in a single process)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]

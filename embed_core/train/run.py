@@ -258,10 +258,11 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     ckpt_dir = _checkpoint_dir(run_dir, stage, fingerprint)
     trainer, instructions = _trainer(config, run_dir, stage, datasets, init, ckpt_dir)
     metrics = trainer.fit(resume=resume)
+    state = trainer.consolidated_state() if hasattr(trainer, "consolidated_state") else None  # every rank: FSDP gathers
     if not is_main_process():  # rank 0 writes the stage; the others wait until it is committed
         barrier()
         return read_manifest(run_dir, instance_name(stage.name))
-    manifest = _commit(config, run_dir, stage, datasets, init, trainer, metrics, instructions, fingerprint, t0)
+    manifest = _commit(config, run_dir, stage, datasets, init, trainer, metrics, instructions, fingerprint, t0, state)
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
     barrier()
     return manifest
@@ -293,17 +294,15 @@ def _trainer(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets
             raise ConfigError(f"train stage {stage.name}: dev evaluation is for contrastive stages, not {stage.mode}")
         return _autoregembed_trainer(config, run_dir, stage, datasets, init, ckpt_dir), (instructions, task_instructions)
     trainer = Trainer(cfg, stage, datasets, init_model=init, checkpoint_dir=ckpt_dir, seed=config.seed, log=log.info)
-    if stage.dev is not None and cfg.deepspeed is not None:
-        raise ConfigError(f"train stage {stage.name}: dev evaluation runs on rank 0 alone, which DeepSpeed's "
-                          "partitioned parameters do not allow; drop train.deepspeed or the stage's dev section")
-    if stage.dev is not None and is_main_process():
+    if stage.dev is not None and (is_main_process() or cfg.sharding == "fsdp"):  # FSDP: every rank encodes
         from embed_core.train.dev import DevEvaluator
 
         settings = ModelSettings(
             pooling=cfg.pooling, max_length=cfg.max_length, use_instructions=cfg.use_instructions,
             instruction_template=cfg.instruction_template, instructions=instructions,
             task_instructions=task_instructions, source="training")
-        trainer.dev_evaluator = DevEvaluator(stage.dev, config, run_dir, ckpt_dir / "dev-data", settings)
+        work = ckpt_dir / ("dev-data" if is_main_process() else f"dev-data-rank{trainer.rank}")
+        trainer.dev_evaluator = DevEvaluator(stage.dev, config, run_dir, work, settings)
     return trainer, (instructions, task_instructions)
 
 
@@ -318,7 +317,9 @@ def _stage_counts(stage: TrainStageConfig, trainer, rows: list[dict[str, Any]]) 
 
 
 def _save_model(config: RunConfig, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], init: str,
-                trainer, instructions: tuple[dict[str, str], dict[str, str]], model_dir: Path) -> None:
+                trainer, instructions: tuple[dict[str, str], dict[str, str]], model_dir: Path,
+                state: dict[str, Any] | None = None) -> None:
+    """The committed model; ``state``: its weights gathered from the shards (FSDP), else its own."""
     cfg = _cfg(config)
     by_dataset, by_task = instructions
     training = {"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
@@ -326,7 +327,7 @@ def _save_model(config: RunConfig, stage: TrainStageConfig, datasets: dict[str, 
                              "seed": config.seed}}
     if stage.mode == "contrastive":
         trainer.model.save(model_dir, instructions=by_dataset, task_instructions=by_task,
-                           use_instructions=cfg.use_instructions, extra=training,
+                           use_instructions=cfg.use_instructions, extra=training, state_dict=state,
                            retrieval_datasets=[n for n in by_dataset if datasets[n].task == "retrieval"])
     else:
         arc = cfg.autoregembed
@@ -337,7 +338,8 @@ def _save_model(config: RunConfig, stage: TrainStageConfig, datasets: dict[str, 
 
 
 def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], init: str,
-            trainer, metrics: list, instructions, fingerprint: Fingerprint, t0: float) -> dict[str, Any]:
+            trainer, metrics: list, instructions, fingerprint: Fingerprint, t0: float,
+            state: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rank 0: the model with its card, metrics, dev scores and loss plot, committed as ``train-<stage>/``."""
     cfg = _cfg(config)
     sizes = {n: d.size for n, d in datasets.items()}
@@ -357,7 +359,7 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
                       counts=counts)
     with StageWriter(run_dir, instance_name(stage.name)) as writer:
         model_dir = writer.staging / "model"
-        _save_model(config, stage, datasets, init, trainer, instructions, model_dir)
+        _save_model(config, stage, datasets, init, trainer, instructions, model_dir, state)
         write_card(model_dir, card, sentence_transformers_prompts(read_model_settings(model_dir)))
         writer.register_tree("model", kind="model")
         writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")

@@ -49,7 +49,14 @@ from embed_core.model.embedder import Embedder
 from embed_core.model.encoder import uses_bf16
 from embed_core.progress import Progress
 from embed_core.train.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup, build_batch
-from embed_core.train.distributed import average_gradients, barrier, init_process_group, mean_over_ranks
+from embed_core.train import sharding
+from embed_core.train.distributed import (
+    average_gradients,
+    barrier,
+    broadcast_from_main,
+    init_process_group,
+    mean_over_ranks,
+)
 from embed_core.train.sampling import GroupedBatchSampler
 
 CHECKPOINT_PREFIX = "step-"
@@ -172,7 +179,9 @@ class Trainer:
                               exclude_instruction_from_pooling=train.exclude_instruction_from_pooling,
                               bidirectional=train.bidirectional, gguf_file=train.gguf_file if init_model == train.base_model else None,
                               gradient_checkpointing=stage.gradient_checkpointing,
-                              lora=train.lora.model_dump() if train.lora else None)
+                              lora=train.lora.model_dump() if train.lora else None, append_eos=train.append_eos,
+                              # a LoRA base is frozen: loaded straight into its storage dtype
+                              torch_dtype=torch.bfloat16 if train.weights_dtype == "bf16" and train.lora else None)
         # the loss each task trains with (stage.losses overrides QZhou's); tasks with the same loss
         # and parameters share one instance (and so one HMCL pair-type head)
         self.losses: dict[str, Loss] = {}
@@ -202,19 +211,26 @@ class Trainer:
         random.seed(seed)
         np.random.seed(seed)
         self.train_cfg, self.stage, self.seed, self.log = train, stage, seed, log
-        self.rank, self.world = init_process_group()  # a launched job's process group (gloo / nccl)
+        # a launched job's process group (gloo / nccl); FSDP needs one even for a single process
+        self.rank, self.world = init_process_group(single=train.sharding == "fsdp")
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         # auto: bf16 autocast on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16: 2.8x the fp32
         # encoder throughput measured on a 2-core Xeon with AMX); fp32 elsewhere, and where a test
         # needs bit-exact resumes it pins precision: fp32
         self.bf16 = uses_bf16(train.precision, self.device.type)
         self.bucket_pass_cost = stage.bucket_pass_cost if stage.bucket_pass_cost is not None else 8192 * self.bf16
+        if train.weights_dtype == "bf16" and not self.bf16:
+            raise ConfigError(f"train.weights_dtype: bf16 needs bf16 compute, and precision {train.precision!r} is fp32 "
+                              f"on this device ({self.device.type}); use weights_dtype: fp32 here")
 
     def _init_optimization(self, model: torch.nn.Module, sampler: GroupedBatchSampler, checkpoint_dir: Path) -> None:
         """The trained model on its device, AdamW, the schedule, DeepSpeed when configured, the
         sampler and the step counters."""
-        self.model = model.to(self.device)
+        self.model = _stored(model, self.train_cfg.weights_dtype).to(self.device)
         self.model.train()
+        self.sharded = self.train_cfg.sharding == "fsdp"
+        if self.sharded:  # before the optimizer: it must hold the sharded parameters
+            sharding.shard(self.model, bf16=self.bf16)
         # fused AdamW: one kernel per parameter group instead of per tensor (CPU and CUDA)
         self.optimizer = torch.optim.AdamW(_param_groups(self.model, self.stage.weight_decay), lr=self.stage.lr,
                                            fused=self.device.type in ("cpu", "cuda"))
@@ -300,12 +316,15 @@ class Trainer:
         ctx = LossContext(step=self.step, warmup_steps=self.stage.warmup_steps, gather=self._gather)
         return self.losses[batch.task](emb, batch, ctx)
 
-    def _forward_backward(self, batch: TaskBatch, scale: float) -> float:
+    def _forward_backward(self, batch: TaskBatch, scale: float, last: bool = True) -> float:
+        """Loss and gradients of one micro-batch; ``last``: the step's last one, whose (last)
+        backward pass reduces the gradients over the ranks under FSDP."""
         self._tokens = 0  # non-padding tokens put through the encoder with a graph (throughput)
         chunk = self.stage.grad_cache_chunk
         if chunk is None:
             emb = {name: self._embed(g) for name, g in batch.groups.items()}
             loss = self._loss(batch, emb)
+            sharding.gradient_sync(self.model, last)
             self._backward(loss * scale)
             return float(loss.detach())
         # GradCache: 1) embed without a graph, remembering each chunk's RNG states (CPU and the
@@ -330,8 +349,9 @@ class Trainer:
         # can go through the engine's backward (loss scaling, gradient hooks)
         offsets = {name: 0 for name in grads}
         after = _rng_state()
-        for name, sub, state in pieces:
+        for i, (name, sub, state) in enumerate(pieces):
             _set_rng_state(state)
+            sharding.gradient_sync(self.model, last and i == len(pieces) - 1)
             out = self._embed(sub)
             g = grads[name][offsets[name]:offsets[name] + len(sub.texts)]
             offsets[name] += len(sub.texts)
@@ -367,7 +387,8 @@ class Trainer:
                                 use_instructions=self.train_cfg.use_instructions,
                                 layout=loss.layout, **loss.batch_options())
             # DeepSpeed scales by its gradient_accumulation_steps itself and steps at the boundary
-            value = mean_over_ranks(self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum))
+            value = mean_over_ranks(self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum,
+                                                           last=micro == s.grad_accum - 1))
             rows.append({"dataset": batch.dataset, "task": batch.task, "loss": value, "examples": batch.size,
                          "tokens": self._tokens})
             if self.engine is not None:
@@ -377,7 +398,7 @@ class Trainer:
         return self._record_step(rows, t0)
 
     def _optimizer_step(self) -> None:
-        if self.world > 1:  # plain multi-process (DeepSpeed reduces in its engine)
+        if self.world > 1 and not self.sharded:  # plain multi-process (DeepSpeed and FSDP reduce themselves)
             average_gradients(self.model.parameters())
         if self.stage.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.stage.max_grad_norm)
@@ -410,20 +431,25 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier()
+        param_groups = None
         with _checkpoint_write(tmp, self.checkpoints()):
             if self.engine is not None:  # ZeRO partitions optimizer state: DeepSpeed saves its own layout
                 self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="ds")
+            if self.sharded:  # each rank its shard of weights and optimizer state
+                param_groups = sharding.save(tmp / "sharded", self.model, self.optimizer)
             torch.save(_rng_state(), tmp / f"rng-{self.rank}.pt")
         barrier()
         if self.rank == 0:
             if self.engine is None:
+                state = {"scheduler": self.scheduler.state_dict()} if self.sharded else {
+                    "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict()}
                 with _checkpoint_write(tmp, self.checkpoints()):
-                    torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                "scheduler": self.scheduler.state_dict()}, tmp / "state.pt")
+                    torch.save(state, tmp / "state.pt")
             (tmp / "trainer_state.json").write_text(json.dumps({
                 "step": self.step, "stage": self.stage.model_dump(mode="json"), "seed": self.seed, "world": self.world,
                 "sampler": self.sampler.state_dict(), "metrics": self.metrics, "dev": self.dev_rows,
-                "best": self.best}, default=_json_default))
+                "best": self.best, "param_groups": param_groups}, default=_json_default))
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)  # a checkpoint is visible only once complete
@@ -431,6 +457,15 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
         barrier()
         return final
+
+    def consolidated_state(self) -> dict[str, Tensor] | None:
+        """Under FSDP, the encoder's whole weights gathered once to rank 0's CPU for the committed
+        model (every rank calls it; the others get ``{}``), keyed like ``Embedder.model.state_dict()``;
+        None unsharded (the model saves its own weights)."""
+        if not self.sharded:
+            return None
+        state = sharding.full_state_dict(self.model)
+        return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 
     def checkpoints(self) -> list[Path]:
         if not self.checkpoint_dir.exists():
@@ -456,8 +491,11 @@ class Trainer:
             self.engine.load_checkpoint(str(path / "deepspeed"), tag="ds")
         else:
             state = _load_plain(path / "state.pt", map_location=self.device)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            if self.sharded:
+                sharding.load(path / "sharded", self.model, self.optimizer, meta["param_groups"])
+            else:
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(meta["sampler"])  # PCG64 state is plain ints: JSON round-trips it
         _set_rng_state(_load_plain(path / f"rng-{self.rank}.pt"))
@@ -487,8 +525,11 @@ class Trainer:
                 self.save_checkpoint()
         progress.close()
         if self.dev_evaluator is not None and self.stage.dev.select == "best" and self.best is not None \
-                and self.best["step"] != self.step and self.rank == 0:
-            self.model.load_state_dict(_load_plain(self._best_path(self.best["step"]), map_location=self.device))
+                and self.best["step"] != self.step and (self.rank == 0 or self.sharded):
+            if self.sharded:  # every rank its shard
+                sharding.load(self._best_path(self.best["step"]).with_suffix(""), self.model)
+            else:
+                self.model.load_state_dict(_load_plain(self._best_path(self.best["step"]), map_location=self.device))
             self.log(f"{self.stage.name}: keeping the weights of step {self.best['step']} (best dev score "
                      f"{self.best['score']:.4f}), not the last step's")
         return self.metrics
@@ -498,22 +539,24 @@ class Trainer:
         return self.checkpoint_dir / "best" / f"step-{step:07d}.pt"
 
     def evaluate_dev(self) -> None:
-        """Score the dev tasks (rank 0; the others go on to the next step's collective and wait there),
-        log them, and keep the weights when the selection score is the best so far."""
-        if self.rank != 0:
+        """Score the dev tasks (rank 0; the others go on to the next step's collective and wait there;
+        under FSDP every rank encodes, since each forward gathers the layers from all ranks, and rank
+        0's scores count), log them, and keep the weights when the selection score is the best so far."""
+        if self.rank != 0 and not self.sharded:
             return
         rng = _rng_state()  # mteb seeds the global RNGs: training must not depend on whether it evaluates
         try:
             scores = self.dev_evaluator.score(self.model)
         finally:
             _set_rng_state(rng)
+        scores = broadcast_from_main(scores) if self.sharded else scores
         selection = self.dev_evaluator.selection_score(scores)
         if math.isnan(selection):
             selection = float("-inf")  # a diverged or constant model never becomes the best
         for task, value in scores.items():
             self.dev_rows.append({"stage": self.stage.name, "step": self.step, "task": task, "score": value,
                                   "selection": selection})
-        self.log(f"{self.stage.name} step {self.step} dev: " + ", ".join(f"{t} {v:.4f}" for t, v in scores.items())
+        (self.log if self.rank == 0 else log_debug)(f"{self.stage.name} step {self.step} dev: " + ", ".join(f"{t} {v:.4f}" for t, v in scores.items())
                  + f" (selection {selection:.4f}" + (f", best {self.best['score']:.4f} at step {self.best['step']})"
                                                      if self.best else ")"))
         if self.best is None or selection > self.best["score"]:
@@ -523,8 +566,26 @@ class Trainer:
                 # together with the file it names, whatever was written after that checkpoint
                 path = self._best_path(self.step)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(self.model.state_dict(), path.with_suffix(".tmp"))
-                os.replace(path.with_suffix(".tmp"), path)
+                if self.sharded:  # a directory of shards, one per rank
+                    sharding.save(path.with_suffix(""), self.model)
+                else:
+                    torch.save(self.model.state_dict(), path.with_suffix(".tmp"))
+                    os.replace(path.with_suffix(".tmp"), path)
+
+
+def log_debug(message: str) -> None:
+    logging.getLogger("embedpipe.train").debug(message)
+
+
+def _stored(model: torch.nn.Module, weights_dtype: str) -> torch.nn.Module:
+    """Trained weights in fp32 (the master copy AdamW updates, whatever dtype the checkpoint had);
+    frozen ones (a LoRA base) in ``weights_dtype``."""
+    frozen = torch.bfloat16 if weights_dtype == "bf16" else torch.float32
+    for p in model.parameters():
+        want = torch.float32 if p.requires_grad else frozen
+        if p.is_floating_point() and p.dtype != want:
+            p.data = p.data.to(want)
+    return model
 
 
 def _json_default(obj: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from embed_core.model.embedder import plain_model, with_lora
+from embed_core.model.embedder import save_merged, with_lora
 from embed_core.model.encoder import compress_inputs, compress_states, compress_token_ids, resolve_model_path
 from embed_core.model.settings import SETTINGS_FILE
 
@@ -85,7 +85,7 @@ class CompressionEncoder(nn.Module):
         telling the evaluator to append the k tokens and average them, with the method's instructions."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        plain_model(self.model).save_pretrained(out)
+        save_merged(self.model, out)
         self.tokenizer.save_pretrained(out)
         (out / SETTINGS_FILE).write_text(json.dumps({
             "pooling": "compress", "compress_tokens": self.k, "max_length": self.max_length,

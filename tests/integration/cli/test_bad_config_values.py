@@ -27,3 +27,13 @@ def test_a_config_that_is_a_symlink_loop_is_one_line(tmp_path, capfd):
     loop = tmp_path / "a.yaml"
     loop.symlink_to("a.yaml")
     in_process(capfd, "prepare", "--config", loop).assert_one_line_error(f"{loop}: ", "symbolic links")
+
+
+def test_deepspeed_zero3_is_a_one_line_config_error_before_anything_runs(tmp_path, capfd):
+    write_sts_data(tmp_path)
+    config = write_config(tmp_path, [STS_SOURCE], train={"deepspeed": {"zero_optimization": {"stage": 3}},
+                                                         "stages": [{"name": "s1"}]})
+    in_process(capfd, "train", "--config", config).assert_one_line_error(
+        str(config), "deepspeed.zero_optimization.stage 3 (ZeRO-3) is not supported",
+        "use train.sharding: fsdp", "or ZeRO stage 1 or 2")
+    assert not (tmp_path / "runs").exists()

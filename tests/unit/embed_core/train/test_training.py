@@ -323,6 +323,37 @@ def test_grad_cache_under_deepspeed_is_refused_with_the_reason():
     parse_config({"prepare": prepare, "train": {"stages": [stage]}})  # GradCache without DeepSpeed is fine
 
 
+@pytest.mark.parametrize("train,fragment", [
+    ({"deepspeed": {"zero_optimization": {"stage": 3}}},
+     "deepspeed.zero_optimization.stage 3 (ZeRO-3) is not supported: the final save would write its partitioned "
+     "(empty) parameters"),
+    ({"sharding": "fsdp", "deepspeed": {"zero_optimization": {"stage": 2}}},
+     "sharding: fsdp and deepspeed both shard the model: choose one"),
+    ({"weights_dtype": "bf16", "precision": "fp32"},
+     "weights_dtype: bf16 stores weights in bf16, which fp32 compute would read back rounded: use precision: bf16"),
+    ({"deepspeed": {"zero_optimization": {"stage": 3}}, "stage": {"grad_cache_chunk": 4}},
+     "deepspeed.zero_optimization.stage 3 (ZeRO-3) is not supported"),  # the reason first, not GradCache's
+    ({"deepspeed": {"zero_optimization": {"stage": 1}}, "stage": {"dev": {"tasks": [{"name": "D", "type": "sts", "dataset": "x"}]}}},
+     "train: dev evaluation (stages s) runs on rank 0 alone, which DeepSpeed's partitioned state does not allow"),
+])
+def test_zero3_and_conflicting_sharding_or_dtype_settings_are_refused_at_load(train, fragment):
+    from embed_core.errors import ConfigError
+
+    prepare = {"sources": [{"name": "x", "kind": "sts", "path": "x.csv"}]}
+    settings = {key: value for key, value in train.items() if key != "stage"}
+    with pytest.raises(ConfigError) as err:
+        parse_config({"prepare": prepare, "train": {**settings, "stages": [{"name": "s", **train.get("stage", {})}]}})
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("train", [
+    {"deepspeed": {"zero_optimization": {"stage": 1}}}, {"deepspeed": {"zero_optimization": {"stage": 2}}},
+    {"deepspeed": {}}, {"sharding": "fsdp", "weights_dtype": "bf16"}, {"weights_dtype": "bf16", "precision": "bf16"}])
+def test_zero1_and_2_fsdp_and_bf16_weights_with_bf16_compute_are_accepted(train):
+    prepare = {"sources": [{"name": "x", "kind": "sts", "path": "x.csv"}]}
+    parse_config({"prepare": prepare, "train": {**train, "stages": [{"name": "s"}]}})
+
+
 @pytest.mark.slow
 def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, tmp_path):
     """The same stage under deepspeed.initialize (ZeRO-2, DS_ACCELERATOR=cpu, gloo) in a subprocess:
