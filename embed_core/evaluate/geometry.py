@@ -47,7 +47,7 @@ def model_geometry(model_path: str, texts: Sequence[str], *, max_length: int = 1
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModel.from_pretrained(model_path).to(device).eval()
+    model = AutoModel.from_pretrained(model_path, dtype=torch.float32).to(device).eval()  # a bf16 checkpoint too
     totals = {m: 0.0 for m in METRICS}
     used = 0
     for start in range(0, len(texts), batch_size):

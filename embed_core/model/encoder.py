@@ -168,8 +168,12 @@ class Encoder:
         if pooling == "compress" and compress_tokens < 1:
             raise ConfigError(f"{self.path}: pooling 'compress' needs compress_tokens >= 1")
         self.compress_ids = compress_token_ids(self.tokenizer, compress_tokens) if pooling == "compress" else []
-        self.model = AutoModel.from_pretrained(self.path).to(self.device).eval()
         self.bf16 = uses_bf16(precision, self.device.type)
+        # the weights in the compute dtype, whatever the checkpoint holds (transformers loads a bf16
+        # checkpoint as bf16 by default, which would make precision fp32 compute in bf16): fp32, or
+        # bf16 on CUDA under bf16 (half the memory; CPU autocast keeps fp32 weights)
+        dtype = torch.bfloat16 if self.bf16 and self.device.type == "cuda" else torch.float32
+        self.model = AutoModel.from_pretrained(self.path, dtype=dtype).to(self.device).eval()
         # fp32 on CPU: oneDNN's kernels (bf16 autocast does not reach the packed op, so not there)
         self.packed_layers = pack_linear_layers(self.model) if self.device.type == "cpu" and not self.bf16 else 0
         self.dim = int(self.model.config.hidden_size)
