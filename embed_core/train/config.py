@@ -211,6 +211,11 @@ class TrainConfig(StrictModel):
                                               "plus the root; bf16 compute with fp32 reductions under bf16 "
                                               "precision); works with GradCache, LoRA, dev evaluation and exact "
                                               "resume; checkpoints are sharded (torch.distributed.checkpoint).")
+    fsdp_sync: Literal["every_backward", "step"] = Field(
+        "every_backward", description="Under sharding: fsdp, when gradients are reduce-scattered: every_backward = "
+        "after each backward pass (each GradCache chunk, each micro-batch), so a rank never holds more than its "
+        "shard (≈ 16/N bytes per parameter); step = once, after a step's last backward: fewer collectives, but "
+        "every rank holds an unsharded fp32 gradient (4 bytes per parameter) until then.")
     deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage 1 or 2 etc.; ZeRO-3 is "
                                              "refused: use sharding: fsdp); needs the deepspeed extra.")
     lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "

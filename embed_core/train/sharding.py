@@ -7,8 +7,11 @@ torch FSDP2 (``torch.distributed.fsdp.fully_shard``), and the checkpoints that g
   weights exist only while it computes;
 * ``MixedPrecisionPolicy``: bf16 compute under bf16 precision, gradients reduced in fp32, the
   sharded weights and AdamW state fp32 (master weights);
-* GradCache and gradient accumulation run several backward passes per optimizer step: gradients
-  are reduce-scattered only on a step's last backward (``set_requires_gradient_sync``);
+* GradCache and gradient accumulation run several backward passes per optimizer step: by default
+  each reduce-scatters its gradients (summed shards equal the shard of the sum), so no rank ever
+  holds a whole gradient; ``train.fsdp_sync: step`` defers that to the step's last backward
+  (``set_requires_gradient_sync``): fewer collectives, but until then every rank holds an unsharded
+  fp32 gradient (FSDP2 accumulates in ``reduce_dtype``), 4 bytes per parameter;
 * checkpoints hold tensors only: the optimizer's hyper-parameters travel as JSON, and the
   checkpoint's index (``.metadata``, a pickle in DCP's format) is read with an unpickler that
   accepts DCP's own metadata classes and nothing else (run directories travel between people);

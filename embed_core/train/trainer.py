@@ -229,6 +229,8 @@ class Trainer:
         self.model = _stored(model, self.train_cfg.weights_dtype).to(self.device)
         self.model.train()
         self.sharded = self.train_cfg.sharding == "fsdp"
+        # reduce-scatter after every backward (sharded memory) or only a step's last (fewer collectives)
+        self.sync_every = self.train_cfg.fsdp_sync == "every_backward"
         if self.sharded:  # before the optimizer: it must hold the sharded parameters
             sharding.shard(self.model, bf16=self.bf16)
         # fused AdamW: one kernel per parameter group instead of per tensor (CPU and CUDA)
@@ -324,7 +326,7 @@ class Trainer:
         if chunk is None:
             emb = {name: self._embed(g) for name, g in batch.groups.items()}
             loss = self._loss(batch, emb)
-            sharding.gradient_sync(self.model, last)
+            sharding.gradient_sync(self.model, last or self.sync_every)
             self._backward(loss * scale)
             return float(loss.detach())
         # GradCache: 1) embed without a graph, remembering each chunk's RNG states (CPU and the
@@ -351,7 +353,7 @@ class Trainer:
         after = _rng_state()
         for i, (name, sub, state) in enumerate(pieces):
             _set_rng_state(state)
-            sharding.gradient_sync(self.model, last and i == len(pieces) - 1)
+            sharding.gradient_sync(self.model, (last and i == len(pieces) - 1) or self.sync_every)
             out = self._embed(sub)
             g = grads[name][offsets[name]:offsets[name] + len(sub.texts)]
             offsets[name] += len(sub.texts)

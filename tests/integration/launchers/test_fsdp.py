@@ -125,7 +125,8 @@ def test_fsdp_on_two_processes_trains_lora_on_a_bf16_base_with_dev_evaluation_on
     """LoRA on a frozen bf16 base (bf16 compute), GradCache, a retrieval and an STS dataset, and an STS
     dev task scored every step with the best step kept: under FSDP every rank encodes the dev texts
     (each forward gathers layers from both ranks), rank 0's scores count, and the kept weights are
-    reloaded from their shards; the committed model has the adapters merged."""
+    reloaded from their shards; the committed model has the adapters merged. Gradients are
+    reduce-scattered once per step (``fsdp_sync: step``; the first test covers every backward)."""
     import json
 
     from sentence_transformers import SentenceTransformer
@@ -139,7 +140,7 @@ def test_fsdp_on_two_processes_trains_lora_on_a_bf16_base_with_dev_evaluation_on
             source["dev_fraction"] = 0.2
     cfg = _config(tmp / "demo.yaml", model, batch=4, sharding="fsdp")
     cfg["prepare"] = demo["prepare"]
-    cfg["train"].update(precision="bf16", weights_dtype="bf16",
+    cfg["train"].update(precision="bf16", weights_dtype="bf16", fsdp_sync="step",  # the deferred reduce-scatter
                         lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]})
     cfg["train"]["stages"][0].update(
         tasks=["retrieval", "sts"], steps=3, checkpoint_every=10, lr=5e-3, batch_size={"retrieval": 4, "sts": 4},
