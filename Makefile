@@ -73,6 +73,7 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) tests/benchmarks/bench_mine.py
 	$(PY) tests/benchmarks/bench_train.py
+	$(PY) tests/benchmarks/bench_fsdp_memory.py  # FSDP2 (torchrun, 2 ranks) and bf16 LoRA base: bytes held per process
 	$(PY) tests/benchmarks/bench_evaluate.py
 	$(PY) tests/benchmarks/bench_prepare.py
 	$(PY) tests/benchmarks/bench_index_on_disk.py

@@ -229,6 +229,12 @@ def save_merged(model: nn.Module, out: Path, state_dict: dict[str, Tensor] | Non
     scaling = {name: (float(m.scaling["default"]), bool(getattr(m, "fan_in_fan_out", False)))
                for name, m in model.named_modules() if isinstance(getattr(m, "scaling", None), dict)}
     model.get_base_model().save_pretrained(out, state_dict=merged_lora_state_dict(state, scaling))
+    config = Path(out) / "config.json"  # the weights are fp32 now, whatever the base was stored in
+    fields = json.loads(config.read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in fields:
+            fields[key] = "float32"
+    config.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
 
 
 PEFT_PREFIX = "base_model.model."
@@ -240,7 +246,9 @@ def merged_lora_state_dict(state: dict[str, Tensor], scaling: dict[str, tuple[fl
     ``<path>.lora_A.default.weight``, ``<path>.lora_B.default.weight``) as the base model's, with
     W' = W + (B @ A) · scaling per adapted layer (peft's merge; ``scaling[<peft path>]`` is
     (lora_alpha / r, fan_in_fan_out)). Merged weights are computed in fp32 where the tensors are,
-    one layer at a time, stored in the weight's dtype on the CPU; other tensors are passed through."""
+    one layer at a time, and kept in fp32 on the CPU: an update smaller than half a bf16 step of its
+    weight would be rounded away in a bf16 base's dtype. The other tensors are made fp32 too (one
+    dtype per file, as loaders expect); fp32 ones pass through uncopied."""
     merged: dict[str, Tensor] = {}
     for key, value in state.items():
         if key.endswith(LORA_PARTS):
@@ -251,6 +259,6 @@ def merged_lora_state_dict(state: dict[str, Tensor], scaling: dict[str, tuple[fl
             factor, transpose = scaling[layer]
             a, b = state[layer + LORA_PARTS[0]], state[layer + LORA_PARTS[1]]
             delta = (b.to(value.device, torch.float32) @ a.to(value.device, torch.float32)) * factor
-            value = (value.float() + (delta.T if transpose else delta)).to(value.dtype).cpu()
-        merged[name] = value
+            value = (value.float() + (delta.T if transpose else delta)).cpu()
+        merged[name] = value.float() if value.is_floating_point() else value
     return merged

@@ -46,9 +46,10 @@ def build_tiny_gemma(dest: Path) -> Path:
     return dest
 
 
-def build_tiny_decoder(dest: Path, model_type: str = "qwen3", tokenizer_dir: Path | None = None) -> Path:
+def build_tiny_decoder(dest: Path, model_type: str = "qwen3", tokenizer_dir: Path | None = None, **sizes) -> Path:
     """A tiny randomly initialised decoder of ``model_type`` (qwen2, qwen3, mistral, llama,
-    gemma3_text: the QZhou recipe's family) with the packaged tokenizer: 2 layers, 32 wide."""
+    gemma3_text: the QZhou recipe's family) with the packaged tokenizer: 2 layers, 32 wide unless
+    ``sizes`` (config fields: hidden_size, num_hidden_layers, ...) say otherwise."""
     import torch
     from transformers import CONFIG_MAPPING, AutoModel
 
@@ -59,6 +60,7 @@ def build_tiny_decoder(dest: Path, model_type: str = "qwen3", tokenizer_dir: Pat
         kw["head_dim"] = 16
     if model_type == "gemma3_text":
         kw["sliding_window"] = 64
+    kw.update(sizes)
     torch.manual_seed(0)
     AutoModel.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

@@ -165,9 +165,10 @@ def test_fsdp_on_two_processes_trains_lora_on_a_bf16_base_with_dev_evaluation_on
     saved = run_dir / "train-ret" / "model"
     weights = _weights_of(saved)
     assert not any("lora" in k for k in weights) and len(weights) == 24  # merged: the plain Qwen3 layout
-    assert {w.dtype for w in weights.values()} == {torch.bfloat16}  # the base's storage dtype
+    # merged in fp32 (no LoRA update rounded to the bf16 base's precision), and said so in config.json
+    assert {w.dtype for w in weights.values()} == {torch.float32}
+    assert json.loads((saved / "config.json").read_text())["dtype"] == "float32"
     texts = ["what is a protein", "a much longer passage about proteins folding in cells"]
     ours = Encoder(str(saved), pooling="mean", max_length=32, precision="fp32", device="cpu").encode(texts)
-    # at equal precision: sentence-transformers loads bf16 weights as bf16 unless asked for fp32
-    st = SentenceTransformer(str(saved), device="cpu", model_kwargs={"dtype": torch.float32}).encode(texts)
+    st = SentenceTransformer(str(saved), device="cpu").encode(texts)
     assert abs(st - ours).max() < 1e-5
