@@ -16,7 +16,7 @@ import yaml
 from tests.helpers.repo import REPO
 from tests.helpers.tiny_model import build_tiny_bert
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.prefect  # (so slow) the session's Prefect server
 
 STEPS = 4
 
@@ -47,7 +47,7 @@ def _weights(run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
+def one_process(tmp_path_factory, prefect_harness):
     """The reference: one process, global batch 8, on a tiny BERT without dropout (ranks pad their
     slices differently, so dropout masks could not match across process counts)."""
     tmp = tmp_path_factory.mktemp("one")
@@ -58,7 +58,11 @@ def one_process(tmp_path_factory):
         demo.pop(section, None)
     (tmp / "demo.yaml").write_text(yaml.safe_dump(demo))
     model = build_tiny_bert(tmp / "tiny", dropout=0.0)
-    env = dict(os.environ, EMBEDPIPE_CACHE_DIR=str(tmp / "hashes"), OMP_NUM_THREADS="1")
+    from prefect.settings import PREFECT_API_URL
+
+    # the session's Prefect server: each command (rank 0) skips starting a temporary one of its own
+    env = dict(os.environ, EMBEDPIPE_CACHE_DIR=str(tmp / "hashes"), OMP_NUM_THREADS="1",
+               PREFECT_API_URL=PREFECT_API_URL.value())
     (tmp / "one.yaml").write_text(yaml.safe_dump(_config(tmp / "demo.yaml", model, batch=8)))
     proc = _cli("run", "--config", str(tmp / "one.yaml"), "--run-dir", str(tmp / "one"), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,7 +17,7 @@ import yaml
 from tests.helpers.repo import REPO
 from tests.helpers.tiny_model import build_tiny_decoder
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.prefect  # (so slow) the session's Prefect server
 
 STEPS = 4
 
@@ -49,7 +49,7 @@ def _weights(run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(tmp_path_factory, prefect_harness):
     """The demo's prepared records, a tiny Qwen3 (no dropout: its config has none) and the
     one-process reference: global batch 8, unsharded."""
     tmp = tmp_path_factory.mktemp("fsdp")
@@ -58,9 +58,16 @@ def prepared(tmp_path_factory):
     demo.update(data_root=str(tmp / "data"), run_root=str(tmp / "runs"))
     for section in ("synthesize", "mine", "evaluate", "train"):
         demo.pop(section, None)
+    for source in demo["prepare"]["sources"]:  # dev records for the dev-evaluation test
+        if source["name"] == "stsb":
+            source["dev_fraction"] = 0.2
     (tmp / "demo.yaml").write_text(yaml.safe_dump(demo))
     model = build_tiny_decoder(tmp / "qwen3", "qwen3")
-    env = dict(os.environ, EMBEDPIPE_CACHE_DIR=str(tmp / "hashes"), OMP_NUM_THREADS="1")
+    from prefect.settings import PREFECT_API_URL
+
+    # the session's Prefect server: each command (rank 0) skips starting a temporary one of its own
+    env = dict(os.environ, EMBEDPIPE_CACHE_DIR=str(tmp / "hashes"), OMP_NUM_THREADS="1",
+               PREFECT_API_URL=PREFECT_API_URL.value())
     (tmp / "one.yaml").write_text(yaml.safe_dump(_config(tmp / "demo.yaml", model, batch=8, sharding="none")))
     proc = _cli("run", "--config", str(tmp / "one.yaml"), "--run-dir", str(tmp / "one"),
                 launcher=[sys.executable, "-m", "flows.cli"], env=env)
@@ -134,12 +141,7 @@ def test_fsdp_on_two_processes_trains_lora_on_a_bf16_base_with_dev_evaluation_on
     from embed_core.model.encoder import Encoder
 
     tmp, model, env = prepared
-    demo = yaml.safe_load((tmp / "demo.yaml").read_text())
-    for source in demo["prepare"]["sources"]:
-        if source["name"] == "stsb":
-            source["dev_fraction"] = 0.2
     cfg = _config(tmp / "demo.yaml", model, batch=4, sharding="fsdp")
-    cfg["prepare"] = demo["prepare"]
     cfg["train"].update(precision="bf16", weights_dtype="bf16", fsdp_sync="step",  # the deferred reduce-scatter
                         lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]})
     cfg["train"]["stages"][0].update(
@@ -148,9 +150,7 @@ def test_fsdp_on_two_processes_trains_lora_on_a_bf16_base_with_dev_evaluation_on
              "tasks": [{"name": "StsDev", "type": "sts", "dataset": "stsb"}]})
     (tmp_path / "lora.yaml").write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "lora"
-    proc = _cli("prepare", "--config", str(tmp_path / "lora.yaml"), "--run-dir", str(run_dir),
-                launcher=[sys.executable, "-m", "flows.cli"], env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(tmp / "one" / "prepare", run_dir / "prepare")
     proc = _cli("train", "--config", str(tmp_path / "lora.yaml"), "--run-dir", str(run_dir),
                 launcher=_torchrun(["-m", "flows.cli"]), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
