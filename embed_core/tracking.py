@@ -134,7 +134,7 @@ def _log_stage(config: RunConfig, run_dir: Path, stage: str, manifest: dict[str,
         params["base_model"] = card.get("base_model")
         params["init_model"] = card.get("init_model")
         for row in pq.read_table(stage_dir / "metrics.parquet").to_pylist():
-            for name in ("loss", "lr", "tokens_per_s"):
+            for name in ("loss", "lr", "tokens_per_s", "grad_norm", "peak_memory_mb", "mfu"):
                 if row.get(name) is not None:
                     metrics.append(Metric(f"train.{name}", float(row[name]), now, int(row["step"])))
     scores: list[Metric] = []

@@ -48,7 +48,8 @@ def describe_loss(loss: Any) -> str:
 
 
 _STAGE_SETTINGS = ("steps", "lr", "warmup_steps", "batch_size", "num_hard_negatives", "alpha", "eta",
-                   "query_max_length", "passage_max_length", "grad_cache_chunk", "alternate_tasks")
+                   "query_max_length", "passage_max_length", "grad_cache_chunk", "grad_cache_max_tokens",
+                   "alternate_tasks")
 
 
 def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dict[str, Any]] | None = None) -> str:

@@ -124,6 +124,11 @@ class TrainStageConfig(StrictModel):
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     grad_cache_chunk: int | None = Field(None, ge=1, description="GradCache: embed in chunks of this many texts "
                                          "with cached gradients (memory independent of batch size); None = off.")
+    grad_cache_max_tokens: int | None = Field(None, ge=8, description="GradCache with chunks of at most this many "
+                                              "padded tokens (texts × the chunk's longest, texts taken longest "
+                                              "first) instead of a text count, so a chunk of long passages and one "
+                                              "of short queries use the same memory; with grad_cache_chunk set too, "
+                                              "a chunk obeys both. None = chunks by grad_cache_chunk only.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (less memory, more time).")
     length_buckets: int = Field(4, ge=1, description="Each text group of a batch is length-sorted and encoded in at "
                                 "most this many forward passes, each padded to its own longest text (the split "
@@ -216,6 +221,12 @@ class TrainConfig(StrictModel):
         "after each backward pass (each GradCache chunk, each micro-batch), so a rank never holds more than its "
         "shard (≈ 16/N bytes per parameter); step = once, after a step's last backward: fewer collectives, but "
         "every rank holds an unsharded fp32 gradient (4 bytes per parameter) until then.")
+    dist_timeout_s: float = Field(1800, ge=1, description="Seconds a collective (all-reduce, all-gather, barrier) "
+                                  "waits for every process before the run fails with an error naming it (a rank "
+                                  "that died or hangs); rank 0's dev evaluation is waited for without this limit.")
+    peak_tflops: float | None = Field(None, gt=0, description="The device's peak TFLOP/s for the compute precision, "
+                                      "for MFU in the step metrics; None = from the table of known GPUs "
+                                      "(embed_core/train/telemetry.py), and no MFU on a device not in it (CPUs).")
     deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage 1 or 2 etc.; ZeRO-3 is "
                                              "refused: use sharding: fsdp); needs the deepspeed extra.")
     lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "
@@ -263,7 +274,7 @@ class TrainConfig(StrictModel):
         # GradCache runs one backward per chunk before the optimizer step; DeepSpeed reduces (ZeRO-2/3:
         # partitions) gradients in backward hooks that expect one backward per micro-batch
         # (sentence-transformers#3173, tevatron#206), so the combination is refused, not guessed at.
-        cached = [s.name for s in self.stages if s.grad_cache_chunk]
+        cached = [s.name for s in self.stages if s.grad_cache_chunk or s.grad_cache_max_tokens]
         if self.deepspeed is not None and cached:
             raise ValueError(f"grad_cache_chunk (stages {', '.join(cached)}) does not work with DeepSpeed (ZeRO stage "
                              f"{self._zero_stage()}): train without train.deepspeed (multi-process GradCache works "

@@ -8,6 +8,7 @@ wait at barriers.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -29,17 +30,20 @@ def is_main_process() -> bool:
     return env_rank() == 0
 
 
-def init_process_group(single: bool = False) -> tuple[int, int]:
+def init_process_group(single: bool = False, timeout_s: float | None = None) -> tuple[int, int]:
     """(rank, world size); initialises the default process group once when launched (nccl on
-    CUDA, each process on its ``LOCAL_RANK`` device; gloo on CPU). ``single``: a plain process gets a
-    process group of one too (FSDP shards over a process group), in memory, with no port."""
+    CUDA, each process on its ``LOCAL_RANK`` device; gloo on CPU), its collectives failing after
+    ``timeout_s`` (torch's default when None). ``single``: a plain process gets a process group of
+    one too (FSDP shards over a process group), in memory, with no port."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     if launched() and not torch.distributed.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group(backend)
+        torch.distributed.init_process_group(backend, **timeout)
     elif single and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
+                                             **timeout)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
@@ -79,3 +83,19 @@ def broadcast_from_main(value: Any) -> Any:
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
+
+
+_PATIENT: dict[str, Any] = {}
+
+
+def wait_for_main() -> None:
+    """Every rank waits here until rank 0 arrives, however long rank 0's work before it takes (a dev
+    evaluation): a barrier on a gloo group of its own whose timeout is a day, where the default
+    group's collectives would fail after ``train.dist_timeout_s``. Every rank must call it at the
+    same point (the first call creates the group, which is itself collective)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
+            or torch.distributed.get_world_size() == 1:
+        return
+    if "group" not in _PATIENT:
+        _PATIENT["group"] = torch.distributed.new_group(backend="gloo", timeout=timedelta(days=1))
+    torch.distributed.barrier(group=_PATIENT["group"])

@@ -208,11 +208,12 @@ def _instructions(datasets: dict[str, DatasetRecords]) -> tuple[dict[str, str], 
 
 def _plot(rows: list[dict[str, Any]], dev_rows: list[dict[str, Any]] | None = None,
           best: dict[str, Any] | None = None) -> bytes:
-    """Training loss per task; with dev evaluation, a second panel with the dev scores per task,
-    the selection score and the step whose weights were kept."""
+    """Training loss per task; gradient norm and peak memory (with MFU where the device's peak is
+    known); with dev evaluation, a third panel with the dev scores per task, the selection score
+    and the step whose weights were kept."""
     plt = pyplot()
-    panels = 2 if dev_rows else 1
-    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 3.5), squeeze=False)
+    panels = 3 if dev_rows else 2
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 3.5), squeeze=False)
     ax = axes[0][0]
     for task in sorted({r["task"] for r in rows}):
         pts = [(r["step"], r["loss"]) for r in rows if r["task"] == task]
@@ -220,8 +221,9 @@ def _plot(rows: list[dict[str, Any]], dev_rows: list[dict[str, Any]] | None = No
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
+    _plot_telemetry(axes[0][1], rows)
     if dev_rows:
-        ax = axes[0][1]
+        ax = axes[0][2]
         for task in dict.fromkeys(r["task"] for r in dev_rows):
             pts = [(r["step"], r["score"]) for r in dev_rows if r["task"] == task]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, linewidth=0.8, label=task)
@@ -235,13 +237,31 @@ def _plot(rows: list[dict[str, Any]], dev_rows: list[dict[str, Any]] | None = No
     return to_png(fig)
 
 
+def _plot_telemetry(ax, rows: list[dict[str, Any]]) -> None:
+    """Gradient norm (left axis) and peak memory in MB (right axis) per step, MFU in the title."""
+    steps = {r["step"]: r for r in rows}  # one point per optimizer step
+    xs = sorted(steps)
+    norms = [(x, steps[x].get("grad_norm")) for x in xs if steps[x].get("grad_norm") is not None]
+    ax.plot([x for x, _ in norms], [v for _, v in norms], ".-", markersize=2, linewidth=0.8, color="C0")
+    ax.set_xlabel("step")
+    ax.set_ylabel("gradient norm", color="C0")
+    right = ax.twinx()
+    mem = [(x, steps[x].get("peak_memory_mb")) for x in xs if steps[x].get("peak_memory_mb") is not None]
+    right.plot([x for x, _ in mem], [v for _, v in mem], "-", linewidth=0.8, color="C3")
+    right.set_ylabel("peak memory (MB)", color="C3")
+    mfu = [steps[x]["mfu"] for x in xs if steps[x].get("mfu") is not None]
+    if mfu:
+        ax.set_title(f"MFU {100 * sum(mfu) / len(mfu):.1f} % (mean over steps)", fontsize=9)
+
+
 DEV_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("task", pa.string()), ("score", pa.float64()),
                         ("selection", pa.float64())])
 
 
 METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("dataset", pa.string()), ("task", pa.string()),
                            ("loss", pa.float64()), ("examples", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
-                           ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64())])
+                           ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64()),
+                           ("grad_norm", pa.float64()), ("peak_memory_mb", pa.float64()), ("mfu", pa.float64())])
 
 
 def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstream: str, resume: bool = False,
@@ -251,7 +271,8 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     run_dir = Path(run_dir)
     index, stage = get_stage(config, stage_name)
     t0 = time.perf_counter()
-    init_process_group()  # under torchrun / deepspeed / accelerate launch: every rank runs this function
+    # under torchrun / deepspeed / accelerate launch: every rank runs this function
+    init_process_group(timeout_s=_cfg(config).dist_timeout_s)
     fingerprint = fingerprint or input_fingerprint(config, run_dir, stage_name, upstream=upstream)
     datasets = load_datasets(run_dir, stage, upstream)
     init = init_model_path(config, run_dir, index, stage)

@@ -56,8 +56,10 @@ from embed_core.train.distributed import (
     broadcast_from_main,
     init_process_group,
     mean_over_ranks,
+    wait_for_main,
 )
 from embed_core.train.sampling import GroupedBatchSampler
+from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory_mb, total_norm
 
 CHECKPOINT_PREFIX = "step-"
 
@@ -212,7 +214,7 @@ class Trainer:
         np.random.seed(seed)
         self.train_cfg, self.stage, self.seed, self.log = train, stage, seed, log
         # a launched job's process group (gloo / nccl); FSDP needs one even for a single process
-        self.rank, self.world = init_process_group(single=train.sharding == "fsdp")
+        self.rank, self.world = init_process_group(single=train.sharding == "fsdp", timeout_s=train.dist_timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         # auto: bf16 autocast on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16: 2.8x the fp32
         # encoder throughput measured on a 2-core Xeon with AMX); fp32 elsewhere, and where a test
@@ -243,7 +245,10 @@ class Trainer:
         self.sampler = sampler
         self.checkpoint_dir = Path(checkpoint_dir)
         self.step = 0
-        self._tokens = 0
+        self._tokens = self._texts = 0
+        self._grad_norm: float | None = None
+        self.flops = FlopModel(self.model, getattr(getattr(self.model, "model", None), "config", None))
+        self.peak_tflops = device_peak_tflops(self.device, self.bf16, self.train_cfg.peak_tflops)
         self.metrics: list[dict[str, Any]] = []
         self.dev_evaluator = None  # embed_core.train.dev.DevEvaluator, set by the stage when it has dev tasks
         self.dev_rows: list[dict[str, Any]] = []  # one row per (evaluation step, dev task)
@@ -278,6 +283,7 @@ class Trainer:
         lengths = features["attention_mask"].sum(dim=1)
         if torch.is_grad_enabled():  # counted once per text (GradCache's no-graph pass is not)
             self._tokens += int(lengths.sum())
+            self._texts += len(group.texts)
         features = {k: v.to(self.device) for k, v in features.items()}
         model = self.engine or self.model
         order = torch.argsort(lengths, descending=True, stable=True)
@@ -321,9 +327,9 @@ class Trainer:
     def _forward_backward(self, batch: TaskBatch, scale: float, last: bool = True) -> float:
         """Loss and gradients of one micro-batch; ``last``: the step's last one, whose (last)
         backward pass reduces the gradients over the ranks under FSDP."""
-        self._tokens = 0  # non-padding tokens put through the encoder with a graph (throughput)
-        chunk = self.stage.grad_cache_chunk
-        if chunk is None:
+        # non-padding tokens and texts put through the encoder with a graph (throughput, MFU)
+        self._tokens = self._texts = 0
+        if self.stage.grad_cache_chunk is None and self.stage.grad_cache_max_tokens is None:
             emb = {name: self._embed(g) for name, g in batch.groups.items()}
             loss = self._loss(batch, emb)
             sharding.gradient_sync(self.model, last or self.sync_every)
@@ -331,16 +337,19 @@ class Trainer:
             return float(loss.detach())
         # GradCache: 1) embed without a graph, remembering each chunk's RNG states (CPU and the
         # device's: dropout on CUDA draws from the CUDA generator)
-        pieces: list[tuple[str, TextGroup, Any]] = []
+        pieces: list[tuple[str, TextGroup, Tensor, Any]] = []
         reps: dict[str, list[Tensor]] = {}
         for name, g in batch.groups.items():
-            for start in range(0, len(g.texts), chunk):
-                sub = TextGroup(g.texts[start:start + chunk], g.instructions[start:start + chunk], g.max_length)
+            for idx in self._chunks(g):
+                sub = TextGroup([g.texts[i] for i in idx], [g.instructions[i] for i in idx], g.max_length)
                 state = _rng_state()
                 with torch.no_grad():
                     reps.setdefault(name, []).append(self._embed(sub))
-                pieces.append((name, sub, state))
-        cached = {name: torch.cat(parts).detach().requires_grad_() for name, parts in reps.items()}
+                pieces.append((name, sub, torch.tensor(idx, device=self.device), state))
+        # back in the group's order (chunks of a token budget are length-sorted)
+        order = {name: torch.cat([p[2] for p in pieces if p[0] == name]) for name in reps}
+        cached = {name: torch.cat(parts).index_select(0, torch.argsort(order[name])).detach().requires_grad_()
+                  for name, parts in reps.items()}
         # 2) loss on the cached embeddings, gradients to the embeddings only (leaf tensors: no
         # parameter sees this backward, so it stays outside DeepSpeed's engine)
         loss = self._loss(batch, cached)
@@ -349,17 +358,32 @@ class Trainer:
         # 3) replay each chunk with a graph (same RNG states: same dropout masks) and push its cached
         # gradient through the encoder; sum(out * g) has exactly that gradient, and as a scalar it
         # can go through the engine's backward (loss scaling, gradient hooks)
-        offsets = {name: 0 for name in grads}
         after = _rng_state()
-        for i, (name, sub, state) in enumerate(pieces):
+        for i, (name, sub, idx, state) in enumerate(pieces):
             _set_rng_state(state)
             sharding.gradient_sync(self.model, (last and i == len(pieces) - 1) or self.sync_every)
             out = self._embed(sub)
-            g = grads[name][offsets[name]:offsets[name] + len(sub.texts)]
-            offsets[name] += len(sub.texts)
+            g = grads[name].index_select(0, idx)
             self._backward((out.float() * g.float()).sum())
         _set_rng_state(after)
         return float(loss.detach())
+
+    def _chunks(self, group: TextGroup) -> list[list[int]]:
+        """GradCache's chunks of a text group, as indices: runs of ``grad_cache_chunk`` texts in
+        order, or, with ``grad_cache_max_tokens``, texts by decreasing length packed while the chunk's
+        padded size (texts × its longest) stays within the budget (and ``grad_cache_chunk`` texts,
+        when set too): memory then follows tokens, not texts. A text over the budget is a chunk alone."""
+        most, budget = self.stage.grad_cache_chunk or len(group.texts), self.stage.grad_cache_max_tokens
+        if budget is None:
+            return [list(range(start, min(start + most, len(group.texts)))) for start in range(0, len(group.texts), most)]
+        lengths = self.model.tokenize(group.texts, group.instructions, group.max_length)["attention_mask"].sum(dim=1)
+        chunks: list[list[int]] = []
+        for i in torch.argsort(lengths, descending=True, stable=True).tolist():
+            if chunks and len(chunks[-1]) < most and (len(chunks[-1]) + 1) * int(lengths[chunks[-1][0]]) <= budget:
+                chunks[-1].append(i)
+            else:
+                chunks.append([i])
+        return chunks
 
     def _backward(self, loss: Tensor) -> None:
         """Through DeepSpeed's engine when there is one (it divides by its gradient accumulation
@@ -392,9 +416,11 @@ class Trainer:
             value = mean_over_ranks(self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum,
                                                            last=micro == s.grad_accum - 1))
             rows.append({"dataset": batch.dataset, "task": batch.task, "loss": value, "examples": batch.size,
-                         "tokens": self._tokens})
+                         "tokens": self._tokens, "texts": self._texts})
             if self.engine is not None:
                 self.engine.step()
+                norm = self.engine.get_global_grad_norm()
+                self._grad_norm = None if norm is None else total_norm(norm)
         if self.engine is None:
             self._optimizer_step()
         return self._record_step(rows, t0)
@@ -402,8 +428,12 @@ class Trainer:
     def _optimizer_step(self) -> None:
         if self.world > 1 and not self.sharded:  # plain multi-process (DeepSpeed and FSDP reduce themselves)
             average_gradients(self.model.parameters())
-        if self.stage.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.stage.max_grad_norm)
+        if self.stage.max_grad_norm:  # the norm before clipping, as every trainer logs it
+            self._grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                                        self.stage.max_grad_norm))
+        else:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            self._grad_norm = total_norm(torch.nn.utils.get_total_norm(grads)) if grads else None
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -416,9 +446,11 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         tokens = sum(r["tokens"] for r in rows)
         examples = sum(r["examples"] for r in rows)
+        telemetry = {"grad_norm": self._grad_norm, "peak_memory_mb": peak_memory_mb(self.device),
+                     "mfu": self.flops.mfu(tokens, sum(r.get("texts", 0) for r in rows), seconds, self.peak_tflops)}
         out = [{"stage": s.name, "step": self.step, **r, "lr": lr, "seconds": seconds,
                 "tokens_per_s": tokens / seconds if seconds else 0.0,
-                "examples_per_s": examples / seconds if seconds else 0.0} for r in rows]
+                "examples_per_s": examples / seconds if seconds else 0.0, **telemetry} for r in rows]
         self.metrics += out
         return out
 
@@ -519,7 +551,7 @@ class Trainer:
             if self.step % self.stage.log_every == 0 or self.step == self.stage.steps:
                 r = rows[-1]
                 self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
-                         f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s")
+                         f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s" + _telemetry_line(r))
             if self.dev_evaluator is not None and (self.step % self.stage.dev.eval_every == 0
                                                    or self.step == self.stage.steps):
                 self.evaluate_dev()
@@ -545,12 +577,15 @@ class Trainer:
         under FSDP every rank encodes, since each forward gathers the layers from all ranks, and rank
         0's scores count), log them, and keep the weights when the selection score is the best so far."""
         if self.rank != 0 and not self.sharded:
+            wait_for_main()  # not in the next step's collective, which would time out on a long evaluation
             return
         rng = _rng_state()  # mteb seeds the global RNGs: training must not depend on whether it evaluates
         try:
             scores = self.dev_evaluator.score(self.model)
         finally:
             _set_rng_state(rng)
+        if not self.sharded:
+            wait_for_main()
         scores = broadcast_from_main(scores) if self.sharded else scores
         selection = self.dev_evaluator.selection_score(scores)
         if math.isnan(selection):
@@ -573,6 +608,17 @@ class Trainer:
                 else:
                     torch.save(self.model.state_dict(), path.with_suffix(".tmp"))
                     os.replace(path.with_suffix(".tmp"), path)
+
+
+def _telemetry_line(row: dict[str, Any]) -> str:
+    """`` grad norm 0.84, peak 1234 MB, MFU 31.2 %`` (what a step row has of them)."""
+    parts = []
+    if row.get("grad_norm") is not None:
+        parts.append(f"grad norm {row['grad_norm']:.3g}")
+    parts.append(f"peak {row['peak_memory_mb']:.0f} MB")
+    if row.get("mfu") is not None:
+        parts.append(f"MFU {100 * row['mfu']:.1f} %")
+    return ", " + ", ".join(parts)
 
 
 def log_debug(message: str) -> None:

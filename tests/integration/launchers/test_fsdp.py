@@ -93,6 +93,12 @@ def test_fsdp_with_grad_cache_on_two_processes_trains_like_one_process_and_resum
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], atol=2e-5, rtol=1e-4, msg=k)
     assert not torch.equal(w2["embed_tokens.weight"], _weights_of(model)["embed_tokens.weight"])  # it trained
+    # the gradient norm each step logs is the whole gradient's (FSDP's shards reduced), as one process's
+    import pyarrow.parquet as pq
+
+    norms = [[r["grad_norm"] for r in pq.read_table(d / "train-ret" / "metrics.parquet").to_pylist()]
+             for d in (tmp / "one", sharded)]
+    assert len(norms[1]) == STEPS and norms[1] == pytest.approx(norms[0], rel=1e-4)
 
     # rank 1 SIGKILLs itself after step 3; the sharded checkpoint of step 2 stays, one shard per rank
     killed = tmp_path / "killed"

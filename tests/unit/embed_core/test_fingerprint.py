@@ -106,8 +106,8 @@ def _last_results(run_dir: Path, n: int) -> dict[str, bool]:
     return {e["stage"]: not e["cached"] for e in entries[-n:]}
 
 
-@pytest.mark.slow
-def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy, tmp_path):
+@pytest.mark.prefect  # (so slow) the session's Prefect server: each command skips starting its own
+def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy, tmp_path, prefect_harness):
     """On a copy of the project: a README edit recomputes nothing; a converter edit recomputes
     prepare and everything after it; a loss edit recomputes training and evaluation only."""
     src = tmp_path / "src"
@@ -116,8 +116,10 @@ def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy,
     shutil.copy(REPO / "README.md", src / "README.md")
     add_tiny_stages(demo_copy, tmp_path, evaluate=True)
     run_dir = tmp_path / "run"
+    from prefect.settings import PREFECT_API_URL
+
     env = dict(os.environ, PYTHONPATH=str(src), EMBEDPIPE_CACHE_DIR=str(tmp_path / "hash-cache"),
-               PREFECT_HOME=str(tmp_path / "prefect"))
+               PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=PREFECT_API_URL.value())
     probe = subprocess.run([sys.executable, "-c", "import embed_core; print(embed_core.__file__)"], cwd=src, env=env,
                            capture_output=True, text=True)
     assert probe.stdout.strip() == str(src / "embed_core" / "__init__.py")  # the copy, not the installed tree

@@ -509,3 +509,72 @@ def test_codiemb_ir_batches_draw_k_positives_and_negatives_with_replacement():
     assert len(set(pos[2:])) == 2 and set(pos[2:]) <= {"p1a", "p1b", "p1c"}  # enough: drawn without
     neg = batch.groups["negative"].texts
     assert len(neg) == 4 and len(set(neg)) == 4 and all(n.startswith("n0") for n in neg)  # record 1 has none
+
+
+def test_each_step_records_the_unclipped_gradient_norm_peak_memory_and_mfu(prepared, tiny_model):
+    from embed_core.train.config import TrainStageConfig
+    from embed_core.train.run import load_datasets
+    from embed_core.train.trainer import Trainer
+
+    tmp, run_dir = prepared
+    config = parse_config(_config_dict(tmp, tiny_model))
+    stage = TrainStageConfig(name="tm", tasks=["retrieval"], steps=1, batch_size={"retrieval": 4}, warmup_steps=0,
+                             num_hard_negatives=1, max_grad_norm=1e-3, query_max_length=32, passage_max_length=48)
+    datasets = load_datasets(run_dir, stage, records_upstream(config, "train"))
+    train = config.train.model_copy(update={"peak_tflops": 1e-3})  # a made-up device of 1 GFLOP/s
+    trainer = Trainer(train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "tm", seed=0)
+    norms = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def recording(params, max_norm, *args, **kwargs):  # the norm clipping saw, from torch itself
+        params = list(params)
+        norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params
+                                                                 if p.grad is not None]))))
+        return clip(params, max_norm, *args, **kwargs)
+
+    torch.nn.utils.clip_grad_norm_ = recording
+    try:
+        row = trainer.train_step()[-1]
+    finally:
+        torch.nn.utils.clip_grad_norm_ = clip
+    assert row["grad_norm"] == pytest.approx(norms[0], rel=1e-5) and row["grad_norm"] > 1e-3  # before clipping
+    assert row["peak_memory_mb"] > 10
+    expected = row["tokens"] * trainer.flops.per_token(row["tokens"] / row["texts"]) / row["seconds"] / 1e9
+    assert row["mfu"] == pytest.approx(expected)
+
+
+def test_grad_cache_chunks_of_a_token_budget_give_the_full_batch_gradients_and_stay_within_it(prepared, tiny_model):
+    """Chunks by padded tokens (texts × the chunk's longest), longest texts first, so passages go in
+    small chunks and queries in large ones; the embeddings go back to the group's order, so loss and
+    gradients equal one pass over the whole batch."""
+    from embed_core.train.config import TrainStageConfig
+    from embed_core.train.batches import build_batch
+    from embed_core.train.run import load_datasets
+    from embed_core.train.trainer import Trainer
+
+    tmp, run_dir = prepared
+    config = parse_config(_config_dict(tmp, tiny_model))
+    grads, losses = [], []
+    for budget in (None, 96):
+        stage = TrainStageConfig(name="gt", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
+                                 num_hard_negatives=2, grad_cache_max_tokens=budget, query_max_length=32,
+                                 passage_max_length=48)
+        datasets = load_datasets(run_dir, stage, records_upstream(config, "train"))
+        trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "gt", seed=0)
+        trainer.model.eval()
+        batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
+                            query_max_length=32, passage_max_length=48, use_instructions=True)
+        if budget:
+            for group in batch.groups.values():
+                chunks = trainer._chunks(group)
+                lengths = trainer.model.tokenize(group.texts, group.instructions, group.max_length)[
+                    "attention_mask"].sum(dim=1).tolist()
+                assert sorted(i for c in chunks for i in c) == list(range(len(group.texts)))
+                assert all(len(c) == 1 or len(c) * max(lengths[i] for i in c) <= budget for c in chunks)
+            sizes = {name: [len(c) for c in trainer._chunks(g)] for name, g in batch.groups.items()}
+            assert len(sizes["positive"]) > len(sizes["query"]), sizes  # long texts: smaller chunks
+        losses.append(trainer._forward_backward(batch, 1.0))
+        grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4), name
