@@ -351,19 +351,28 @@ def stage_is_intact(run_dir: Path, stage: str, input_fingerprint: str | None = N
     return changed_output(run_dir, stage, manifest) is None
 
 
-def read_records(run_dir: Path, stage: str, *, validate: bool = True, kind: str = "records") -> dict[str, pa.Table]:
-    """Record tables of a finished stage, by file name, checked against the manifest and the schema
-    (``kind="dev_records"``: the dev records prepare sets aside)."""
+def checked_outputs(run_dir: Path, stage: str, *, kind: str = "records") -> dict[str, tuple[Path, str]]:
+    """The outputs of a finished stage of one ``kind``, by file name: (path, sha256), each file
+    checked against the hash its manifest holds."""
     manifest = read_manifest(run_dir, stage)
     if manifest is None:
         raise EmbedpipeError(f"{Path(run_dir) / stage}: no {MANIFEST} (stage not run, or interrupted)")
-    tables = {}
+    out = {}
     for name, info in manifest["outputs"].items():
         if info.get("kind") != kind:
             continue
         path = Path(run_dir) / stage / name
         if not path.exists() or sha256_file(path) != info["sha256"]:
             raise EmbedpipeError(f"{path}: missing or changed since its manifest was written")
+        out[name] = (path, info["sha256"])
+    return out
+
+
+def read_records(run_dir: Path, stage: str, *, validate: bool = True, kind: str = "records") -> dict[str, pa.Table]:
+    """Record tables of a finished stage, by file name, checked against the manifest and the schema
+    (``kind="dev_records"``: the dev records prepare sets aside)."""
+    tables = {}
+    for name, (path, _) in checked_outputs(run_dir, stage, kind=kind).items():
         table = pq.read_table(path, schema=None)
         if validate:
             check_table(table, file=str(path))

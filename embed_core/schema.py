@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import math
 import unicodedata
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from embed_core.errors import SchemaError
@@ -190,23 +192,68 @@ def check_table(table: pa.Table, *, file: str) -> None:
     """Validate a table read from ``file`` against the unified schema, row by row.
 
     A schema-level mismatch (missing column, wrong Arrow type, other version) raises with
-    row ``None``; a bad value raises naming its row and field.
+    row ``None``; a bad value raises naming its row and field (``RowChecker``: a slice at a time,
+    so a memory-mapped table of millions of records is never turned into Python objects at once).
     """
-    meta = table.schema.metadata or {}
+    check_schema(table.schema, file=file)
+    checker = RowChecker(file)
+    for batch in table.to_batches(max_chunksize=CHECK_SLICE_ROWS):
+        checker.check(batch)
+    checker.finish(lambda row: table.column("id")[row].as_py())
+
+
+CHECK_SLICE_ROWS = 4096
+
+
+class RowChecker:
+    """Rows of one file validated as they stream by (``check`` each slice in order, then
+    ``finish``): every row with ``validate_row``, and ids unique, found from an 8-byte BLAKE2b
+    digest per row (8 bytes a row held) whose collisions are confirmed on the ids themselves."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.rows = 0
+        self._digests: list[np.ndarray] = []
+
+    def check(self, batch: pa.RecordBatch | pa.Table) -> None:
+        ids = batch.column("id").to_pylist()
+        for i, row in enumerate(batch.to_pylist(), start=self.rows):
+            validate_row(row, file=self.file, row_number=i)
+        self._digests.append(np.fromiter((int.from_bytes(hashlib.blake2b(x.encode(), digest_size=8).digest(), "little")
+                                          for x in ids), dtype=np.uint64, count=len(ids)))
+        self.rows += len(ids)
+
+    def finish(self, id_at) -> None:
+        """Raise on the first row (in file order) whose id an earlier row has, naming that earlier
+        row; ``id_at(row)`` reads one row's id (only where two digests are equal)."""
+        digests = np.concatenate(self._digests) if self._digests else np.empty(0, dtype=np.uint64)
+        order = np.argsort(digests, kind="stable")  # equal digests stay in row order
+        ordered = digests[order]
+        found: tuple[int, int] | None = None  # (row, first row with its id)
+        for k in np.flatnonzero(ordered[1:] == ordered[:-1]) + 1:
+            row = int(order[k])
+            start = k
+            while start > 0 and ordered[start - 1] == ordered[k]:
+                start -= 1
+            first = next((int(order[j]) for j in range(start, k) if id_at(int(order[j])) == id_at(row)), None)
+            if first is not None and (found is None or row < found[0]):
+                found = (row, first)
+        if found is not None:
+            raise SchemaError(self.file, found[0], "id", "duplicate_id",
+                              f"duplicate id {id_at(found[0])!r} (first at row {found[1]})")
+
+
+def check_schema(schema: pa.Schema, *, file: str) -> None:
+    """The schema-level half of ``check_table``: version, every column, every column's type."""
+    meta = schema.metadata or {}
     version = meta.get(SCHEMA_VERSION_KEY, b"").decode() or None
     if version is not None and version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
         raise SchemaError(file, None, None, "schema_version",
                           f"schema version {version} is not compatible with {SCHEMA_VERSION}")
     for expected in RECORD_SCHEMA:
-        if expected.name not in table.column_names:
+        if expected.name not in schema.names:
             raise SchemaError(file, None, expected.name, "missing_field", "missing column")
-        actual = table.schema.field(expected.name).type
+        actual = schema.field(expected.name).type
         if actual != expected.type and not (pa.types.is_null(actual) and expected.nullable):
             raise SchemaError(file, None, expected.name, "wrong_type",
                               f"column type {actual}, expected {expected.type}")
-    seen: dict[str, int] = {}
-    for i, row in enumerate(table.to_pylist()):
-        validate_row(row, file=file, row_number=i)
-        if row["id"] in seen:
-            raise SchemaError(file, i, "id", "duplicate_id", f"duplicate id {row['id']!r} (first at row {seen[row['id']]})")
-        seen[row["id"]] = i

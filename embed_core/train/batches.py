@@ -23,9 +23,11 @@ seeded by (seed, step), so a resumed run builds the same batches.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from embed_core.train.edits import generate_positive, generate_weak_positive
 
@@ -60,24 +62,81 @@ class TaskBatch:
         return len(next(iter(self.groups.values())).texts)
 
 
-class DatasetRecords:
-    """One dataset's records as column lists (cheap random access by index)."""
+RECORD_COLUMNS = ("task", "instruction", "query", "positives", "positive_scores", "negatives", "negative_labels",
+                  "weak_positives", "label")
 
-    def __init__(self, name: str, table):
+
+class ArrowColumn(Sequence):
+    """One column of a record table read a value at a time (``column[i]`` is the Python value of row
+    i): random access without turning the column into Python objects, so a memory-mapped table
+    (``embed_core.train.records``) stays in the file's pages."""
+
+    def __init__(self, array: pa.ChunkedArray):
+        self._array = array
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._array[i].as_py()
+
+    def __iter__(self) -> Iterator:
+        for chunk in self._array.chunks:
+            yield from chunk.to_pylist()
+
+
+@dataclass
+class RecordsSummary:
+    """What a dataset's batches need of all its records: its task, its labels (classification and
+    labelled negatives), its highest positive score (R of the graded targets) and its instructions.
+    Computed a slice at a time (``add``), so a memory-mapped dataset is summarised where it is
+    converted and its ranks read the summary instead of every page of the file."""
+
+    task: str | None = None
+    labels: set[str] = field(default_factory=set)
+    max_score: float | None = None
+    instructions: set[str] = field(default_factory=set)
+
+    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
+        import pyarrow.compute as pc
+
+        if self.task is None and batch.num_rows:
+            self.task = batch.column("task")[0].as_py()
+        self.labels |= set(pc.unique(batch.column("label")).to_pylist()) - {None}
+        self.labels |= set(pc.unique(pc.list_flatten(batch.column("negative_labels"))).to_pylist()) - {None, ""}
+        top = pc.max(pc.list_flatten(batch.column("positive_scores"))).as_py()
+        if top is not None:
+            self.max_score = top if self.max_score is None else max(self.max_score, top)
+        self.instructions |= set(pc.unique(batch.column("instruction")).to_pylist()) - {None, ""}
+
+    def to_json(self) -> dict:
+        return {"task": self.task, "labels": sorted(self.labels), "max_score": self.max_score,
+                "instructions": sorted(self.instructions)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RecordsSummary":
+        return cls(data["task"], set(data["labels"]), data["max_score"], set(data["instructions"]))
+
+
+class DatasetRecords:
+    """One dataset's records as columns with random access by index (``cols[name][i]``), over an
+    Arrow table that may be memory-mapped; what needs the whole dataset comes from its
+    ``RecordsSummary`` (given, or computed from the table)."""
+
+    def __init__(self, name: str, table: pa.Table, summary: RecordsSummary | None = None):
+        if summary is None:
+            summary = RecordsSummary()
+            summary.add(table)
         self.name = name
-        cols = table.select(["task", "instruction", "query", "positives", "positive_scores", "negatives",
-                             "negative_labels", "weak_positives", "label"]).to_pydict()
-        self.task = cols["task"][0] if cols["task"] else "retrieval"
-        self.cols = cols
+        self.cols = {c: ArrowColumn(table.column(c)) for c in RECORD_COLUMNS}
         self.size = table.num_rows
-        labels = sorted({lab for lab in cols["label"] if lab is not None} |
-                        {lab for labs in cols["negative_labels"] for lab in labs if lab})
-        self.label_ids = {lab: i for i, lab in enumerate(labels)}
-        scores = [x for xs in cols["positive_scores"] for x in xs]
-        self.max_score = max(max(scores, default=1.0), 1e-9)
+        self.task = summary.task or "retrieval"
+        self.label_ids = {lab: i for i, lab in enumerate(sorted(summary.labels))}
+        self.max_score = max(summary.max_score if summary.max_score is not None else 1.0, 1e-9)
+        self._instructions = set(summary.instructions)
 
     def instructions(self) -> set[str]:
-        return {i for i in self.cols["instruction"] if i}
+        return set(self._instructions)
 
 
 def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed: int, num_negatives: int,

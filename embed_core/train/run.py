@@ -43,6 +43,7 @@ from embed_core.model.settings import ModelSettings, read_model_settings, senten
 from embed_core.paths import files_within
 from embed_core.plots import pyplot, to_png
 from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
+from embed_core.train.records import RECORDS_DIR, mapped_records
 from embed_core.train.distributed import barrier, init_process_group, is_main_process
 from embed_core.train.sampling import dataset_weights
 from embed_core.train.stage import instance_name
@@ -172,15 +173,19 @@ def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> di
     return out
 
 
-def load_datasets(run_dir: Path, stage: TrainStageConfig, upstream: str) -> dict[str, DatasetRecords]:
-    """The datasets of ``upstream`` (a stage directory) that ``stage`` trains on."""
-    tables = read_records(run_dir, upstream)
+def load_datasets(run_dir: Path, stage: TrainStageConfig, upstream: str,
+                  cache_dir: Path | None = None) -> dict[str, DatasetRecords]:
+    """The datasets of ``upstream`` (a stage directory) that ``stage`` trains on: memory-mapped from
+    Arrow copies in ``cache_dir`` (``embed_core.train.records``; every rank calls it), or read into
+    memory without one."""
+    tables = (mapped_records(run_dir, upstream, cache_dir) if cache_dir is not None else
+              {name: (table, None) for name, table in read_records(run_dir, upstream).items()})
     out: dict[str, DatasetRecords] = {}
-    for name, table in sorted(tables.items()):
+    for name, (table, summary) in sorted(tables.items()):
         dataset = name.removesuffix(".parquet")
         if table.num_rows == 0 or (stage.datasets is not None and dataset not in stage.datasets):
             continue
-        records = DatasetRecords(dataset, table)
+        records = DatasetRecords(dataset, table, summary)
         if records.task not in TRAINABLE_TASKS or (stage.tasks is not None and records.task not in stage.tasks):
             continue
         out[dataset] = records
@@ -274,9 +279,9 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     # under torchrun / deepspeed / accelerate launch: every rank runs this function
     init_process_group(timeout_s=_cfg(config).dist_timeout_s)
     fingerprint = fingerprint or input_fingerprint(config, run_dir, stage_name, upstream=upstream)
-    datasets = load_datasets(run_dir, stage, upstream)
-    init = init_model_path(config, run_dir, index, stage)
     ckpt_dir = _checkpoint_dir(run_dir, stage, fingerprint)
+    datasets = load_datasets(run_dir, stage, upstream, ckpt_dir / RECORDS_DIR)
+    init = init_model_path(config, run_dir, index, stage)
     trainer, instructions = _trainer(config, run_dir, stage, datasets, init, ckpt_dir)
     metrics = trainer.fit(resume=resume)
     state = trainer.consolidated_state() if hasattr(trainer, "consolidated_state") else None  # every rank: FSDP gathers

@@ -142,3 +142,30 @@ def test_deepspeed_launcher_with_zero_2_trains_like_one_process(one_process, tmp
     # ZeRO-2 keeps fp32 master weights and reduces partitioned gradients: same math, other order
     for k in w1:
         assert torch.allclose(w1[k], w2[k], atol=5e-5, rtol=1e-4), k
+
+
+def test_two_torchrun_launchers_as_two_nodes_train_like_one_process(one_process, tmp_path):
+    """Multi-node as a cluster runs it: one ``torchrun --nnodes 2 --rdzv-backend c10d`` launcher per
+    node (here two on one machine, one process each), meeting at a rendezvous endpoint; global rank 0
+    writes the stage."""
+    import socket
+
+    tmp, model, env = one_process
+    run_dir = tmp_path / "nodes"
+    shutil.copytree(tmp / "one" / "prepare", run_dir / "prepare")
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(_config(tmp / "demo.yaml", model, batch=4)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank",
+         str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "nodes-test",
+         "-m", "flows.cli", "train", "--config", str(tmp_path / "nodes.yaml"), "--run-dir", str(run_dir)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outputs = [p.communicate(timeout=600) for p in launchers]
+    assert [p.returncode for p in launchers] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    history = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [h["stage"] for h in history] == ["train-ret"]  # one writer for both nodes
+    w1, w2 = _weights(tmp / "one"), _weights(run_dir)
+    for k in w1:
+        assert torch.allclose(w1[k], w2[k], atol=2e-5, rtol=1e-4), k
