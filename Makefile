@@ -73,7 +73,9 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) tests/benchmarks/bench_mine.py
 	$(PY) tests/benchmarks/bench_train.py
+	$(PY) tests/benchmarks/bench_packing.py  # packed vs length-bucketed padded training passes (CPU, fp32)
 	$(PY) tests/benchmarks/bench_fsdp_memory.py  # FSDP2 (torchrun, 2 ranks) and bf16 LoRA base: bytes held per process
+	$(PY) tests/benchmarks/bench_train_records.py   # peak RSS per rank, 2 ranks, 100k -> 1M records: memory-mapped vs in memory
 	$(PY) tests/benchmarks/bench_evaluate.py
 	$(PY) tests/benchmarks/bench_prepare.py
 	$(PY) tests/benchmarks/bench_index_on_disk.py

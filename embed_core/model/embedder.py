@@ -14,7 +14,9 @@ and ``sentence_transformers.SentenceTransformer`` load.
   them into the saved weights layer by layer (no copy of the model), so the saved model is a plain
   checkpoint without peft;
 * ``append_eos``: end every text with the tokenizer's EOS (``embed_core.model.eos``; ``auto``: for
-  ``last_token`` pooling), in the saved tokenizer too.
+  ``last_token`` pooling), in the saved tokenizer too;
+* packed passes: ``pack`` lays a group's tokenized texts back to back (``embed_core.model.packing``)
+  and ``forward`` takes them like padded features, with the same embeddings.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from embed_core import __version__
 from embed_core.errors import ConfigError
 from embed_core.model.encoder import POOLINGS, pool_hidden, resolve_model_path
 from embed_core.model.eos import add_eos, check_saved_tokenizer_appends_eos, ends_with_eos
+from embed_core.model.packing import SEGMENTS, pack_features, packed_model_inputs, pool_packed, uses_varlen_attention
 from embed_core.model.settings import (
     DEFAULT_TEMPLATE,
     SETTINGS_FILE,
@@ -45,7 +48,7 @@ class Embedder(nn.Module):
                  instruction_template: str = DEFAULT_TEMPLATE, exclude_instruction_from_pooling: bool = False,
                  bidirectional: bool = False, gguf_file: str | None = None, gradient_checkpointing: bool = False,
                  torch_dtype: torch.dtype | None = None, lora: dict[str, Any] | None = None,
-                 append_eos: str = "auto"):
+                 append_eos: str = "auto", attn_implementation: str | None = None):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
@@ -73,6 +76,8 @@ class Embedder(nn.Module):
         self.append_eos = append_eos
         if torch_dtype is not None:
             load["dtype"] = torch_dtype
+        if attn_implementation is not None:  # else transformers' default (SDPA)
+            load["attn_implementation"] = attn_implementation
         self.model = AutoModel.from_pretrained(self.path, config=config, **load)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -122,10 +127,39 @@ class Embedder(nn.Module):
         return pool_hidden(hidden, attention_mask, self.pooling)
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
-        inputs = {k: v for k, v in features.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-        hidden = self.model(**inputs).last_hidden_state
-        pooled = self.pool(hidden, features["attention_mask"], features["pool_mask"])
+        """L2-normalised embeddings of ``tokenize`` features (padded) or of ``pack``'s (packed: the
+        same embeddings, without computing on padding); both call ``self.model``, so peft and FSDP
+        wrappers see every pass."""
+        if SEGMENTS in features:
+            config = self._text_config()
+            hidden = self.model(**packed_model_inputs(self.model, config, features)).last_hidden_state
+            pooled = pool_packed(hidden, features, self.pooling)
+        else:
+            inputs = {k: v for k, v in features.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            hidden = self.model(**inputs).last_hidden_state
+            pooled = self.pool(hidden, features["attention_mask"], features["pool_mask"])
         return nn.functional.normalize(pooled.float(), dim=-1)
+
+    # -- packed passes (embed_core.model.packing) ------------------------------------------------
+    def _text_config(self) -> Any:
+        config = self.model.config
+        return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+    @property
+    def varlen_attention(self) -> bool:
+        """The model runs a FlashAttention kernel, which takes packed texts without a mask."""
+        return uses_varlen_attention(self._text_config())
+
+    def pack(self, features: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """``tokenize``'s padded features as one packed pass for ``forward``: one row and the varlen
+        kernel's text boundaries under FlashAttention, else rows as wide as the longest text with a
+        block-diagonal mask. None where the masked layout would not be exact: a model with
+        sliding-window attention and a text longer than its window (the mask has no window)."""
+        varlen = self.varlen_attention
+        window = getattr(self._text_config(), "sliding_window", None)
+        if not varlen and isinstance(window, int) and int(features["attention_mask"].sum(dim=1).max()) > window:
+            return None
+        return pack_features(features, varlen=varlen, pad_id=self.tokenizer.pad_token_id or 0)
 
     # -- save ----------------------------------------------------------------------------------
     def save(self, directory: str | Path, *, instructions: dict[str, str] | None = None,

@@ -207,6 +207,19 @@ class TrainConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="Training compute: auto = bf16 autocast "
                                                         "on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16), "
                                                         "fp32 elsewhere; fp32 for bit-exact resumes.")
+    packing: Literal["auto", "on", "off"] = Field(
+        "auto", description="Packed passes: each text group of a batch is encoded as one packed pass (its texts "
+        "back to back, positions, attention and pooling per text) instead of length-bucketed padded passes, with "
+        "the padded embeddings up to float rounding. auto = packed where the model's attention is FlashAttention "
+        "(attn_implementation flash_attention_2/3: one row, variable-length kernel, no padding, no mask), padded "
+        "passes elsewhere; on = packed under SDPA / eager too, as rows as wide as the group's longest text with a "
+        "block-diagonal mask (runnable anywhere, but slower than the buckets on CPU on a length-skewed set: "
+        "docs/stages.md); off = always padded passes. A sliding-window model keeps padded passes for a group "
+        "with a text longer than its window.")
+    attention: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="Attention implementation the trained model is loaded with: auto = FlashAttention-2 on "
+        "CUDA where the flash-attn package is installed (packing: auto then packs), transformers' default (SDPA) "
+        "elsewhere; flash_attention_2 is refused where it cannot run.")
     weights_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Storage of the weights that do not train: "
                                                    "bf16 halves a frozen LoRA base's bytes; trained weights and their "
                                                    "optimizer state stay fp32 (master weights) and compute follows "
@@ -224,6 +237,12 @@ class TrainConfig(StrictModel):
     dist_timeout_s: float = Field(1800, ge=1, description="Seconds a collective (all-reduce, all-gather, barrier) "
                                   "waits for every process before the run fails with an error naming it (a rank "
                                   "that died or hangs); rank 0's dev evaluation is waited for without this limit.")
+    processes: Annotated[int, Field(ge=1)] | Literal["auto"] = Field("auto", description="Processes one training stage runs on when it is "
+                                             "not started by a launcher (the CLI without torchrun, a Prefect flow "
+                                             "run on a GPU worker): auto = one per visible CUDA device (1 without "
+                                             "CUDA); N = N processes on this machine (gloo on CPU, nccl on CUDA), "
+                                             "this one rank 0, reporting to Prefect. Under torchrun / deepspeed / "
+                                             "accelerate launch the launcher's processes are used instead.")
     peak_tflops: float | None = Field(None, gt=0, description="The device's peak TFLOP/s for the compute precision, "
                                       "for MFU in the step metrics; None = from the table of known GPUs "
                                       "(embed_core/train/telemetry.py), and no MFU on a device not in it (CPUs).")

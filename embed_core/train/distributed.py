@@ -99,3 +99,11 @@ def wait_for_main() -> None:
     if "group" not in _PATIENT:
         _PATIENT["group"] = torch.distributed.new_group(backend="gloo", timeout=timedelta(days=1))
     torch.distributed.barrier(group=_PATIENT["group"])
+
+
+def destroy_process_group() -> None:
+    """Tear down the default process group and the groups made beside it, so that a later
+    ``init_process_group`` in this process (the next stage of ``local_ranks``) starts afresh."""
+    _PATIENT.clear()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

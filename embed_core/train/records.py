@@ -63,23 +63,33 @@ def convert(parquet: Path, arrow: Path) -> None:
     """Write ``parquet``'s records as an uncompressed Arrow IPC file at ``arrow``, a slice at a time:
     each slice cast to the record schema, validated (a bad row is a ``SchemaError`` naming the
     Parquet file, the row and the field) and summarised; the summary is written last."""
-    source = pq.ParquetFile(parquet)
-    check_schema(source.schema_arrow, file=str(parquet))
-    checker, summary = RowChecker(str(parquet)), RecordsSummary()
     tmp = arrow.with_name(f".tmp-{arrow.name}")
     try:
-        with _bounded_pool(), pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, RECORD_SCHEMA) as writer:
-            for batch in source.iter_batches(batch_size=CONVERT_ROWS):
-                table = pa.Table.from_batches([batch]).cast(RECORD_SCHEMA)
-                checker.check(table)
-                summary.add(table)
-                writer.write_table(table)
-        checker.finish(lambda row: open_mapped(tmp).column("id")[row].as_py())
+        with _bounded_pool():  # before the reader is made: it allocates from the pool current then
+            summary = _write_checked(parquet, tmp)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, arrow)
     atomic_write_json(_summary_path(arrow), summary.to_json())
+
+
+def _write_checked(parquet: Path, tmp: Path) -> RecordsSummary:
+    """The Arrow copy at ``tmp``, checked; its summary."""
+    source = pq.ParquetFile(parquet)
+    check_schema(source.schema_arrow, file=str(parquet))
+    checker, summary = RowChecker(str(parquet)), RecordsSummary()
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, RECORD_SCHEMA) as writer:
+        # a reader per row group: one reader over the whole file holds on to what it read (measured:
+        # Arrow's allocation grew 44 -> 196 MB over 1M records; flat at 16 MB this way)
+        for batch in (b for g in range(source.num_row_groups)
+                      for b in source.iter_batches(batch_size=CONVERT_ROWS, row_groups=[g])):
+            table = pa.Table.from_batches([batch]).cast(RECORD_SCHEMA)
+            checker.check(table)
+            summary.add(table)
+            writer.write_table(table)
+    checker.finish(lambda row: open_mapped(tmp).column("id")[row].as_py())
+    return summary
 
 
 @contextmanager

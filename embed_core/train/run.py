@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetReco
 from embed_core.train.records import RECORDS_DIR, mapped_records
 from embed_core.train.distributed import barrier, init_process_group, is_main_process
 from embed_core.train.sampling import dataset_weights
+from embed_core.train.spawn import local_ranks, training_processes
 from embed_core.train.stage import instance_name
 
 log = logging.getLogger("embedpipe.train")
@@ -144,9 +144,9 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str, *
                 if man else "missing"}
     return Fingerprint.of(instance_name(stage.name), __name__, LIBRARIES, {
         # batch_size is per process: the global batch, and so the model, depends on how many train
-        "processes": int(os.environ.get("WORLD_SIZE", "1")),
+        "processes": training_processes(cfg),
         "upstream": _used_outputs(run_dir / upstream, up, stage),
-        "train": config_hash(cfg.model_copy(update={"stages": [], "work_pool": None})), "stage": config_hash(stage), "init": init,
+        "train": config_hash(cfg.model_copy(update={"stages": [], "work_pool": None, "processes": "auto"})), "stage": config_hash(stage), "init": init,
         "dev": _dev_inputs(config, run_dir, stage), "seed": config.seed})
 
 
@@ -272,11 +272,18 @@ METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("datas
 def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstream: str, resume: bool = False,
                     fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     """Train the configured stage ``stage_name`` on the records of ``upstream`` (a stage directory)
-    and commit ``train-<stage>/``; every rank of a launched run calls it, rank 0 writes."""
-    run_dir = Path(run_dir)
+    and commit ``train-<stage>/``; every rank of a launched run calls it, rank 0 writes. Not
+    launched, it starts ``train.processes`` local ranks itself (``embed_core.train.spawn``)."""
+    with local_ranks(config, Path(run_dir), stage_name, upstream=upstream, resume=resume):
+        return _run_train_stage(config, Path(run_dir), stage_name, upstream=upstream, resume=resume,
+                                fingerprint=fingerprint)
+
+
+def _run_train_stage(config: RunConfig, run_dir: Path, stage_name: str, *, upstream: str, resume: bool,
+                     fingerprint: Fingerprint | None) -> dict[str, Any]:
     index, stage = get_stage(config, stage_name)
     t0 = time.perf_counter()
-    # under torchrun / deepspeed / accelerate launch: every rank runs this function
+    # under torchrun / deepspeed / accelerate launch or local_ranks: every rank runs this function
     init_process_group(timeout_s=_cfg(config).dist_timeout_s)
     fingerprint = fingerprint or input_fingerprint(config, run_dir, stage_name, upstream=upstream)
     ckpt_dir = _checkpoint_dir(run_dir, stage, fingerprint)
@@ -400,7 +407,7 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
         return writer.commit({
             "run_name": config.run_name, "input_fingerprint": fingerprint.key, "code": fingerprint.code,
             "stage_name": stage.name,
-            "init_model": init, "steps": trainer.step,
+            "init_model": init, "steps": trainer.step, "processes": getattr(trainer, "world", 1),
             "datasets": dataset_info,
             "counts": counts,
             "selected": selected,

@@ -47,6 +47,7 @@ from embed_core.errors import CheckpointError, ConfigError, printable
 from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.model.embedder import Embedder
 from embed_core.model.encoder import uses_bf16
+from embed_core.model.packing import resolve_attention
 from embed_core.progress import Progress
 from embed_core.train.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup, build_batch
 from embed_core.train import sharding
@@ -183,7 +184,8 @@ class Trainer:
                               gradient_checkpointing=stage.gradient_checkpointing,
                               lora=train.lora.model_dump() if train.lora else None, append_eos=train.append_eos,
                               # a LoRA base is frozen: loaded straight into its storage dtype
-                              torch_dtype=torch.bfloat16 if train.weights_dtype == "bf16" and train.lora else None)
+                              torch_dtype=torch.bfloat16 if train.weights_dtype == "bf16" and train.lora else None,
+                              attn_implementation=resolve_attention(train.attention, self.device.type))
         # the loss each task trains with (stage.losses overrides QZhou's); tasks with the same loss
         # and parameters share one instance (and so one HMCL pair-type head)
         self.losses: dict[str, Loss] = {}
@@ -275,17 +277,28 @@ class Trainer:
         return engine
 
     # -- embedding -----------------------------------------------------------------------------
+    def _packs(self) -> bool:
+        """``train.packing``: on, off, or auto = where the model's attention is a FlashAttention
+        kernel (variable-length, no mask)."""
+        mode = self.train_cfg.packing
+        return mode == "on" or (mode == "auto" and self.model.varlen_attention)
+
     def _embed(self, group: TextGroup) -> Tensor:
-        """Embeddings of a text group in input order: length-sorted and encoded in up to
-        ``length_buckets`` passes, each cut to its own longest text (right padding: the cut removes
-        only padding), so short texts are not padded to the group's longest."""
+        """Embeddings of a text group in input order: one packed pass (``train.packing``,
+        ``Embedder.pack``), or length-sorted and encoded in up to ``length_buckets`` passes, each cut
+        to its own longest text (right padding: the cut removes only padding), so short texts are
+        not padded to the group's longest."""
         features = self.model.tokenize(group.texts, group.instructions, group.max_length)
         lengths = features["attention_mask"].sum(dim=1)
         if torch.is_grad_enabled():  # counted once per text (GradCache's no-graph pass is not)
             self._tokens += int(lengths.sum())
             self._texts += len(group.texts)
-        features = {k: v.to(self.device) for k, v in features.items()}
         model = self.engine or self.model
+        packed = self.model.pack(features) if self._packs() else None
+        if packed is not None:  # in input order already
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                return model({k: v.to(self.device) for k, v in packed.items()})
+        features = {k: v.to(self.device) for k, v in features.items()}
         order = torch.argsort(lengths, descending=True, stable=True)
         bounds = length_buckets(lengths[order].tolist(), self.stage.length_buckets, self.bucket_pass_cost)
         # one autocast region for all passes: autocast keeps the bf16 copies of the weights until its
@@ -307,7 +320,7 @@ class Trainer:
         the sizes are exchanged first and each slice is padded to the largest for the collective."""
         if self.world == 1:
             return x
-        import torch.distributed.nn
+        import torch.distributed.nn  # its functions' default group is the one current at import: pass it
 
         n = torch.tensor([x.size(0)], device=x.device)
         sizes = [torch.zeros_like(n) for _ in range(self.world)]
@@ -318,7 +331,8 @@ class Trainer:
             return x
         if x.size(0) < most:
             x = torch.cat([x, x.new_zeros(most - x.size(0), *x.shape[1:])])
-        return torch.cat([part[:size] for part, size in zip(torch.distributed.nn.all_gather(x), sizes)], dim=0)
+        parts = torch.distributed.nn.all_gather(x, group=torch.distributed.group.WORLD)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)], dim=0)
 
     def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
         ctx = LossContext(step=self.step, warmup_steps=self.stage.warmup_steps, gather=self._gather)

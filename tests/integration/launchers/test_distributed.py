@@ -117,6 +117,30 @@ def test_torchrun_two_processes_train_like_one_process_and_resume_after_a_killed
         assert torch.equal(w2[k], w3[k]), k
 
 
+def test_train_processes_2_without_a_launcher_starts_its_own_ranks_and_trains_like_one_process(one_process, tmp_path):
+    """What a Prefect flow run on a worker with two devices does (train.processes: 2, or auto with
+    two GPUs): the command is rank 0 and starts rank 1 itself; rank 0 alone commits."""
+    tmp, model, env = one_process
+    run_dir = tmp_path / "spawned"
+    shutil.copytree(tmp / "one" / "prepare", run_dir / "prepare")
+    cfg = _config(tmp / "demo.yaml", model, batch=4)
+    cfg["train"]["processes"] = 2
+    # a second stage: the process group of the first is torn down and a new one made
+    cfg["train"]["stages"].append({**cfg["train"]["stages"][0], "name": "again", "steps": 1})
+    (tmp_path / "spawned.yaml").write_text(yaml.safe_dump(cfg))
+    proc = _cli("train", "--config", str(tmp_path / "spawned.yaml"), "--run-dir", str(run_dir), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((run_dir / "train-ret" / "manifest.json").read_text())
+    assert manifest["processes"] == 2 and manifest["steps"] == STEPS
+    assert json.loads((run_dir / "train-again" / "manifest.json").read_text())["processes"] == 2
+    assert [json.loads(x)["stage"] for x in (run_dir / "history.jsonl").read_text().splitlines()] == [
+        "train-ret", "train-again"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == []  # the ranks' spec and logs are gone
+    w1, w2 = _weights(tmp / "one"), _weights(run_dir)
+    for k in w1:
+        assert torch.allclose(w1[k], w2[k], atol=2e-5, rtol=1e-4), k
+
+
 def _weights_of(model_dir: Path) -> dict:
     from safetensors.torch import load_file
 

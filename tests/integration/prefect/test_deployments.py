@@ -43,6 +43,7 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     add_tiny_stages(demo_copy, tmp_path, evaluate=True)
     cfg = yaml.safe_load(demo_copy.read_text())
     cfg["train"]["work_pool"] = "gpu"  # training goes to the gpu pool's worker; the rest stays on cpu
+    cfg["train"]["processes"] = 2  # two devices' worth of ranks (auto on a worker with two GPUs; gloo here)
     demo_copy.write_text(yaml.safe_dump(cfg))
     home, port = tmp_path / "prefect-home", _free_port()
     files_port = _free_port()
@@ -155,6 +156,9 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     assert len(train_runs) == 1 and train_runs[0].work_pool_name == "gpu" and train_runs[0].state.is_completed()
     assert train_runs[0].parent_task_run_id is not None and train_runs[0].name == "from-api"
     assert flow_run.work_pool_name == "cpu"
+    # that one flow run trained with two ranks: it started rank 1 itself and committed as rank 0
+    assert [json.loads((run_dir / f"train-{s}" / "manifest.json").read_text())["processes"]
+            for s in ("stage1", "stage2")] == [2, 2]
     # evaluate read the models the gpu pool wrote into the shared run directory
     evaluated = {m["label"]: m["path"] for m in json.loads((run_dir / "evaluate" / "manifest.json").read_text())["models"]}
     assert evaluated["stage2"] == str(run_dir / "train-stage2" / "model")

@@ -1,0 +1,103 @@
+"""One training stage on several local processes without a launcher: a Prefect flow run on a GPU
+worker with N devices (or ``embedpipe train`` without torchrun) trains with N ranks.
+
+``local_ranks`` makes the calling process rank 0 of a process group of ``train.processes`` (auto:
+one per visible CUDA device) and starts ranks 1..N-1 as children (``python -m
+embed_core.train.spawned <spec>``, rendezvous on a free local port, each armed to die with rank 0:
+``embed_core.procs``). The children run the same ``run_train_stage`` as a launched rank would, so
+everything the launchers do holds here too (rank 0 alone writes and commits, and, in a flow run,
+reports to Prefect; the others train alongside and wait at barriers). When the stage ends, rank 0
+waits for its children and tears the process group down, so the next training stage (or the
+next flow on the same worker) starts afresh. A child that fails is one line naming its rank, its
+exit code and its log (``<run_dir>/checkpoints/.ranks-<stage>/rank-<k>.log``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from embed_core.errors import EmbedpipeError
+from embed_core.procs import dying_with_parent
+from embed_core.train.config import TrainConfig
+from embed_core.train.distributed import destroy_process_group, launched
+
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def training_processes(train: TrainConfig) -> int:
+    """How many processes train a stage: the launcher's world size when launched, else
+    ``train.processes`` (auto: the visible CUDA devices, 1 without CUDA)."""
+    if launched():
+        return int(os.environ["WORLD_SIZE"])
+    if train.processes == "auto":
+        return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+    return train.processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume: bool) -> Iterator[None]:
+    """Run the body as rank 0 of ``training_processes`` local ranks (nothing to do when launched or
+    when one process trains)."""
+    n = 1 if launched() else training_processes(config.train)
+    if n == 1:
+        yield
+        return
+    work = Path(run_dir) / "checkpoints" / f".ranks-{stage_name}"
+    work.mkdir(parents=True, exist_ok=True)
+    spec = work / "spec.json"
+    spec.write_text(json.dumps({"config": config.model_dump(mode="json"), "run_dir": str(run_dir),
+                                "stage": stage_name, "upstream": upstream, "resume": resume}))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(n),
+           "LOCAL_WORLD_SIZE": str(n)}
+    children = []
+    for k in range(1, n):
+        log = open(work / f"rank-{k}.log", "w")  # noqa: SIM115 (closed with the child)
+        children.append((k, log, subprocess.Popen(
+            dying_with_parent([sys.executable, "-m", "embed_core.train.spawned", str(spec)]), stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "RANK": str(k), "LOCAL_RANK": str(k)})))
+    saved = {key: os.environ.get(key) for key in RENDEZVOUS}
+    os.environ.update(env, RANK="0", LOCAL_RANK="0")
+    try:
+        yield
+        _wait(children, work)
+    finally:
+        for _, log, child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            log.close()
+        destroy_process_group()
+        _restore(saved)
+    shutil.rmtree(work, ignore_errors=True)  # kept, with the ranks' logs, when a rank failed
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _wait(children: list, work: Path) -> None:
+    for k, _, child in children:
+        code = child.wait()
+        if code != 0:
+            raise EmbedpipeError(f"training rank {k} of {len(children) + 1} exited with code {code}; its log: "
+                                 f"{work / f'rank-{k}.log'}")
