@@ -1,6 +1,6 @@
 """``embedpipe`` command line: run the pipeline, one stage (a command per registered stage:
 prepare, synthesize, mine, train, evaluate), a sweep, the data watch, the status of a run
-directory, compare runs, or inspect artifacts.
+directory, compare runs, inspect artifacts, or plan the train stages' memory per GPU.
 
 The parser, the command table and the error boundary live here; where output goes is
 ``flows.console``, the temporary Prefect server ``flows.local_server``, multi-process launchers
@@ -59,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="main scores of several runs side by side")
     cmp_.add_argument("sources", nargs="+", help="run directories or results.parquet files")
     cmp_.add_argument("--out", default="runs/compare", help="output directory for compare.md / compare.png")
+    pl = sub.add_parser("plan", help="memory per GPU of each train stage (weights, gradients, AdamW state, "
+                                     "activations), whether it fits, and the largest GradCache chunk and batch that do")
+    pl.add_argument("--config", help="YAML run config (default: the run directory's config.yaml)")
+    pl.add_argument("--run-dir", help="a run directory whose config.yaml to plan")
+    pl.add_argument("--gpus", type=int, default=1, help="processes (GPUs) the stages run on (default 1)")
+    pl.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of one GPU in GiB (2^30 bytes: "
+                    "nvidia-smi's total MiB / 1024); without it the plan is only reported")
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
     ins = sub.add_parser("inspect", help="show schema, counts and sample rows of a Parquet file or stage dir")
     ins.add_argument("path")
     ins.add_argument("--samples", type=int, default=3)
@@ -179,6 +187,17 @@ def _compare(args: argparse.Namespace, error_stream: TextIO) -> None:
     print(f"written: {path}")
 
 
+def _plan(args: argparse.Namespace, error_stream: TextIO) -> None:
+    from embed_core.train.plan import check_fits, format_plan, plan_config
+
+    config = _load(args)[0]
+    if config.train is None:
+        raise EmbedpipeError("the config has no train section: there is nothing to plan")
+    plan = plan_config(config.train, gpus=args.gpus, gpu_memory_gib=args.gpu_memory)
+    print(json.dumps(plan.as_dict(), indent=2) if args.json else format_plan(plan), flush=True)
+    check_fits(plan)  # a stage that does not fit: one line on stderr, exit 2
+
+
 def _inspect(args: argparse.Namespace, error_stream: TextIO) -> None:
     from embed_core.inspect import inspect_path
 
@@ -191,7 +210,7 @@ def _commands() -> dict[str, Handler]:
 
     return {"run": _flow_command(_pipeline), **{s.name: _flow_command(_stage) for s in stages.all_stages()},
             "sweep": _flow_command(_sweep), "watch": _flow_command(_watch), "status": _status, "compare": _compare,
-            "inspect": _inspect}
+            "plan": _plan, "inspect": _inspect}
 
 
 if __name__ == "__main__":

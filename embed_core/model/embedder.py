@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class Embedder(nn.Module):
         if add_eos(self.tokenizer, append_eos, pooling, self.path):
             check_saved_tokenizer_appends_eos(self.tokenizer, self.path)
         self.append_eos = append_eos
+        self._tokenizer_lock = threading.Lock()
         if torch_dtype is not None:
             load["dtype"] = torch_dtype
         if attn_implementation is not None:  # else transformers' default (SDPA)
@@ -107,6 +109,14 @@ class Embedder(nn.Module):
 
     def tokenize(self, texts: Sequence[str], instructions: Sequence[str | None] | None = None,
                  max_length: int | None = None) -> dict[str, Tensor]:
+        """Padded features (with ``pool_mask``), one tokenizer call at a time: a fast tokenizer used
+        from two threads at once fails ("Already borrowed"), and the trainer's batch source
+        tokenizes on its own thread (``embed_core.train.prefetch``)."""
+        with self._tokenizer_lock:
+            return self._tokenize(texts, instructions, max_length)
+
+    def _tokenize(self, texts: Sequence[str], instructions: Sequence[str | None] | None,
+                  max_length: int | None) -> dict[str, Tensor]:
         instructions = instructions or [None] * len(texts)
         formatted = [self.format(i, t) for i, t in zip(instructions, texts)]
         batch = self.tokenizer(formatted, padding=True, truncation=True, max_length=max_length or self.max_length,

@@ -42,6 +42,8 @@ class TextGroup:
     texts: list[str]
     instructions: list[str | None]
     max_length: int
+    # the texts tokenized (``Embedder.tokenize``), when the batch source has done it ahead
+    features: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

@@ -220,6 +220,8 @@ class TrainConfig(StrictModel):
         "auto", description="Attention implementation the trained model is loaded with: auto = FlashAttention-2 on "
         "CUDA where the flash-attn package is installed (packing: auto then packs), transformers' default (SDPA) "
         "elsewhere; flash_attention_2 is refused where it cannot run.")
+    prefetch: bool = Field(True, description="Build and tokenize the next micro-batch on a background thread "
+                           "while this one trains (same batches, same results; false: on the step).")
     weights_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Storage of the weights that do not train: "
                                                    "bf16 halves a frozen LoRA base's bytes; trained weights and their "
                                                    "optimizer state stay fp32 (master weights) and compute follows "

@@ -59,7 +59,8 @@ from embed_core.train.distributed import (
     mean_over_ranks,
     wait_for_main,
 )
-from embed_core.train.sampling import GroupedBatchSampler
+from embed_core.train.prefetch import BatchSource
+from embed_core.train.sampling import Batch, GroupedBatchSampler
 from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory_mb, total_norm
 
 CHECKPOINT_PREFIX = "step-"
@@ -245,6 +246,7 @@ class Trainer:
         if self.train_cfg.deepspeed is not None:
             self.engine = self._deepspeed(self.train_cfg.deepspeed, self.stage)
         self.sampler = sampler
+        self.batches = BatchSource(sampler, self._build, prefetch=self.train_cfg.prefetch)
         self.checkpoint_dir = Path(checkpoint_dir)
         self.step = 0
         self._tokens = self._texts = 0
@@ -288,7 +290,7 @@ class Trainer:
         ``Embedder.pack``), or length-sorted and encoded in up to ``length_buckets`` passes, each cut
         to its own longest text (right padding: the cut removes only padding), so short texts are
         not padded to the group's longest."""
-        features = self.model.tokenize(group.texts, group.instructions, group.max_length)
+        features = _features(self.model, group)
         lengths = features["attention_mask"].sum(dim=1)
         if torch.is_grad_enabled():  # counted once per text (GradCache's no-graph pass is not)
             self._tokens += int(lengths.sum())
@@ -355,7 +357,7 @@ class Trainer:
         reps: dict[str, list[Tensor]] = {}
         for name, g in batch.groups.items():
             for idx in self._chunks(g):
-                sub = TextGroup([g.texts[i] for i in idx], [g.instructions[i] for i in idx], g.max_length)
+                sub = _subgroup(self.model, g, idx)
                 state = _rng_state()
                 with torch.no_grad():
                     reps.setdefault(name, []).append(self._embed(sub))
@@ -390,7 +392,7 @@ class Trainer:
         most, budget = self.stage.grad_cache_chunk or len(group.texts), self.stage.grad_cache_max_tokens
         if budget is None:
             return [list(range(start, min(start + most, len(group.texts)))) for start in range(0, len(group.texts), most)]
-        lengths = self.model.tokenize(group.texts, group.instructions, group.max_length)["attention_mask"].sum(dim=1)
+        lengths = _features(self.model, group)["attention_mask"].sum(dim=1)
         chunks: list[list[int]] = []
         for i in torch.argsort(lengths, descending=True, stable=True).tolist():
             if chunks and len(chunks[-1]) < most and (len(chunks[-1]) + 1) * int(lengths[chunks[-1][0]]) <= budget:
@@ -413,19 +415,26 @@ class Trainer:
         per = len(indices) // self.world
         return indices[self.rank * per:(self.rank + 1) * per]
 
+    def _build(self, drawn: Batch, index: int) -> TaskBatch:
+        """Micro-batch ``index`` of the drawn records, every text group tokenized (``BatchSource``
+        runs this one micro-batch ahead, on its thread)."""
+        s = self.stage
+        records = self.datasets[drawn.dataset]
+        loss = self.losses[records.task]
+        batch = build_batch(records, self._slice(drawn.indices), step=index, seed=self.seed,
+                            num_negatives=s.num_hard_negatives, query_max_length=s.query_max_length,
+                            passage_max_length=s.passage_max_length, use_instructions=self.train_cfg.use_instructions,
+                            layout=loss.layout, **loss.batch_options())
+        for group in batch.groups.values():
+            group.features = self.model.tokenize(group.texts, group.instructions, group.max_length)
+        return batch
+
     def train_step(self) -> list[dict[str, Any]]:
         s = self.stage
         t0 = time.perf_counter()
         rows = []
         for micro in range(s.grad_accum):
-            drawn = self.sampler.next_batch()
-            records = self.datasets[drawn.dataset]
-            loss = self.losses[records.task]
-            batch = build_batch(records, self._slice(drawn.indices), step=self.step * s.grad_accum + micro,
-                                seed=self.seed, num_negatives=s.num_hard_negatives,
-                                query_max_length=s.query_max_length, passage_max_length=s.passage_max_length,
-                                use_instructions=self.train_cfg.use_instructions,
-                                layout=loss.layout, **loss.batch_options())
+            batch = self.batches.get(self.step * s.grad_accum + micro)
             # DeepSpeed scales by its gradient_accumulation_steps itself and steps at the boundary
             value = mean_over_ranks(self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum,
                                                            last=micro == s.grad_accum - 1))
@@ -496,7 +505,7 @@ class Trainer:
                     torch.save(state, tmp / "state.pt")
             (tmp / "trainer_state.json").write_text(json.dumps({
                 "step": self.step, "stage": self.stage.model_dump(mode="json"), "seed": self.seed, "world": self.world,
-                "sampler": self.sampler.state_dict(), "metrics": self.metrics, "dev": self.dev_rows,
+                "sampler": self.batches.sampler_state(), "metrics": self.metrics, "dev": self.dev_rows,
                 "best": self.best, "param_groups": param_groups}, default=_json_default))
             if final.exists():
                 shutil.rmtree(final)
@@ -545,6 +554,7 @@ class Trainer:
                 self.model.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
+        self.batches.reset()  # the micro-batch drawn ahead belongs to the run before the resume
         self.sampler.load_state_dict(meta["sampler"])  # PCG64 state is plain ints: JSON round-trips it
         _set_rng_state(_load_plain(path / f"rng-{self.rank}.pt"))
         self.step = meta["step"]
@@ -572,6 +582,7 @@ class Trainer:
             if self.step % self.stage.checkpoint_every == 0:
                 self.save_checkpoint()
         progress.close()
+        self.batches.close()
         if self.dev_evaluator is not None and self.stage.dev.select == "best" and self.best is not None \
                 and self.best["step"] != self.step and (self.rank == 0 or self.sharded):
             if self.sharded:  # every rank its shard
@@ -637,6 +648,24 @@ def _telemetry_line(row: dict[str, Any]) -> str:
 
 def log_debug(message: str) -> None:
     logging.getLogger("embedpipe.train").debug(message)
+
+
+def _features(model: torch.nn.Module, group: TextGroup) -> dict[str, Tensor]:
+    """The group's tokenized features (made by the batch source, or here when it made none)."""
+    if group.features is None:
+        group.features = model.tokenize(group.texts, group.instructions, group.max_length)
+    return group.features
+
+
+def _subgroup(model: torch.nn.Module, group: TextGroup, idx: list[int]) -> TextGroup:
+    """The texts ``idx`` of ``group`` (a GradCache chunk) with their rows of the group's features, cut
+    to the chunk's longest text: right padding, so exactly what tokenizing the chunk alone gives."""
+    features = _features(model, group)
+    rows = torch.tensor(idx)
+    picked = {k: v.index_select(0, rows) for k, v in features.items()}
+    width = int(picked["attention_mask"].sum(dim=1).max())
+    return TextGroup([group.texts[i] for i in idx], [group.instructions[i] for i in idx], group.max_length,
+                     features={k: v[:, :width] for k, v in picked.items()})
 
 
 def _stored(model: torch.nn.Module, weights_dtype: str) -> torch.nn.Module:
