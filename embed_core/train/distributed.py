@@ -54,16 +54,60 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
-def average_gradients(parameters) -> None:
-    """What DistributedDataParallel does after backward, done once per optimizer step: sum every
-    gradient over the ranks and divide by the world size. (Explicit rather than a DDP wrapper:
-    GradCache runs several backward passes per step, which DDP's bucketed hooks would reduce each
-    time.)"""
-    world = torch.distributed.get_world_size()
-    for p in parameters:
-        if p.grad is not None:
-            torch.distributed.all_reduce(p.grad)
-            p.grad.div_(world)
+class GradientAverage:
+    """What DistributedDataParallel does, once per optimizer step: every gradient summed over the
+    ranks and divided by the world size, in buckets of about ``bucket_mb`` that are all-reduced
+    (asynchronously) while the step's last backward pass is still running. A parameter's hook
+    (``register_post_accumulate_grad_hook``) puts it in the current bucket once its gradient is
+    final, which is only in the step's last backward (``arm`` before it): the earlier ones
+    (GradCache's other chunks, other micro-batches) only accumulate, which is why this is not a
+    DDP wrapper, whose hooks reduce after every backward. ``finish`` reduces what no hook saw (a
+    parameter the last backward did not reach) and waits for every bucket."""
+
+    def __init__(self, module: torch.nn.Module, bucket_mb: float = 25.0):
+        self.world = torch.distributed.get_world_size()
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.armed = False
+        self._bucket: list[torch.Tensor] = []
+        self._bucket_size = 0
+        self._pending: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []
+        self._done: set[int] = set()
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def arm(self, armed: bool) -> None:
+        self.armed = armed
+
+    def _ready(self, p: torch.Tensor) -> None:
+        if not self.armed or id(p) in self._done:
+            return
+        self._done.add(id(p))
+        self._bucket.append(p)
+        self._bucket_size += p.grad.numel() * p.grad.element_size()
+        if self._bucket_size >= self.bucket_bytes:
+            self._launch()
+
+    def _launch(self) -> None:
+        if self._bucket:
+            flat = torch.cat([p.grad.reshape(-1) for p in self._bucket])
+            self._pending.append((torch.distributed.all_reduce(flat, async_op=True), flat, self._bucket))
+            self._bucket, self._bucket_size = [], 0
+
+    def finish(self) -> None:
+        """Every gradient averaged over the ranks (after the step's last backward)."""
+        for p in self.params:
+            if p.grad is not None and id(p) not in self._done:
+                self._bucket.append(p)
+        self._launch()
+        for work, flat, params in self._pending:
+            work.wait()
+            flat.div_(self.world)
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.grad.numel()].view_as(p.grad))
+                offset += p.grad.numel()
+        self._pending, self._done, self.armed = [], set(), False
 
 
 def mean_over_ranks(value: float) -> float:

@@ -52,7 +52,7 @@ from embed_core.progress import Progress
 from embed_core.train.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, TextGroup, build_batch
 from embed_core.train import sharding
 from embed_core.train.distributed import (
-    average_gradients,
+    GradientAverage,
     barrier,
     broadcast_from_main,
     init_process_group,
@@ -247,6 +247,9 @@ class Trainer:
             self.engine = self._deepspeed(self.train_cfg.deepspeed, self.stage)
         self.sampler = sampler
         self.batches = BatchSource(sampler, self._build, prefetch=self.train_cfg.prefetch)
+        # plain multi-process: gradients averaged in buckets during the step's last backward (DeepSpeed
+        # and FSDP reduce in their own hooks)
+        self.averager = GradientAverage(self.model) if self.world > 1 and not self.sharded and self.engine is None else None
         self.checkpoint_dir = Path(checkpoint_dir)
         self.step = 0
         self._tokens = self._texts = 0
@@ -348,7 +351,7 @@ class Trainer:
         if self.stage.grad_cache_chunk is None and self.stage.grad_cache_max_tokens is None:
             emb = {name: self._embed(g) for name, g in batch.groups.items()}
             loss = self._loss(batch, emb)
-            sharding.gradient_sync(self.model, last or self.sync_every)
+            self._sync(last)
             self._backward(loss * scale)
             return float(loss.detach())
         # GradCache: 1) embed without a graph, remembering each chunk's RNG states (CPU and the
@@ -377,12 +380,19 @@ class Trainer:
         after = _rng_state()
         for i, (name, sub, idx, state) in enumerate(pieces):
             _set_rng_state(state)
-            sharding.gradient_sync(self.model, (last and i == len(pieces) - 1) or self.sync_every)
+            self._sync(last and i == len(pieces) - 1)
             out = self._embed(sub)
             g = grads[name].index_select(0, idx)
             self._backward((out.float() * g.float()).sum())
         _set_rng_state(after)
         return float(loss.detach())
+
+    def _sync(self, last: bool) -> None:
+        """Before a backward pass: whether its gradients are the step's final ones, to be reduced over
+        the ranks as they are made (FSDP's reduce-scatter, or the bucketed average)."""
+        sharding.gradient_sync(self.model, last or self.sync_every)
+        if self.averager is not None:
+            self.averager.arm(last)
 
     def _chunks(self, group: TextGroup) -> list[list[int]]:
         """GradCache's chunks of a text group, as indices: runs of ``grad_cache_chunk`` texts in
@@ -449,8 +459,8 @@ class Trainer:
         return self._record_step(rows, t0)
 
     def _optimizer_step(self) -> None:
-        if self.world > 1 and not self.sharded:  # plain multi-process (DeepSpeed and FSDP reduce themselves)
-            average_gradients(self.model.parameters())
+        if self.averager is not None:
+            self.averager.finish()
         if self.stage.max_grad_norm:  # the norm before clipping, as every trainer logs it
             self._grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                                         self.stage.max_grad_norm))
