@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install install-llm demo test test-fast bench clean serve stop
+.PHONY: install install-llm demo test test-fast bench clean serve stop gpu-check
 
 # The synthesize stage's local LLM server: llama-cpp-python compiles llama.cpp from source (CPU
 # backend and library only; several minutes on 2 cores). Same requirements as the `llm` extra.
@@ -68,6 +68,9 @@ stop:
 
 clean:
 	rm -rf runs .pytest_cache
+
+gpu-check:
+	$(PY) -m embed_core.gpucheck
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
