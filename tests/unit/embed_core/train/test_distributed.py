@@ -19,15 +19,18 @@ TIMEOUT_S, BUSY_S = 2, 5
 def _rank(rank: int, store: str, out: str, patient: bool) -> None:
     from embed_core.train.distributed import wait_for_main
 
-    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                                         timeout=timedelta(seconds=TIMEOUT_S))
+    # the rendezvous itself with torch's default timeout (two processes can start seconds apart on a
+    # loaded machine), the training collectives on a group with the short one
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    steps = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
+    torch.distributed.barrier()
     try:
         if rank == 0:
             time.sleep(BUSY_S)  # rank 0's long dev evaluation
         if patient:
             wait_for_main()
         t = torch.ones(1)
-        torch.distributed.all_reduce(t)  # the next step's collective
+        torch.distributed.all_reduce(t, group=steps)  # the next step's collective
         result = f"ok {int(t.item())}"
     except Exception as exc:  # noqa: BLE001 (the outcome is what the test reads)
         result = f"failed {type(exc).__name__}"
