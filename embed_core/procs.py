@@ -72,6 +72,15 @@ def dying_with_parent(command: list[str], sig: int = signal.SIGTERM) -> list[str
     return [sys.executable, "-m", __name__, str(os.getpid()), str(int(sig)), *command]
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now, for a local server or rendezvous this process starts."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 def descendants(pid: int | None = None) -> list[int]:
     """The processes below ``pid`` (default: this one) now, from ``/proc`` (empty elsewhere)."""
     out: list[int] = []

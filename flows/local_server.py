@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from embed_core.errors import EmbedpipeError
+from embed_core.procs import free_port
 
 _HOST = "127.0.0.1"
 _PORT_TAKEN = 3  # uvicorn's exit code when it cannot bind (another process took the port first)
@@ -70,7 +71,7 @@ def _start() -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + timeout
     with httpx.Client() as client:
         while True:
-            port = _free_port()
+            port = free_port(_HOST)
             get_logger().info("Starting temporary server on http://%s:%d", _HOST, port)
             server = _spawn(port)
             api_url = f"http://{_HOST}:{port}/api"
@@ -89,14 +90,6 @@ def _start() -> tuple[subprocess.Popen, str]:
     raise TemporaryServerError(f"the temporary Prefect server did not start: {state} (raise "
                                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a "
                                "running server)")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
 
 
 def _spawn(port: int) -> subprocess.Popen:

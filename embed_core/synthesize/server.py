@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from embed_core.errors import ConfigError, EmbedpipeError
-from embed_core.procs import dying_with_parent
+from embed_core.procs import dying_with_parent, free_port
 
 log = logging.getLogger("embedpipe.synthesize")
 
@@ -55,12 +54,6 @@ def default_threads(cores: int | None = None) -> int:
     one spare core costs little. Past 8 threads a 270M model gains nothing."""
     cores = cores or os.cpu_count() or 1
     return max(1, min(8, cores - 1))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LlamaCppServer:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 from embed_core.errors import EmbedpipeError
-from embed_core.procs import dying_with_parent
+from embed_core.procs import dying_with_parent, free_port
 from embed_core.train.config import TrainConfig
 from embed_core.train.distributed import destroy_process_group, launched
 
@@ -44,12 +43,6 @@ def training_processes(train: TrainConfig) -> int:
     return train.processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume: bool) -> Iterator[None]:
     """Run the body as rank 0 of ``training_processes`` local ranks (nothing to do when launched or
@@ -63,7 +56,7 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
     spec = work / "spec.json"
     spec.write_text(json.dumps({"config": config.model_dump(mode="json"), "run_dir": str(run_dir),
                                 "stage": stage_name, "upstream": upstream, "resume": resume}))
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(n),
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n),
            "LOCAL_WORLD_SIZE": str(n)}
     children = []
     for k in range(1, n):
