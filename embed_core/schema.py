@@ -31,9 +31,9 @@ source_ref       ``<file>:<row>`` the record came from
 
 from __future__ import annotations
 
+import hashlib
 import math
 import unicodedata
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 

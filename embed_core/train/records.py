@@ -4,8 +4,8 @@ A record file of the upstream stage (Parquet, checked against its manifest's has
 once, by rank 0, into an uncompressed Arrow IPC file in the stage's checkpoint directory
 (``<run_dir>/checkpoints/<stage>/records/<file>-<sha16>.arrow``), validated and summarised as it
 streams (a slice of 8,192 rows at a time: ``embed_core.schema.RowChecker``,
-``embed_core.train.batches.RecordsSummary``), and then opened by every rank with
-``pyarrow.memory_map``: the columns are views of the file's pages, which the operating system
+``embed_core.train.batches.RecordsSummary``), and then mapped by every rank (``open_mapped``: a
+read-only ``mmap`` for random access): the columns are views of the file's pages, which the operating system
 shares between the ranks of a machine and reads in as batches touch them. A rank's memory then
 no longer grows with the training set (``tests/benchmarks/bench_train_records.py``); the sampler's
 permutation (8 bytes a record) is what remains: the pages a batch touched are let go after it is
