@@ -43,7 +43,7 @@ class SweepConfig(StrictModel):
     max_concurrency: int = Field(1, ge=1, description="Variants trained at once (each in its own process, so "
                                  "results do not depend on it).")
     soup_top_k: int | None = Field(None, ge=2, description="Also average the weights of the k best variants on dev "
-                                   "(a uniform model soup, Wortsman et al. 2022) into sweep-<stage>-soup/model, "
+                                   "(a uniform model soup, Wortsman et al. 2022) into sweep-{stage}-soup/model, "
                                    "scored on dev and test next to the winner; None = no soup.")
 
     @field_validator("params")
@@ -61,7 +61,7 @@ class TrackingConfig(StrictModel):
     the model as an artifact. Needs the ``tracking`` extra (``pip install -e ".[tracking]"``)."""
 
     uri: str | None = Field(None, description="MLflow tracking URI (http://host:5000, databricks, sqlite:///path.db); "
-                            "None = sqlite:///<run_root>/mlflow.db with artifacts in <run_root>/mlartifacts.")
+                            "None = sqlite:///{run_root}/mlflow.db with artifacts in {run_root}/mlartifacts.")
     experiment: str = Field("embedpipe", description="MLflow experiment the runs are logged to.")
     log_model: bool = Field(True, description="Upload the trained models (train stages) and the released model "
                             "(evaluate) as run artifacts.")
@@ -69,7 +69,7 @@ class TrackingConfig(StrictModel):
 
 class RunConfig(StrictModel):
     run_name: str = Field("run", description="Name of the run: its directory under run_root (one path component).")
-    run_root: str = Field("runs", description="Runs are written to <run_root>/<run_name>/<stage>/.")
+    run_root: str = Field("runs", description="Runs are written to {run_root}/{run_name}/{stage}/.")
     data_root: str = Field(".", description="Base directory for relative source paths.")
     seed: int = Field(42, description="Seed of every random choice (sampling, mining, synthesis, training).")
     prepare: PrepareConfig = Field(description="Raw sources and their cleaning.")
@@ -117,11 +117,12 @@ def dataset_filters(config: RunConfig) -> list[tuple[str, list[str]]]:
         out.append(("synthesize.datasets", config.synthesize.datasets or []))
     if config.mine is not None:
         out += [("mine.datasets", config.mine.datasets or []), ("mine.corpora", list(config.mine.corpora))]
-    for i, stage in enumerate(config.train.stages if config.train is not None else []):
-        out += [(f"train.stages.{i}.datasets", stage.datasets or []),
-                (f"train.stages.{i}.dataset_weight", list(stage.dataset_weight))]
-        for j, task in enumerate(stage.dev.tasks if stage.dev is not None else []):
-            out.append((f"train.stages.{i}.dev.tasks.{j}.dataset", [task.dataset] if task.dataset else []))
+    for stage in config.train.stages if config.train is not None else []:
+        out += [(f"train.stages[{stage.name}].datasets", stage.datasets or []),
+                (f"train.stages[{stage.name}].dataset_weight", list(stage.dataset_weight))]
+        for task in stage.dev.tasks if stage.dev is not None else []:
+            out.append((f"train.stages[{stage.name}].dev.tasks[{task.name}].dataset",
+                        [task.dataset] if task.dataset else []))
     return out
 
 
@@ -162,14 +163,18 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     return _merge(_read_raw(path.parent / parent, (*seen, path.resolve())), raw)
 
 
-def load_config(path: str | Path) -> RunConfig:
+def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
     """Load and validate a YAML run config; errors name the file and the offending key.
 
     ``extends: other.yaml`` (relative to this file) starts from that config: mappings are merged
     key by key, lists and scalars here replace the parent's (so a variant states only what differs).
+    ``overrides`` (a partial config, e.g. a flow run's inline config) is merged on top the same way.
     """
     path = Path(path)
-    return parse_config(_read_raw(path), origin=str(path))
+    raw = _read_raw(path)
+    if overrides:
+        return parse_config(_merge(raw, overrides), origin=f"{path} (with the inline config)")
+    return parse_config(raw, origin=str(path))
 
 
 def parse_config(raw: dict, *, origin: str = "<config>") -> RunConfig:
@@ -177,10 +182,56 @@ def parse_config(raw: dict, *, origin: str = "<config>") -> RunConfig:
         return RunConfig.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])  # empty: a check across sections, whose message names its keys
+        loc = config_location(first["loc"], raw)  # empty: a check across sections, whose message names its keys
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
         where = f"{loc}: " if loc else ""
-        raise ConfigError(f"{origin}: {where}{first['msg'].removeprefix('Value error, ')}{more}") from None
+        hint = _did_you_mean(first["loc"]) if first["type"] == "extra_forbidden" else ""
+        raise ConfigError(f"{origin}: {where}{first['msg'].removeprefix('Value error, ')}{hint}{more}") from None
+
+
+def config_location(loc: tuple | list, raw: object) -> str:
+    """A config key path as the user reads it: a list item that has a name (a training stage, a
+    source, a dev task) is shown by its name, ``train.stages[stage2].steps``, else (or when the
+    name itself is wrong) by its index."""
+    out, node = "", raw
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            item = node[part] if isinstance(node, list) and -len(node) <= part < len(node) else None
+            name = item.get("name") if isinstance(item, dict) and loc[i + 1:i + 2] != ("name",) else None
+            out += f"[{name}]" if isinstance(name, str) and name else f".{part}"
+            node = item
+        else:
+            out += f".{part}" if out else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out
+
+
+def _did_you_mean(loc: tuple | list) -> str:
+    """For an unknown key: the closest key allowed where it stands, e.g. ``did you mean 'steps'?``."""
+    import difflib
+
+    known = sorted({name for model in _models_at(loc[:-1]) for name in model.model_fields})
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6) if loc else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _models_at(loc: tuple | list) -> list[type[BaseModel]]:
+    """The config models a key path can reach (through lists, mappings and unions); a path part
+    that names no field (a list index, a mapping key, pydantic's union tag) keeps the models."""
+    models: list[type[BaseModel]] = [RunConfig]
+    for part in loc:
+        reached = [m for model in models if isinstance(part, str) and part in model.model_fields
+                   for m in _models_in(model.model_fields[part].annotation)]
+        models = reached or models
+    return models
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
 def config_hash(model: BaseModel) -> str:

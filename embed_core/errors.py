@@ -81,3 +81,23 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 class DiskFullError(EmbedpipeError):
     """A write failed for lack of space; what was committed before is intact."""
+
+
+# OS errors that come from the user's files or machine (permissions, a full or read-only disk, a
+# file where a directory belongs); others (e.g. a vanished file) may be bugs and keep their traceback.
+_USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EISDIR, errno.ENOTDIR,
+                errno.ENAMETOOLONG, errno.EFBIG}
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one-line message for an error that comes from the user's input or machine, else None
+    (a bug, whose traceback matters). The CLI prints it as its one error line; a flow run logs it
+    as its one ERROR line and ends in a Failed state with it as the message."""
+    if isinstance(exc, EmbedpipeError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _USER_ERRNOS:
+        return printable(f"{exc.filename}: {exc.strerror or exc}", 600)
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # a write outside a stage writer, no file named
+        return printable(f"no space left to write ({errno.errorcode.get(exc.errno, exc.errno)}: {exc}); what was "
+                         "committed before is intact: free space on the disk and run again", 600)
+    return None

@@ -259,12 +259,18 @@ def save_config_snapshot(run_dir: str | Path, config: RunConfig) -> Path:
     """
     path = Path(run_dir) / CONFIG_SNAPSHOT
     _check_snapshot_slot(Path(run_dir))
+    body = yaml.safe_dump(portable_config(config), sort_keys=False, allow_unicode=True)
+    atomic_write_bytes(path, (SNAPSHOT_HEADER + body).encode())
+    return path
+
+
+def portable_config(config: RunConfig) -> dict:
+    """``config`` as plain data with ``data_root`` and ``run_root`` absolute: it means the same
+    from any working directory (the snapshot; the config a run sends to another work pool)."""
     data = config.model_dump(mode="json")
     data["data_root"] = str(Path(config.data_root).expanduser().resolve())
     data["run_root"] = str(Path(config.run_root).expanduser().resolve())
-    body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-    atomic_write_bytes(path, (SNAPSHOT_HEADER + body).encode())
-    return path
+    return data
 
 
 def load_config_snapshot(run_dir: str | Path) -> RunConfig:

@@ -16,13 +16,16 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
-from embed_core.errors import EmbedpipeError
+from embed_core.errors import EmbedpipeError, user_error
 from embed_core.model.onednn import cap_onednn_primitive_cache
 from flows import console, launch
 from flows.env import apply_defaults
 from flows.options import add_option_flags, stage_options
+
+if TYPE_CHECKING:
+    from embed_core.config import RunConfig
 
 Handler = Callable[[argparse.Namespace, TextIO], None]
 
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             _commands()[args.command](args, error_stream)
             return 0
         except Exception as exc:  # noqa: BLE001 — the error boundary: user-input errors become one line
-            message = console.user_error(exc)
+            message = user_error(exc)
             if message is None:
                 raise
             if args.debug:
@@ -103,7 +106,7 @@ def _load(args: argparse.Namespace):
     raise EmbedpipeError("give --config, or --run-dir of a directory that has been run before")
 
 
-def _flow_command(run: Callable[[argparse.Namespace, dict], None]) -> Handler:
+def _flow_command(run: Callable[[argparse.Namespace, dict, "RunConfig"], None]) -> Handler:
     """A command that runs a flow on ``(config, run_dir)``, resolved here once. A busy run dir is
     refused before Prefect starts; the flow takes its lock (``flows.params.run_context``)."""
 
@@ -120,13 +123,15 @@ def _flow_command(run: Callable[[argparse.Namespace, dict], None]) -> Handler:
             launch.train_alongside_rank_0(config, run_dir, stage_options(stages.get("train"), args), args.force)
             return
         raise_if_busy(run_dir)
-        with prefect_api(), console.run_logs_on_stdout(error_stream, args.debug):
-            run(args, {"config_path": config_path, "run_dir": run_dir, "config": config, "run_name": None})
+        with prefect_api(), console.run_logs_on_stdout(error_stream):
+            # the whole config, resolved here once
+            run(args, {"config_path": None, "config": config.model_dump(mode="json"), "run_name": None,
+                       "run_dir": run_dir}, config)
 
     return handler
 
 
-def _pipeline(args: argparse.Namespace, common: dict) -> None:
+def _pipeline(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
     from flows.output import print_result, wall_times
     from flows.pipeline import pipeline_flow
 
@@ -139,7 +144,7 @@ def _pipeline(args: argparse.Namespace, common: dict) -> None:
     print(wall_times(results, time.perf_counter() - t0))
 
 
-def _stage(args: argparse.Namespace, common: dict) -> None:
+def _stage(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
     from embed_core import stages
     from flows.output import print_downstream, print_result
     from flows.stage import stage_flow
@@ -148,19 +153,19 @@ def _stage(args: argparse.Namespace, common: dict) -> None:
     results = list(stage_flow(stage.name)(**common, force=args.force, options=stage_options(stage, args)).values())
     for res in results:
         print_result(res)
-    print_downstream(common["config"], next((r for r in results if not r["cached"]), results[-1]))
+    print_downstream(config, next((r for r in results if not r["cached"]), results[-1]))
     if stage.name == "evaluate":
         print(f"report: {Path(common['run_dir']) / 'evaluate' / 'report.md'}")
 
 
-def _sweep(args: argparse.Namespace, common: dict) -> None:
+def _sweep(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
     from flows.output import print_sweep
     from flows.sweep import sweep_flow
 
     print_sweep(sweep_flow(**common, force=args.force))
 
 
-def _watch(args: argparse.Namespace, common: dict) -> None:
+def _watch(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
     from flows.watch import data_watch_flow
 
     out = data_watch_flow(**common, run_pipeline=not args.no_pipeline)

@@ -9,29 +9,29 @@ from prefect import flow
 from prefect.logging import get_run_logger
 
 from embed_core import stages as registry
-from embed_core.config import RunConfig
 from embed_core.errors import ConfigError
-from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
-from flows.stage import run_stage_on_pool
+from flows.failures import reports_user_errors
+from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
+from flows.stage import all_fresh, run_stage_on_pool
 from tasks.common import publish_run_summary
 from tasks.stage import run_stage_instance
 
 
 @flow(name="pipeline", log_prints=True, flow_run_name=flow_run_name)
-def pipeline_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None,
-                  config: RunConfig | None = None, run_name: str | None = None,
+@reports_user_errors
+@with_run_args_doc
+def pipeline_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] | None = None,
+                  run_name: str | None = None, run_dir: str | None = None,
                   stages: list[str] | None = None, force: bool = False) -> dict[str, Any]:
     """Run the pipeline end to end; stages whose inputs did not change are cache hits.
 
     When it runs as a deployment and the config names ``train.work_pool``, the training stages
-    run as a child flow run of the train flow's deployment on that pool (the GPU pool) and this
-    run waits for them; evaluation then reads the models they wrote to the shared run directory.
+    run as a child flow run of the train flow's deployment on that pool (the GPU pool); this run
+    follows it (its link, progress and end) and evaluation then reads the models it wrote to the
+    shared run directory. When every training stage is fresh, nothing is sent there.
 
     Args:
-        config_path: YAML run config (ignored when ``config`` is given).
-        run_dir: output run directory; defaults to ``<run_root>/<run_name>``.
-        config: inline run config.
-        run_name: overrides the config's ``run_name`` (and so the default run directory).
+        {run_args}
         stages: subset of stages to run, by name (default: all that the config enables).
         force: recompute every stage even when its inputs are unchanged.
     """
@@ -53,8 +53,10 @@ def pipeline_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None,
                 continue
             options = stage.options_for_pipeline(cfg)
             if stage.name == "train" and pool:
-                results.update(run_stage_on_pool(stage, cfg, rdir, pool, options, force))
-                continue
+                if not all_fresh(stage, cfg, rdir, options, force):
+                    results.update(run_stage_on_pool(stage, cfg, rdir, pool, options, force))
+                    continue
+                get_run_logger().info("every training stage is fresh: nothing to send to work pool %s", pool)
             for instance in stage.instance_names(cfg, options):
                 results[instance] = run_stage_instance(stage, cfg, rdir, instance, options, force)
         publish_run_summary(cfg.run_name, rdir, results)

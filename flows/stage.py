@@ -12,6 +12,8 @@ directory it ran (train: one per training stage).
 # objects of the generated functions (the options class differs per stage).
 
 import functools
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,10 @@ from embed_core import stages
 from embed_core.artifacts import read_manifest
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
-from embed_core.rundir import load_config_snapshot, lock_token, read_history
+from embed_core.rundir import lock_token, portable_config, read_history
 from embed_core.stage_api import Stage
-from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
+from flows.failures import reports_user_errors
+from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
 from tasks.stage import run_stage_instance
 
 
@@ -39,9 +42,9 @@ def stage_flow(name: str) -> Flow:
     stage = stages.get(name)
     Options = stage.options  # noqa: N806 (a class)
 
-    def run_one_stage(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None, config: RunConfig | None = None,
-                      run_name: str | None = None, force: bool = False, options: Options | None = None,
-                      parent_lock: str | None = None) -> dict[str, dict[str, Any]]:
+    def run_one_stage(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] | None = None,
+                      run_name: str | None = None, run_dir: str | None = None, force: bool = False,
+                      options: Options | None = None, parent_lock: str | None = None) -> dict[str, dict[str, Any]]:
         cfg, rdir = resolve_run(config_path, config, run_dir, run_name)
         with run_context(cfg, rdir, name, parent_lock):
             return run_stage(stage, cfg, rdir, options, force)
@@ -49,16 +52,14 @@ def stage_flow(name: str) -> Flow:
     run_one_stage.__doc__ = f"""Run the {name} stage: {stage.help}.
 
     Args:
-        config_path: YAML run config (ignored when ``config`` is given).
-        run_dir: run directory; defaults to ``<run_root>/<run_name>``.
-        config: inline run config, as an alternative to ``config_path``.
-        run_name: overrides the config's ``run_name`` (and so the default run directory).
+        {{run_args}}
         force: recompute even when the inputs are unchanged (a cache hit otherwise).
         options: options of this stage ({Options.__name__}).
         parent_lock: set by a pipeline that runs this stage on another work pool (its flow run id,
             under which it holds the run directory's lock); leave empty otherwise.
     """
-    return flow(name=name, log_prints=True, flow_run_name=flow_run_name)(run_one_stage)
+    return flow(name=name, log_prints=True, flow_run_name=flow_run_name)(
+        reports_user_errors(with_run_args_doc(run_one_stage)))
 
 
 def deployment_on_pool(flow_name: str, pool: str) -> str:
@@ -81,11 +82,20 @@ def deployment_on_pool(flow_name: str, pool: str) -> str:
     return f"{flow_name}/{found[0].name}"
 
 
+def all_fresh(stage: Stage, config: RunConfig, run_dir: str, options: Any = None, force: bool = False) -> bool:
+    """Whether every instance of ``stage`` would be a cache hit: then there is nothing to send to
+    another work pool (a child run there would only find the artifacts intact)."""
+    options = options if options is not None else stage.options()
+    return not force and all(stages.cache_decision(stage, stages.context(config, run_dir, stage, inst, options), False)[1]
+                             for inst in stage.instance_names(config, options))
+
+
 def run_stage_on_pool(stage: Stage, config: RunConfig, run_dir: str, pool: str, options: Any = None,
                       force: bool = False) -> dict[str, dict[str, Any]]:
     """Run ``stage`` as a child flow run of its deployment on ``pool`` (e.g. training on the GPU
-    pool) and wait for it; it works in the same run directory under this run's lock, and its
-    results are read back from the run directory (history and manifests)."""
+    pool), following it in this run's logs (its name and link, its progress, its end in words);
+    it works in the same run directory under this run's lock, and its results are read back from
+    the run directory (history and manifests)."""
     from prefect.deployments import run_deployment
     from prefect.logging import get_run_logger
 
@@ -94,13 +104,22 @@ def run_stage_on_pool(stage: Stage, config: RunConfig, run_dir: str, pool: str, 
     if token is None:
         raise EmbedpipeError(f"{run_dir}: its lock carries no run token, so no run on another pool can work under it")
     target = deployment_on_pool(stage.name, pool)
-    snapshot = load_config_snapshot(run_dir)  # absolute data_root / run_root: valid on the other worker
-    child = run_deployment(target, timeout=None, poll_interval=2, parameters={
-        "config": snapshot.model_dump(mode="json"), "run_dir": str(Path(run_dir).resolve()), "force": force,
-        "options": options.model_dump(mode="json"), "parent_lock": token})
-    get_run_logger().info("%s ran on work pool %s as flow run %s: %s", stage.name, pool, child.name, child.state.type)
+    logger = get_run_logger()
+    child = run_deployment(target, timeout=0, parameters={  # the whole config: config_path none
+        "config_path": None, "config": portable_config(config), "run_dir": str(Path(run_dir).resolve()),
+        "force": force, "options": options.model_dump(mode="json"), "parent_lock": token})
+    where = f"flow run {child.name} ({flow_run_link(child.id)})"
+    logger.info("%s: sent to work pool %s as %s; its progress follows", stage.name, pool, where)
+    child = follow_flow_run(child.id, logger)
     if not child.state.is_completed():
-        raise EmbedpipeError(f"{stage.name} on work pool {pool!r}: flow run {child.name} ended {child.state.type.value}")
+        reason = child.state.message or child.state.type.value.lower()
+        raise EmbedpipeError(f"{stage.name} on work pool {pool!r}, {where}, ended {child.state.name.lower()}: {reason}")
+    logger.info("%s: %s on work pool %s completed", stage.name, where, pool)
+    return _results_from_run_dir(stage, config, run_dir, options, pool, child)
+
+
+def _results_from_run_dir(stage: Stage, config: RunConfig, run_dir: str, options: Any, pool: str,
+                          child: Any) -> dict[str, dict[str, Any]]:
     last = {entry.get("stage"): entry for entry in read_history(run_dir)}
     results = {}
     for instance in stage.instance_names(config, options):
@@ -112,6 +131,49 @@ def run_stage_on_pool(stage: Stage, config: RunConfig, run_dir: str, pool: str, 
                              "manifest": manifest, "summary": stage.summarize(manifest),
                              "work_pool": pool, "flow_run": str(child.id)}
     return results
+
+
+def flow_run_link(flow_run_id: Any) -> str:
+    """The flow run's page on the Prefect UI (``PREFECT_UI_URL``), else its id."""
+    from prefect.settings import PREFECT_UI_URL
+
+    ui = PREFECT_UI_URL.value()
+    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}" if ui else f"id {flow_run_id}"
+
+
+def follow_flow_run(flow_run_id: Any, logger: Any, poll_s: float = 2.0) -> Any:
+    """Wait for a flow run to end, repeating its INFO and WARNING log lines in ``logger`` as they
+    arrive (its ERROR line becomes this run's error: it is its state message); returns the run."""
+    from prefect import get_client
+
+    seen: set = set()
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            final = run.state is not None and run.state.is_final()
+            for log in _new_logs(client, flow_run_id, seen):
+                if logging.INFO <= log.level < logging.ERROR:
+                    logger.log(log.level, "[%s] %s", run.name, log.message)
+            if final:
+                return run
+            time.sleep(poll_s)
+
+
+def _new_logs(client: Any, flow_run_id: Any, seen: set) -> list:
+    """The run's logs not returned before, oldest first (pages of 200; a late batch is still read)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    out, offset = [], 0
+    while True:
+        page = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200,
+                                offset=offset, sort=LogSort.TIMESTAMP_ASC)
+        out += [log for log in page if log.id not in seen]
+        if len(page) < 200:
+            break
+        offset += len(page)
+    seen.update(log.id for log in out)
+    return out
 
 
 prepare_flow = stage_flow("prepare")

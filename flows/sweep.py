@@ -16,23 +16,23 @@ from embed_core import sweep
 from embed_core.procs import die_with_parent
 from embed_core.config import RunConfig
 from embed_core.train.stage import instance_name
-from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
+from flows.failures import reports_user_errors
+from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
 from tasks.stage import run_stage_instance
 from tasks.sweep import train_variant
 
 
 @flow(name="sweep", log_prints=True, flow_run_name=flow_run_name)
-def sweep_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None, config: RunConfig | None = None,
-               run_name: str | None = None, force: bool = False) -> dict[str, Any]:
+@reports_user_errors
+@with_run_args_doc
+def sweep_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] | None = None,
+               run_name: str | None = None, run_dir: str | None = None, force: bool = False) -> dict[str, Any]:
     """Train every variant of ``sweep.stage`` (``sweep.max_concurrency`` at once, each in its own
     process, which dies with this one), pick the best on dev, evaluate it on the test tasks, write
-    ``sweep-<stage>/``.
+    ``sweep-{stage}/``. The config needs a ``sweep`` section.
 
     Args:
-        config_path: YAML run config with a ``sweep`` section (ignored when ``config`` is given).
-        run_dir: run directory; defaults to ``<run_root>/<run_name>``.
-        config: inline run config.
-        run_name: overrides the config's ``run_name``.
+        {run_args}
         force: retrain every variant even when its inputs are unchanged.
     """
     cfg, rdir = resolve_run(config_path, config, run_dir, run_name)

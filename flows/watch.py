@@ -14,25 +14,24 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from embed_core.config import RunConfig
 from embed_core.watch import record_sources, watch_report
-from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context
+from flows.failures import reports_user_errors
+from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
 from flows.pipeline import pipeline_flow
 from tasks.common import artifact_key
 from tasks.watch import emit_source_events, fingerprint_sources_task
 
 
 @flow(name="data-watch", log_prints=True, flow_run_name=flow_run_name)
-def data_watch_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = None,
-                    config: RunConfig | None = None, run_name: str | None = None,
+@reports_user_errors
+@with_run_args_doc
+def data_watch_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] | None = None,
+                    run_name: str | None = None, run_dir: str | None = None,
                     run_pipeline: bool = True) -> dict[str, Any]:
     """Re-run the pipeline when the data changed (and only the stages the change reaches).
 
     Args:
-        config_path: YAML run config (ignored when ``config`` is given).
-        run_dir: run directory to keep up to date; defaults to ``<run_root>/<run_name>``.
-        config: inline run config.
-        run_name: overrides the config's ``run_name``.
+        {run_args}
         run_pipeline: run the pipeline here (default); off = only detect and emit events, for a
             pipeline deployment with a trigger on ``embedpipe.source.changed``.
     """
@@ -41,9 +40,9 @@ def data_watch_flow(config_path: str = DEFAULT_CONFIG, run_dir: str | None = Non
     cached: dict[str, bool] | None = None
     with run_context(cfg, rdir, "data-watch"):
         found = fingerprint_sources_task(cfg, rdir)
-        emit_source_events(found["changes"], cfg, config_path if config is None else None, rdir)
+        emit_source_events(found["changes"], cfg, config_path if not config else None, rdir)
         if run_pipeline:
-            results = pipeline_flow(config_path=config_path, run_dir=rdir, config=cfg)
+            results = pipeline_flow(config_path=None, config=cfg.model_dump(mode="json"), run_dir=rdir)
             cached = {name: r["cached"] for name, r in results.items()}
         # Recorded after the pipeline succeeded: a failed run reports the same change next time.
         record_sources(rdir, found["current"])

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from embed_core.errors import user_error
 from embed_core.stage_api import Report
 
 
@@ -80,3 +81,9 @@ def inline_images(markdown: str, base_dir: Path, max_bytes: int = 400_000) -> st
         return f"![{alt}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
 
     return re.sub(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", embed, markdown)
+
+
+def no_retry_on_user_errors(task: Any, task_run: Any, state: Any) -> bool:
+    """A task's ``retry_condition_fn``: retrying the same bad input fails the same way."""
+    exc = state.result(raise_on_failure=False)
+    return not (isinstance(exc, BaseException) and user_error(exc) is not None)

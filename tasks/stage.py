@@ -28,7 +28,7 @@ from embed_core.artifacts import read_manifest
 from embed_core.config import RunConfig
 from embed_core.rundir import append_history, save_config_snapshot
 from embed_core.stage_api import Stage, StageContext
-from tasks.common import publish_stage_outputs
+from tasks.common import no_retry_on_user_errors, publish_stage_outputs
 
 
 @functools.cache
@@ -38,11 +38,14 @@ def stage_task(name: str) -> Task:
 
     @task(name=stage.name, cache_policy=NO_CACHE, persist_result=False, retries=stage.retries,
           retry_delay_seconds=30 if stage.retries else 0, task_run_name="{instance}-{run_name}",
-          log_prints=stage.log_prints)
+          log_prints=stage.log_prints, retry_condition_fn=no_retry_on_user_errors)
     def run_stage_task(ctx: StageContext, instance: str, run_name: str, fingerprint, hit: bool):
         if hit:
+            manifest = read_manifest(ctx.run_dir, instance)
+            get_run_logger().info("%s: cache hit (inputs %s unchanged) — reusing %s/%s, nothing recomputed\n%s",
+                                  instance, fingerprint.key[:12], ctx.run_dir, instance, stage.summarize(manifest))
             return Completed(name="Cached", message=f"inputs {fingerprint.key[:12]} unchanged: the run directory "
-                                                    "holds this artifact", data=read_manifest(ctx.run_dir, instance))
+                                                    "holds this artifact", data=manifest)
         manifest = stage.run(ctx, fingerprint)
         get_run_logger().info("%s:\n%s", instance, stage.summarize(manifest))
         return manifest
@@ -92,9 +95,6 @@ def _run_stage_instance(stage: Stage, ctx: StageContext, force: bool, snapshot: 
     summary = stage.summarize(manifest)
     seconds = round(time.perf_counter() - t0, 3)
     run_dir = str(ctx.run_dir)
-    if hit:
-        get_run_logger().info("%s: cache hit (inputs %s unchanged) — reusing %s/%s, nothing recomputed\n%s",
-                              ctx.instance, fingerprint.key[:12], run_dir, ctx.instance, summary)
     if snapshot:
         save_config_snapshot(run_dir, ctx.config)  # after the stage stands: a failed run keeps the last good snapshot
     if ctx.config.tracking is not None:  # once per stage result: a cache hit that was logged before adds nothing

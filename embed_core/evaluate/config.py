@@ -23,7 +23,7 @@ class EvalTaskSpec(FileFormat):
     type: EvalTaskType = Field(description="Task type (decides the file layout and the MTEB evaluator).")
     path: str | list[str] = Field(description="sts / pair_classification / classification: the evaluated file "
                                   "(a list is read in order as one split, e.g. SICK-R's three files); "
-                                  "retrieval: a BEIR directory (corpus.jsonl[.gz], queries.jsonl, qrels/<split>.tsv).")
+                                  "retrieval: a BEIR directory (corpus.jsonl[.gz], queries.jsonl, qrels/{split}.tsv).")
     train_path: str | None = Field(None, description="classification: file the classifier is fitted on (read "
                                    "with the same format settings).")
     label_map: dict[str, int] | None = Field(None, description="pair_classification: raw label -> 0/1.")
@@ -67,7 +67,7 @@ class EvaluateConfig(StrictModel):
                                  "same scores.")
     geometry: GeometryConfig | None = Field(None, description="Token-embedding geometry of every evaluated model "
                                             "(CoDiEmb §4) on the sentences of an STS task; omitted = not computed.")
-    push_to_hub: bool = Field(False, description="Upload the released model (<run_dir>/evaluate/model: weights, "
+    push_to_hub: bool = Field(False, description="Upload the released model ({run_dir}/evaluate/model: weights, "
                               "prompts, model card with the scores) to the Hugging Face Hub after the stage commits; "
                               "needs hub_model_id, network and a token (HF_TOKEN or huggingface-cli login).")
     hub_model_id: str | None = Field(None, description="Hub repository for push_to_hub, e.g. my-org/my-embedder.")

@@ -25,7 +25,7 @@ class EngineConfig(StrictModel):
 
 class EmbeddingCacheConfig(StrictModel):
     """Where embeddings of models that do not change with the run (the base model, models outside
-    the run directory) are cached; the run's own models always use <run_dir>/cache/embeddings."""
+    the run directory) are cached; the run's own models always use {run_dir}/cache/embeddings."""
 
     machine_wide: bool = Field(True, description="Share those embeddings across run directories on this machine "
                                                  "($EMBEDPIPE_CACHE_DIR/embeddings, default ~/.cache/embedpipe/embeddings); "

@@ -49,7 +49,7 @@ class SourceSpec(FileFormat):
     allow_empty: bool = Field(False, description="Accept a source with no data rows (otherwise an error).")
     dev_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="Set aside this fraction of the source's rows "
                                 "(seeded, by source row, so both directions of a pair stay together) as dev records: "
-                                "written to prepare/dev/<name>.parquet, never to training or mining.")
+                                "written to prepare/dev/{name}.parquet, never to training or mining.")
     dev_path: str | None = Field(None, description="A dev file of the same format and columns (e.g. STS-B's "
                                  "sts-dev.csv): all its rows are dev records. Not for beir (use dev_fraction).")
     task: str | None = Field(None, description="Override the task the kind implies.")

@@ -27,7 +27,7 @@ class AutoRegEmbedConfig(StrictModel):
     text + instruction, their last hidden states the embedding and a frozen decoder's prefix.
     Defaults are the paper's (k 5, τ 0.05, β 0.1, sigmoid, one negative, the Table 5 instructions)."""
 
-    compress_tokens: int = Field(5, ge=1, description="k compression tokens <EMBED0..k-1>.")
+    compress_tokens: int = Field(5, ge=1, description="k compression tokens (EMBED0 .. EMBED{k-1}, each in angle brackets).")
     context_max_length: int = Field(128, ge=8, description="Encoder input tokens (text + instruction + k).")
     target_max_length: int = Field(64, ge=4, description="Decoder target tokens (plus EOS).")
     decoder: str | None = Field(None, description="Frozen decoder (a causal LM path); None = the base model.")
@@ -68,12 +68,12 @@ MOVED_LOSS_FIELDS: dict[str, tuple[str, str, str]] = {
 
 class DevTaskSpec(EvalTaskSpec):
     """A dev task: declared like an evaluation task (a local file or BEIR directory in ``path``), or
-    ``dataset: <name>`` for the dev records prepare set aside for that dataset (sts, nli and
+    ``dataset: {name}`` for the dev records prepare set aside for that dataset (sts, nli and
     pair_classification records become an sts task, retrieval records a retrieval task over their
     positives and negatives)."""
 
     path: str | list[str] = Field("", description="Task data as for evaluate tasks (unused with dataset).")
-    dataset: str | None = Field(None, description="Use prepare's dev records of this dataset (prepare/dev/<name>.parquet).")
+    dataset: str | None = Field(None, description="Use prepare's dev records of this dataset (prepare/dev/{name}.parquet).")
     weight: float = Field(1.0, ge=0, description="Weight of this task's main score in the selection score.")
 
     @model_validator(mode="after")
@@ -100,7 +100,7 @@ class TrainStageConfig(StrictModel):
     weight decay 0.01, warm-up 300, lr 3e-5 / 2e-5, batch 256 for InfoNCE data and 768 for CoSENT
     data, η 0.72 in stage 2); α = 0.5 is gte's (QZhou cites gte and does not give α)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="Stage name: output goes to <run_dir>/train-<name>/.")
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="Stage name: output goes to {run_dir}/train-{name}/.")
     tasks: list[str] | None = Field(None,
                                     description="Only datasets of these tasks (stage 1: [retrieval]); None = all.")
     datasets: list[str] | None = Field(None, description="Only these datasets, by their prepare.sources name "
@@ -152,7 +152,7 @@ class TrainStageConfig(StrictModel):
     log_every: int = Field(10, ge=1, description="Log a progress line every this many steps.")
     losses: dict[str, Any] = Field(default_factory=dict, description=(
         "Loss per task instead of QZhou's (retrieval infonce, classification cls_infonce, sts/nli/"
-        "pair_classification cosent): {task: {name: <loss>, <parameter>: <value>, ...}} or {task: <loss>}; "
+        "pair_classification cosent): {task: {name: LOSS, PARAMETER: VALUE, ...}} or {task: LOSS}; "
         "the losses and their parameters are listed in docs/configuration.md."))
     alternate_tasks: bool = Field(False, description="Alternate retrieval and non-retrieval batches step by step "
                                   "(CoDiEmb); off = draw by the sampling weights.")

@@ -408,11 +408,23 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
             "run_name": config.run_name, "input_fingerprint": fingerprint.key, "code": fingerprint.code,
             "stage_name": stage.name,
             "init_model": init, "steps": trainer.step, "processes": getattr(trainer, "world", 1),
+            "hardware": _hardware(cfg, trainer),
             "datasets": dataset_info,
             "counts": counts,
             "selected": selected,
             "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
         })
+
+
+def _hardware(cfg, trainer) -> dict[str, Any]:
+    """Where and how the stage trained, for its summary and manifest: the device (its name on
+    CUDA), the compute precision, the stored weights' dtype and the sharding."""
+    import torch
+
+    device = getattr(trainer, "device", torch.device("cpu"))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return {"device": name, "precision": "bf16 autocast" if getattr(trainer, "bf16", False) else "fp32",
+            "weights": cfg.weights_dtype, "sharding": "deepspeed" if cfg.deepspeed is not None else cfg.sharding}
 
 
 def _autoregembed_trainer(config: RunConfig, run_dir: Path, stage: TrainStageConfig,

@@ -58,8 +58,13 @@ def train_stage_names(config: RunConfig, stage: str | None) -> list[str]:
 
 
 def format_counts(manifest: dict[str, Any]) -> str:
-    lines = [f"stage {manifest['stage_name']}: {manifest['steps']} steps from {manifest['init_model']}",
-             f"{'dataset':<22}{'task':>16}{'records':>9}{'weight':>9}"]
+    lines = [f"stage {manifest['stage_name']}: {manifest['steps']} steps from {manifest['init_model']}"]
+    hw = manifest.get("hardware")
+    if hw:  # manifests written before it was recorded have none
+        processes = manifest.get("processes", 1)
+        lines.append(f"trained on {hw['device']} x {processes} process{'es' if processes > 1 else ''}, "
+                     f"{hw['precision']}, weights {hw['weights']}, sharding {hw['sharding']}")
+    lines += [f"{'dataset':<22}{'task':>16}{'records':>9}{'weight':>9}"]
     for name, d in manifest["datasets"].items():
         lines.append(f"{name:<22}{d['task']:>16}{d['records']:>9}{d['weight']:>9.3f}")
     c = manifest["counts"]

@@ -120,7 +120,7 @@ class Beir(Converter):
     one_file: ClassVar[bool] = False
 
     class Params(ConverterParams):
-        split: str = Field("train", description="The qrels split read (qrels/<split>.tsv).")
+        split: str = Field("train", description="The qrels split read (qrels/{split}.tsv).")
         weak_positive_grades: list[float] | None = Field(
             None, description="Relevance grades that make a judged document a weak-positive (HMCL level 2) "
             "instead of a positive, e.g. [1] for TREC-DL's 'relevant topic, no answer'.")

@@ -11,7 +11,7 @@ def test_a_batch_size_below_one_is_a_config_error_naming_the_key(tmp_path, capfd
     write_sts_data(tmp_path)
     config = write_config(tmp_path, [STS_SOURCE], train={"stages": [{"name": "s1", "batch_size": {"sts": size}}]})
     in_process(capfd, "train", "--config", config).assert_one_line_error(
-        "train.stages.0.batch_size.sts: Input should be greater than 0")
+        "train.stages[s1].batch_size.sts: Input should be greater than 0")
     assert not (tmp_path / "runs").exists()
 
 

@@ -42,7 +42,7 @@ def test_yaml_merge_keys_may_override_what_they_merge(data):
 def test_a_two_character_delimiter_is_a_config_error(data, capfd):
     path = write_config(data, [dict(STS, format="delimited", delimiter=";;")])
     in_process(capfd, "prepare", "--config", path).assert_one_line_error(
-        str(path), "prepare.sources.0.delimiter", "one character")
+        str(path), "prepare.sources[sts].delimiter", "one character")
 
 
 @pytest.mark.parametrize("name", ["x" * 300, "bad\0name", "a/b", "..", ".hidden", "sp ace"])

@@ -78,7 +78,7 @@ def test_missing_file_and_bad_config_are_one_line_errors(tmp_path):
     cfg = parse_config({"data_root": str(tmp_path), "prepare": {"sources": [{"name": "x", "kind": "sts", "path": "nope.csv"}]}})
     with pytest.raises(SourceError, match="nope.csv: file not found"):
         run_prepare(cfg, tmp_path / "run")
-    with pytest.raises(ConfigError, match=r"prepare.sources.0.kind"):
+    with pytest.raises(ConfigError, match=r"prepare.sources\[x\].kind"):
         parse_config({"prepare": {"sources": [{"name": "x", "kind": "stss", "path": "a.csv"}]}})
     with pytest.raises(ConfigError, match="unknown column key"):
         cfg = parse_config({"data_root": str(tmp_path), "prepare": {"sources": [

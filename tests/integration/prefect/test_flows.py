@@ -62,7 +62,7 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "prepare", "--config", str(bad)],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "prepare.sources.0.kind" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "prepare.sources[x].kind" in proc.stderr
 
 
 def test_cli_inspect(tmp_path):

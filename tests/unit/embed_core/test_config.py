@@ -44,11 +44,11 @@ def _config_with(**sections) -> dict:
     ({"mine": {"corpora": {"scifakt": "beir/scifact"}}}, "mine.corpora", "scifakt"),
     ({"synthesize": {"datasets": ["stsb", "stbs"]}}, "synthesize.datasets", "stbs"),
     ({"train": {"stages": [{"name": "s1"}, {"name": "s2", "datasets": ["scifact", "sts-b"]}]}},
-     "train.stages.1.datasets", "sts-b"),
-    ({"train": {"stages": [{"name": "s1", "dataset_weight": {"scifactt": 2.0}}]}}, "train.stages.0.dataset_weight",
+     "train.stages[s2].datasets", "sts-b"),
+    ({"train": {"stages": [{"name": "s1", "dataset_weight": {"scifactt": 2.0}}]}}, "train.stages[s1].dataset_weight",
      "scifactt"),
     ({"train": {"stages": [{"name": "s1", "dev": {"tasks": [{"name": "d", "type": "sts", "dataset": "stsbb"}]}}]}},
-     "train.stages.0.dev.tasks.0.dataset", "stsbb"),
+     "train.stages[s1].dev.tasks[d].dataset", "stsbb"),
 ])
 def test_a_dataset_filter_naming_no_source_is_a_config_error_with_a_suggestion(sections, key, name):
     from embed_core.config import parse_config
@@ -65,3 +65,36 @@ def test_a_dataset_name_unlike_any_source_gets_no_suggestion():
     with pytest.raises(ConfigError, match=r"^c.yaml: mine.datasets: no dataset 'quora' \(datasets are the names"):
         parse_config(_config_with(mine={"datasets": ["quora"]}), origin="c.yaml")
     assert parse_config(_config_with(mine={"datasets": ["stsb"]})).mine.datasets == ["stsb"]
+
+
+def test_a_misspelt_key_in_a_training_stage_names_the_stage_and_the_key_it_meant():
+    from embed_core.config import parse_config
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config(_config_with(train={"stages": [{"name": "s1"}, {"name": "s2", "setps": 3}]}), origin="c.yaml")
+    assert str(refused.value) == ("c.yaml: train.stages[s2].setps: Extra inputs are not permitted "
+                                  "(did you mean 'steps'?)")
+
+
+def test_an_unknown_key_far_from_any_known_one_gets_no_suggestion():
+    from embed_core.config import parse_config
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config(_config_with(mine={"zzzzqqq": 1}), origin="c.yaml")
+    assert str(refused.value) == "c.yaml: mine.zzzzqqq: Extra inputs are not permitted"
+
+
+def test_an_inline_config_is_merged_over_the_config_file_like_extends(tmp_path):
+    import yaml
+
+    from embed_core.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_config_with(train={"stages": [{"name": "s1", "steps": 5}]})))
+    merged = load_config(path, overrides={"run_name": "other", "train": {"work_pool": "gpu"}})
+    assert (merged.run_name, merged.train.work_pool) == ("other", "gpu")
+    assert [s.steps for s in merged.train.stages] == [5]  # untouched keys keep the file's values
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, overrides={"train": {"work_pol": "gpu"}})
+    assert str(refused.value) == (f"{path} (with the inline config): train.work_pol: Extra inputs are not permitted "
+                                  "(did you mean 'work_pool'?)")

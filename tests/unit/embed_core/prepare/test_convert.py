@@ -136,8 +136,8 @@ def test_beir_grades_become_positives_weak_positives_and_negatives(tmp_path):
 
 @pytest.mark.parametrize("key, value, kind, message", [
     ("corpus", "c.jsonl", "claim_evidence",
-     "prepare.sources.0: 'corpus' is a parameter of the claim_evidence converter: write params: {corpus: \"c.jsonl\"}"),
-    ("split", "test", "beir", "prepare.sources.0: 'split' is a parameter of the beir converter: write params: "
+     "prepare.sources[s]: 'corpus' is a parameter of the claim_evidence converter: write params: {corpus: \"c.jsonl\"}"),
+    ("split", "test", "beir", "prepare.sources[s]: 'split' is a parameter of the beir converter: write params: "
      "{split: \"test\"}"),
     ("num_negatives", 2, "classification", "write params: {num_negatives: 2}"),
     ("label_map", {"x": 1}, "title_body", "'label_map' is a parameter of the claim_evidence, classification, "
@@ -150,12 +150,12 @@ def test_a_kind_parameter_at_the_top_level_says_what_to_write_instead(key, value
 
 
 @pytest.mark.parametrize("source, message", [
-    ({"kind": "stss"}, "prepare.sources.0.kind: unknown source kind 'stss'; expected one of beir, claim_evidence"),
-    ({"kind": "sts", "params": {"split": "x"}}, "prepare.sources.0.params: split: Extra inputs are not permitted "
+    ({"kind": "stss"}, "prepare.sources[s].kind: unknown source kind 'stss'; expected one of beir, claim_evidence"),
+    ({"kind": "sts", "params": {"split": "x"}}, "prepare.sources[s].params: split: Extra inputs are not permitted "
      "(sts parameters: "),
-    ({"kind": "classification", "params": {"num_negatives": -1}}, "prepare.sources.0.params: num_negatives: "),
+    ({"kind": "classification", "params": {"num_negatives": -1}}, "prepare.sources[s].params: num_negatives: "),
     ({"kind": "sts", "params": {"score_range": [5, 0]}}, "min < max"),
-    ({"kind": "claim_evidence", "params": {"label_map": {"S": "yes"}}}, "prepare.sources.0.params: label_map.S: "),
+    ({"kind": "claim_evidence", "params": {"label_map": {"S": "yes"}}}, "prepare.sources[s].params: label_map.S: "),
     ({"kind": "qa", "match": "pair"}, "match 'pair' needs a kind of pairs (entailment, pair_classification, sts)"),
     ({"kind": "beir", "dev_path": "d"}, "beir sources set aside dev records with dev_fraction"),
     ({"kind": "beir", "columns": {"text": "t"}}, "unknown column key(s) ['text'] for kind 'beir'"),

@@ -285,10 +285,11 @@ def test_api_key_reaches_the_server_and_no_file_or_log(demo_copy, tmp_path, pref
     with ScriptedLLMServer(faults=["500"]) as server:
         synth = _server_cfg(server.base_url, server={"mode": "chat", "api_key_env": "EMBEDPIPE_TEST_LLM_KEY"})
         config, run_dir = _prepared(demo_copy, tmp_path, synth)
-        res = synthesize_flow(config=config, run_dir=str(run_dir))["synthesize"]
+        res = synthesize_flow(config_path=None, config=config.model_dump(mode="json"), run_dir=str(run_dir))["synthesize"]
         assert f"Bearer {secret}" in server.keys_seen
         calls = server.total_calls
-        again = synthesize_flow(config=config, run_dir=str(run_dir))["synthesize"]   # Prefect task cache: same inputs
+        again = synthesize_flow(config_path=None, config=config.model_dump(mode="json"),
+                                run_dir=str(run_dir))["synthesize"]  # same inputs: a cache hit
         assert again["cached"] and not res["cached"] and server.total_calls == calls
     assert res["manifest"]["counts"]["kept"] > 0 and res["manifest"]["llm"]["api_key_env"] == "EMBEDPIPE_TEST_LLM_KEY"
     out, err = capfd.readouterr()
