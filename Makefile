@@ -1,6 +1,7 @@
 # make demo  — end-to-end pipeline on the bundled data (local ephemeral Prefect, no server to start)
 # make test  — the test suite (make test-fast: the unit tests only)
 # make serve — local Prefect server + workers (pools cpu, gpu) + the deployments of deployments/prefect.yaml
+#              (FILES_ROOT=DIR: serve the run directories under DIR to the UI's file links; default runs/)
 # make stop  — stop what make serve started
 # All create .venv and install what they need on first use.
 
@@ -60,8 +61,9 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit -m "not slow"
 
+# FILES_ROOT=DIR: the folder whose run directories the UI's file links open (default: runs/)
 serve: $(LLM_STAMP)
-	$(PY) deployments/local.py serve
+	$(PY) deployments/local.py serve $(if $(FILES_ROOT),--files-root "$(FILES_ROOT)")
 
 stop:
 	@test -x $(PY) && $(PY) deployments/local.py stop || echo "nothing running"

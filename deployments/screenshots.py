@@ -53,8 +53,12 @@ async def _ids(api: str) -> tuple[str, str, dict[str, str]]:
         from prefect.client.schemas.filters import FlowRunFilterId
 
         arts = await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
-        keyed = {a.key.rsplit("-", 1)[0] if a.key else "": str(a.id) for a in arts if a.key}
-        return str(dep.id), str(runs[0].id), keyed
+        return str(dep.id), str(runs[0].id), {a.key: str(a.id) for a in arts if a.key}
+
+
+def keyed(artifacts: dict[str, str], prefix: str) -> str | None:
+    """The id of the run's artifact whose key is ``prefix-<run name>`` (a run name may hold dashes)."""
+    return next((art_id for key, art_id in sorted(artifacts.items()) if key.startswith(prefix + "-")), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     shoot(f"{args.ui}/runs/flow-run/{run_id}", args.out / "run-page.png")
     # the UI's tabs are not addressable by URL: the run's key artifacts have pages of their own
     for prefix, name in (("pipeline-stages", "run-artifact-stages.png"), ("evaluate-report", "run-artifact-report.png")):
-        if prefix in artifacts:
-            shoot(f"{args.ui}/artifacts/artifact/{artifacts[prefix]}", args.out / name, size="1440,1300")
+        art_id = keyed(artifacts, prefix)
+        if art_id is None:
+            raise SystemExit(f"the run has no {prefix}-<run name> artifact (artifacts: {', '.join(sorted(artifacts))})")
+        shoot(f"{args.ui}/artifacts/artifact/{art_id}", args.out / name, size="1440,1300")
     return 0
 
 

@@ -30,6 +30,7 @@ class Progress:
                  every_s: float = LOG_EVERY_S):
         self.what, self.total, self.unit, self.log, self.every_s = what, total, unit, logger, every_s
         self.n = 0
+        self.logged_n: int | None = None  # the count of the last line logged (a line is never logged twice)
         self.figures: dict[str, object] = {}
         self.start = self.last = time.monotonic()
         self.bar = tqdm(total=total, desc=what, unit=f" {unit}", leave=False, disable=None)
@@ -41,7 +42,19 @@ class Progress:
         eta = (f", ETA {_duration((self.total - self.n) / rate)}" if self.total and rate > 0 and self.n < self.total
                else "")
         figures = "".join(f", {k} {v}" for k, v in self.figures.items())
-        return f"{self.what}: {done} {self.unit}{figures} ({rate:,.1f}/s, {_duration(elapsed)} elapsed{eta})"
+        return f"{self.what}: {done} {self.unit}{figures} ({self._rate(rate)}, {_duration(elapsed)} elapsed{eta})"
+
+    def _rate(self, per_s: float) -> str:
+        """Items per second, or seconds per item when that is slower than one a second (a 40-second
+        training step reads "40.0 s/step", not "0.0/s")."""
+        if 0 < per_s < 1:
+            return f"{1 / per_s:,.1f} s/{self.unit.removesuffix('s') or self.unit}"
+        return f"{per_s:,.1f}/s"
+
+    def _log(self) -> None:
+        if self.logged_n != self.n:
+            self.logged_n = self.n
+            self.log.info(self.line())
 
     def update(self, n: int = 1, **figures: object) -> None:
         """Count ``n`` more; ``figures`` (e.g. ``loss="0.4312"``) show on the bar and in the log lines."""
@@ -53,12 +66,12 @@ class Progress:
         now = time.monotonic()
         if now - self.last >= self.every_s:
             self.last = now
-            self.log.info(self.line())
+            self._log()
 
     def close(self) -> None:
         self.bar.close()
         if time.monotonic() - self.start >= self.every_s:  # short loops stay quiet
-            self.log.info(self.line())
+            self._log()
 
     def __enter__(self) -> "Progress":
         return self

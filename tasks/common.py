@@ -27,6 +27,30 @@ def file_link(path: Path, label: str) -> str:
     return f"{label} `{path}`"
 
 
+def files_note(run_dir: Path) -> str:
+    """Why the files on an outputs page are not links, and how to make them links; "" when they are."""
+    base, root = os.environ.get("EMBEDPIPE_FILES_URL"), os.environ.get("EMBEDPIPE_FILES_ROOT")
+    if base and root and Path(run_dir).resolve().is_relative_to(Path(root).resolve()):
+        return ""
+    if base and root:
+        return (f"> Files are not linked: this run directory is outside the folder the file server serves "
+                f"(`{Path(root).resolve()}`). Start it on a folder that holds the run: "
+                f"`make serve FILES_ROOT={Path(run_dir).resolve().parent}`.\n\n")
+    return ("> Files are not linked: no file server serves the run directories to the browser "
+            "(`make serve` starts one; `make serve FILES_ROOT=DIR` serves DIR).\n\n")
+
+
+def fit_lines(text: str, width: int = 100) -> str:
+    """``text`` with every line longer than ``width`` wrapped (continuations indented): a code block
+    on the UI's artifact page does not wrap, and a long path would push it past the panel."""
+    import textwrap
+
+    out = []
+    for line in text.splitlines():
+        out += textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False) or [""]
+    return "\n".join(out)
+
+
 def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, cached: bool, summary: str,
                           seconds: float, report: Report, run_name: str) -> None:
     """One markdown artifact per stage run, cache hit or not, so the UI's run page lists what every
@@ -44,12 +68,14 @@ def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, ca
     if (root / "model").is_dir():
         rows.append(f"| {file_link(root / 'model', 'model/')} | model | | |")
     state = "cache hit — nothing recomputed" if cached else f"computed in {seconds:.1f} s"
-    md = (f"# {stage}: {state}\n\nRun dir `{Path(run_dir).resolve()}` · input fingerprint "
-          f"`{manifest.get('input_fingerprint', '')[:12]}` · produced {manifest.get('created_at', '?')}\n\n"
+    md = (f"# {stage}: {state}\n\nRun `{run_name}` in {file_link(Path(run_dir), Path(run_dir).name)} · input "
+          f"fingerprint `{manifest.get('input_fingerprint', '')[:12]}` · produced {manifest.get('created_at', '?')}\n\n"
+          + files_note(Path(run_dir)) +
           f"| file | kind | rows | sha256 |\n|---|---|---|---|\n" + "\n".join(rows) +
-          f"\n\n```\n{summary}\n```\n\n" + inline_images(report.markdown, root) + "\n")
-    create_markdown_artifact(key=artifact_key(report.markdown_key, run_name) if report.markdown_key else None,
-                             markdown=md, description=f"{stage} outputs ({'cache hit' if cached else 'computed'})")
+          f"\n\n```\n{fit_lines(summary)}\n```\n\n" + inline_images(report.markdown, root) + "\n")
+    key = artifact_key(report.markdown_key or f"{stage}-outputs-", run_name)
+    create_markdown_artifact(key=key, markdown=md, description=f"{stage} of run {run_name}: files, summary"
+                             f"{' and report' if report.markdown else ''} ({'cache hit' if cached else 'computed'})")
     if report.table_key and report.table:
         create_table_artifact(key=artifact_key(report.table_key, run_name), table=report.table,
                               description=report.table_description)

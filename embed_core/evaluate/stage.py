@@ -45,8 +45,10 @@ def format_counts(manifest: dict[str, Any]) -> str:
 
 def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
     report_md = (ctx.stage_dir / "report.md").read_text(encoding="utf-8")
-    return Report(markdown=report_md, markdown_key="evaluate-report-", table=manifest["counts"].get("main_scores", []),
-                  table_key="evaluate-scores-", table_description="evaluate stage: main score per model and task (mteb)")
+    table = [{"task": r["task"], "metric": r["metric"], "model": r["model"], "score ×100": round(100 * r["value"], 2)}
+             for r in manifest["counts"].get("main_scores", [])]  # ×100, as in the report and the summary
+    return Report(markdown=report_md, markdown_key="evaluate-report-", table=table, table_key="evaluate-scores-",
+                  table_description="evaluate stage: mteb's main score per task and model, × 100")
 
 
 def _fingerprint(ctx: StageContext):

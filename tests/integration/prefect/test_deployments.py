@@ -36,8 +36,11 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     import json
 
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
     from prefect.deployments import run_deployment
+
+    from embed_core.config import load_config
+    from embed_core.errors import ConfigError
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     add_tiny_stages(demo_copy, tmp_path, evaluate=True)
@@ -74,14 +77,27 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
             assert deps["pipeline/embedpipe-pipeline"].work_pool_name == "cpu"
             assert [s.schedule.cron for s in watch.schedules] == ["0 3 * * *"]
             assert len(automations) == 1 and not automations[0].enabled
-            # typed parameters: the UI renders a form from this schema (inline config included)
+            # typed parameters: the UI renders a form from this schema (the inline config is a partial one)
             schema = deps["pipeline/embedpipe-pipeline"].parameter_openapi_schema
             assert {"config_path", "run_dir", "config", "run_name", "stages", "force"} <= set(schema["properties"])
-            assert "RunConfig" in schema["definitions"]
+            assert "merged over config_path" in schema["properties"]["config"]["description"]
 
             flow_run = run_deployment("pipeline/embedpipe-pipeline", timeout=600,
                                       parameters={"config_path": str(demo_copy), "run_name": "from-api"})
             assert flow_run.state.is_completed(), flow_run.state
+            # rerun under a name typed for it: the name stays, and no stage is stale, so nothing goes to the gpu pool
+            rerun = run_deployment("pipeline/embedpipe-pipeline", timeout=600, flow_run_name="rerun typed by hand",
+                                   parameters={"config_path": str(demo_copy), "run_name": "from-api"})
+            assert rerun.state.is_completed() and rerun.name == "rerun typed by hand", rerun.state
+            # a misspelt key, run by a worker: one ERROR line (the CLI's), no traceback, the run named after the run
+            broken = tmp_path / "broken.yaml"
+            typo = yaml.safe_load(demo_copy.read_text())
+            typo["run_name"], stage2 = "typo-run", typo["train"]["stages"][1]
+            stage2["setps"] = stage2.pop("steps")
+            broken.write_text(yaml.safe_dump(typo))
+            with pytest.raises(ConfigError) as cli_error:
+                load_config(broken)
+            failed = run_deployment("pipeline/embedpipe-pipeline", timeout=600, parameters={"config_path": str(broken)})
 
             async def artifacts_and_runs():
                 async with get_client() as client:
@@ -89,9 +105,11 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
                         flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
                     runs = await client.read_flow_runs()
                     flows = {r.flow_id: (await client.read_flow(r.flow_id)).name for r in runs}
-                    return arts, [(flows[r.flow_id], r) for r in runs]
+                    logs = {run.id: await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+                            for run in (flow_run, rerun, failed)}
+                    return arts, [(flows[r.flow_id], r) for r in runs], logs
 
-            arts, runs = asyncio.run(artifacts_and_runs())
+            arts, runs, logs = asyncio.run(artifacts_and_runs())
             import urllib.request
 
             with urllib.request.urlopen(f"http://127.0.0.1:{files_port}/from-api/mine/scifact.parquet", timeout=30) as r:
@@ -152,10 +170,21 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     assert (run_dir / "train-stage2" / "model" / "embedpipe.json").exists()
     assert flow_run.name == "from-api"  # the flow-run name is the run name
     # training ran as a child flow run of the train deployment on the gpu pool; the rest on cpu
-    train_runs = [r for name, r in runs if name == "train"]
+    train_runs = [r for name, r in runs if name == "train"]  # one: the fresh rerun sent nothing to the gpu pool
     assert len(train_runs) == 1 and train_runs[0].work_pool_name == "gpu" and train_runs[0].state.is_completed()
     assert train_runs[0].parent_task_run_id is not None and train_runs[0].name == "from-api"
     assert flow_run.work_pool_name == "cpu"
+    # the pipeline's page follows the hand-off: the child run's name and link, its progress, its end
+    said = [log.message for log in logs[flow_run.id]]
+    assert any(m.startswith("train: sent to work pool gpu as flow run from-api (http://127.0.0.1:") for m in said), said
+    assert any(m.startswith("[from-api] ") for m in said) and any(m.endswith("on work pool gpu completed") for m in said)
+    assert any("every training stage is fresh: nothing to send to work pool gpu" in log.message
+               for log in logs[rerun.id])
+    failed_logs = logs[failed.id]
+    assert failed.state.is_failed() and failed.state.message == str(cli_error.value)
+    assert [log.message for log in failed_logs if log.level >= 40] == [str(cli_error.value)]
+    assert not any("Traceback" in log.message for log in failed_logs)
+    assert [r.name for _, r in runs if r.id == failed.id] == ["typo-run"]
     # that one flow run trained with two ranks: it started rank 1 itself and committed as rank 0
     assert [json.loads((run_dir / f"train-{s}" / "manifest.json").read_text())["processes"]
             for s in ("stage1", "stage2")] == [2, 2]
@@ -170,6 +199,13 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
         ("train-stage2", "computed", "gpu"), ("evaluate", "computed", "this run's")]
     stage_pages = [a for a in arts if a.type == "markdown" and a.description and a.description.endswith("(computed)")]
     assert len(stage_pages) == 3  # one outputs page per stage run here, with file links (training's: its own run)
+    # every artifact is keyed by stage and run (the Artifacts page lists it; the run page titles it)
+    assert {a.key for a in arts} == {"prepare-outputs-from-api", "prepare-counts-from-api", "mine-outputs-from-api",
+                                     "mine-stats-from-api", "evaluate-report-from-api", "evaluate-scores-from-api",
+                                     "pipeline-stages-from-api"}
+    scores = by_key["evaluate-scores-from-api"]
+    scores = json.loads(scores.data) if isinstance(scores.data, str) else scores.data
+    assert all(set(r) == {"task", "metric", "model", "score ×100"} and r["score ×100"] > 1 for r in scores), scores
     # the file links open in a browser: http on loopback (make serve serves the run directories)
     link = f"http://127.0.0.1:{files_port}/from-api/mine/scifact.parquet"
     assert any(f"]({link})" in a.data for a in stage_pages)

@@ -130,11 +130,26 @@ def test_progress_logs_count_rate_and_eta_at_its_interval(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("encode: 4/10 texts (") and "ETA" in lines[0]
     assert lines[-1].startswith("encode: 5/10 texts, loss 0.4312, failed 0 (")
+    assert len(lines) == 2  # closing after a logged count repeats nothing
     with caplog.at_level(logging.INFO, logger="embedpipe.test-progress"):
         caplog.clear()
         with Progress("quiet", total=3, logger=logger, every_s=3600) as progress:
             progress.update(3)
     assert not caplog.records  # a short loop stays quiet
+
+
+def test_a_step_slower_than_a_second_shows_seconds_per_step():
+    import time
+
+    from embed_core.progress import Progress
+
+    progress = Progress("train s1", total=10, unit="steps", logger=logging.getLogger("embedpipe.test-progress"))
+    progress.start -= 80.0  # as if two steps had taken 80 s
+    progress.update(2)
+    assert "(40.0 s/step, 1m20s elapsed, ETA 5m20s)" in progress.line()
+    progress.start = time.monotonic() - 1.0
+    progress.update(8)
+    assert "(10.0/s," in progress.line()
 
 
 # ---------------------------------------------------------------- inputs are checked before use
