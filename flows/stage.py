@@ -105,7 +105,7 @@ def run_stage_on_pool(stage: Stage, config: RunConfig, run_dir: str, pool: str, 
         raise EmbedpipeError(f"{run_dir}: its lock carries no run token, so no run on another pool can work under it")
     target = deployment_on_pool(stage.name, pool)
     logger = get_run_logger()
-    child = run_deployment(target, timeout=0, parameters={  # the whole config: config_path none
+    child = run_deployment(target, timeout=0, flow_run_name=config.run_name, parameters={  # the whole config
         "config_path": None, "config": portable_config(config), "run_dir": str(Path(run_dir).resolve()),
         "force": force, "options": options.model_dump(mode="json"), "parent_lock": token})
     where = f"flow run {child.name} ({flow_run_link(child.id)})"
