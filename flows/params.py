@@ -4,6 +4,7 @@ the parameters as a form)."""
 from __future__ import annotations
 
 import functools
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -110,9 +111,18 @@ def flow_run_name() -> str:
     return run_name_of(flow_run.parameters)
 
 
+# The Prefect UI's Run Name field comes filled with a name of its own: a Greek letter, maybe with a
+# number, and a constellation, maybe with a suffix ("lambda2-arietis", "mu-canis-majoris-nebula").
+_UI_NAME = re.compile(r"(?:alpha|beta|gamma|delta|epsilon|zeta|eta|theta|iota|kappa|lambda|mu|nu|xi|omicron|pi|rho"
+                      r"|sigma|tau|upsilon|phi|chi|psi|omega)\d*(?:-[a-z]+)+")
+
+
 def is_generated_name(name: str) -> bool:
-    """Whether ``name`` is one Prefect makes up for an unnamed run: two words of its name
-    generator's lists (``coolname``: an adjective, then an animal) joined by a dash."""
+    """Whether ``name`` is one Prefect makes up for a run nobody named: the UI form's suggestion
+    (a Greek letter and a constellation) or the API's (two words of its name generator's lists,
+    ``coolname``: an adjective, then an animal) joined by dashes."""
+    if _UI_NAME.fullmatch(name):
+        return True
     words = _generator_words()
     parts = name.split("-")
     if words is None:  # the generator's lists are not readable: the shape alone

@@ -141,22 +141,35 @@ def flow_run_link(flow_run_id: Any) -> str:
     return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}" if ui else f"id {flow_run_id}"
 
 
-def follow_flow_run(flow_run_id: Any, logger: Any, poll_s: float = 2.0) -> Any:
-    """Wait for a flow run to end, repeating its INFO and WARNING log lines in ``logger`` as they
-    arrive (its ERROR line becomes this run's error: it is its state message); returns the run."""
+def follow_flow_run(flow_run_id: Any, logger: Any, poll_s: float = 2.0, tail_s: float = 15.0) -> Any:
+    """Wait for a flow run to end, repeating in ``logger`` what its stages say as it arrives (the
+    library's lines and the stage summaries; the worker's own lines stay on its page, and its ERROR
+    line becomes this run's error: it is the run's state message). Returns the run."""
     from prefect import get_client
 
     seen: set = set()
     with get_client(sync_client=True) as client:
-        while True:
-            run = client.read_flow_run(flow_run_id)
-            final = run.state is not None and run.state.is_final()
-            for log in _new_logs(client, flow_run_id, seen):
-                if logging.INFO <= log.level < logging.ERROR:
-                    logger.log(log.level, "[%s] %s", run.name, log.message)
-            if final:
-                return run
+        run = client.read_flow_run(flow_run_id)
+        while not (run.state is not None and run.state.is_final()):
+            _repeat(_new_logs(client, flow_run_id, seen), run.name, logger)
             time.sleep(poll_s)
+            run = client.read_flow_run(flow_run_id)
+        deadline = time.monotonic() + tail_s  # its last lines reach the server after its final state
+        while True:
+            logs = _new_logs(client, flow_run_id, seen)
+            _repeat(logs, run.name, logger)
+            if any(log.task_run_id is None and log.message.startswith("Finished in state") for log in logs) \
+                    or time.monotonic() > deadline:
+                return run
+            time.sleep(min(poll_s, 0.5))
+
+
+def _repeat(logs: list, name: str, logger: Any) -> None:
+    for log in logs:
+        said_by_stage = log.name.startswith("embedpipe") or (
+            log.name == "prefect.task_runs" and not log.message.startswith("Finished in state"))
+        if said_by_stage and logging.INFO <= log.level < logging.ERROR:
+            logger.log(log.level, "[%s] %s", name, log.message)
 
 
 def _new_logs(client: Any, flow_run_id: Any, seen: set) -> list:

@@ -581,8 +581,10 @@ class Trainer:
                             logger=logging.getLogger("embedpipe.train"))
         while self.step < self.stage.steps:
             rows = self.train_step()
-            progress.update(loss=f"{rows[-1]['loss']:.4f}" if rows else "-")
-            if self.step % self.stage.log_every == 0 or self.step == self.stage.steps:
+            progress.update(loss=f"{rows[-1]['loss']:.4f}" if rows else "-",
+                            **({"tok/s": f"{rows[-1]['tokens_per_s']:.0f}"} if rows else {}))
+            # the last step's figures are in the progress line that closes the loop: not said twice
+            if self.step % self.stage.log_every == 0 and self.step != self.stage.steps:
                 r = rows[-1]
                 self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
                          f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s" + _telemetry_line(r))
