@@ -272,6 +272,8 @@ class Trainer:
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                            ("MASTER_PORT", "29511")):
             os.environ.setdefault(key, value)
+        if self.device.type == "cpu":
+            _skip_deepspeed_cpu_inference_kernel()
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -660,6 +662,19 @@ def _telemetry_line(row: dict[str, Any]) -> str:
 
 def log_debug(message: str) -> None:
     logging.getLogger("embedpipe.train").debug(message)
+
+
+def _skip_deepspeed_cpu_inference_kernel() -> None:
+    """DeepSpeed's CPU communication backend JIT-compiles a shared-memory all-reduce kernel
+    (``deepspeed_shm_comm``: about a minute of C++ on 2 cores, again whenever its build flags change)
+    as it starts. Only tensor-parallel inference calls it (``inference_all_reduce``); every collective
+    of training goes through torch.distributed (gloo). Marked as not buildable, the backend starts
+    without it, as it does on a platform that cannot build it."""
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
 
 
 def _features(model: torch.nn.Module, group: TextGroup) -> dict[str, Tensor]:

@@ -69,38 +69,72 @@ def one_process(tmp_path_factory, prefect_harness):
     return tmp, model, env
 
 
-def test_torchrun_two_processes_train_like_one_process_and_resume_after_a_killed_rank(one_process, tmp_path):
-    tmp, model, env = one_process
-    one, demo_copy = tmp / "one", tmp / "demo.yaml"
-
-    # two ranks of 4 = the one-process run's global batch of 8, drawn by the same sampler
-    two = tmp_path / "two"
-    shutil.copytree(one / "prepare", two / "prepare")
-    (tmp_path / "two.yaml").write_text(yaml.safe_dump(_config(demo_copy, model, batch=4)))
-    train = ("train", "--config", str(tmp_path / "two.yaml"), "--run-dir", str(two))
-    proc = _cli(*train, launcher=_torchrun(["-m", "flows.cli"]), env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    # rank 0 alone wrote: one stage directory, one history entry, no staging leftovers, no checkpoints left
-    assert sorted(p.name for p in two.iterdir() if not p.name.startswith(".lock")) == [
+def _assert_rank_0_alone_wrote(run_dir: Path) -> None:
+    """One stage directory, one history entry, no staging leftovers, no checkpoints left."""
+    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".lock")) == [
         ".embedpipe", "checkpoints", "config.yaml", "history.jsonl", "prepare", "train-ret"]
-    assert not list((two / "checkpoints").rglob("step-*"))
-    history = [json.loads(x) for x in (two / "history.jsonl").read_text().splitlines()]
+    assert not list((run_dir / "checkpoints").rglob("step-*"))
+    history = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
     assert [h["stage"] for h in history] == ["train-ret"]
-    manifest = json.loads((two / "train-ret" / "manifest.json").read_text())
-    assert manifest["steps"] == STEPS
-    # equal weights: the gradient of the gathered loss summed over ranks and averaged is the
-    # one-process gradient; gloo sums in another order than one process does, hence the tolerance
-    w1, w2 = _weights(one), _weights(two)
+    assert json.loads((run_dir / "train-ret" / "manifest.json").read_text())["steps"] == STEPS
+
+
+def _assert_like_one_process(one: Path, run_dir: Path) -> None:
+    """Equal weights: the gradient of the gathered loss summed over ranks and averaged is the
+    one-process gradient; gloo sums in another order than one process does, hence the tolerance."""
+    w1, w2 = _weights(one), _weights(run_dir)
     assert w1.keys() == w2.keys()
     for k in w1:
         assert torch.allclose(w1[k], w2[k], atol=2e-5, rtol=1e-4), k
-    base = build_tiny_bert(tmp_path / "base-copy", dropout=0.0)
-    assert not torch.equal(_weights_of(base)["embeddings.word_embeddings.weight"], w2["embeddings.word_embeddings.weight"])
 
-    # rank 1 SIGKILLs itself after step 3: the launcher stops the job; the checkpoint of step 2 stays
+
+@pytest.fixture(scope="module")
+def two_nodes(one_process, tmp_path_factory) -> Path:
+    """Multi-node as a cluster runs it: one ``torchrun --nnodes 2 --rdzv-backend c10d`` launcher per
+    node (here two on one machine, one process each), meeting at a rendezvous endpoint; two ranks of
+    4 = the one-process run's global batch of 8, drawn by the same sampler. The uninterrupted
+    two-rank run of this module (the killed-and-resumed torchrun run must end on its weights)."""
+    import socket
+
+    tmp, model, env = one_process
+    work = tmp_path_factory.mktemp("nodes")
+    run_dir = work / "nodes"
+    shutil.copytree(tmp / "one" / "prepare", run_dir / "prepare")
+    (work / "nodes.yaml").write_text(yaml.safe_dump(_config(tmp / "demo.yaml", model, batch=4)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank",
+         str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "nodes-test",
+         "-m", "flows.cli", "train", "--config", str(work / "nodes.yaml"), "--run-dir", str(run_dir)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outputs = [p.communicate(timeout=600) for p in launchers]
+    assert [p.returncode for p in launchers] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    return run_dir
+
+
+def test_two_torchrun_launchers_as_two_nodes_train_like_one_process(one_process, two_nodes, tmp_path):
+    """Global rank 0 alone writes the stage for both nodes; the weights are one process's and moved
+    away from the base model."""
+    tmp, _, _ = one_process
+    _assert_rank_0_alone_wrote(two_nodes)
+    _assert_like_one_process(tmp / "one", two_nodes)
+    base = build_tiny_bert(tmp_path / "base-copy", dropout=0.0)
+    assert not torch.equal(_weights_of(base)["embeddings.word_embeddings.weight"],
+                           _weights(two_nodes)["embeddings.word_embeddings.weight"])
+
+
+def test_torchrun_two_processes_train_like_one_process_and_resume_after_a_killed_rank(one_process, two_nodes,
+                                                                                    tmp_path):
+    """``torchrun --standalone --nproc_per_node 2``: rank 1 SIGKILLs itself after step 3, the
+    launcher stops the job with the step-2 checkpoint kept; the same command again resumes both
+    ranks and ends bit-identical to the uninterrupted two-rank run (``two_nodes``), so like one
+    process, with rank 0 alone writing."""
+    tmp, model, env = one_process
     killed = tmp_path / "killed"
-    shutil.copytree(one / "prepare", killed / "prepare")
+    shutil.copytree(tmp / "one" / "prepare", killed / "prepare")
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(_config(tmp / "demo.yaml", model, batch=4)))
     train = ("train", "--config", str(tmp_path / "two.yaml"), "--run-dir", str(killed))
     proc = _cli("1", "3", *train, launcher=_torchrun([str(REPO / "tests" / "helpers" / "launch_with_kill.py")]), env=env)
     assert proc.returncode != 0
@@ -108,13 +142,15 @@ def test_torchrun_two_processes_train_like_one_process_and_resume_after_a_killed
     assert [p.name for p in sorted((killed / "checkpoints" / "ret").glob("step-*"))] == ["step-0000002"]
     assert sorted(p.name for p in (killed / "checkpoints" / "ret" / "step-0000002").glob("rng-*.pt")) == [
         "rng-0.pt", "rng-1.pt"]
-    # the same command again: both ranks resume from step 2 and end where the uninterrupted run did
     proc = _cli(*train, launcher=_torchrun(["-m", "flows.cli"]), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stderr + proc.stdout
-    w3 = _weights(killed)
+    _assert_rank_0_alone_wrote(killed)
+    w2, w3 = _weights(two_nodes), _weights(killed)
+    assert w2.keys() == w3.keys()
     for k in w2:
         assert torch.equal(w2[k], w3[k]), k
+    _assert_like_one_process(tmp / "one", killed)
 
 
 def test_train_processes_2_without_a_launcher_starts_its_own_ranks_and_trains_like_one_process(one_process, tmp_path):
@@ -166,30 +202,3 @@ def test_deepspeed_launcher_with_zero_2_trains_like_one_process(one_process, tmp
     # ZeRO-2 keeps fp32 master weights and reduces partitioned gradients: same math, other order
     for k in w1:
         assert torch.allclose(w1[k], w2[k], atol=5e-5, rtol=1e-4), k
-
-
-def test_two_torchrun_launchers_as_two_nodes_train_like_one_process(one_process, tmp_path):
-    """Multi-node as a cluster runs it: one ``torchrun --nnodes 2 --rdzv-backend c10d`` launcher per
-    node (here two on one machine, one process each), meeting at a rendezvous endpoint; global rank 0
-    writes the stage."""
-    import socket
-
-    tmp, model, env = one_process
-    run_dir = tmp_path / "nodes"
-    shutil.copytree(tmp / "one" / "prepare", run_dir / "prepare")
-    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(_config(tmp / "demo.yaml", model, batch=4)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    launchers = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank",
-         str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "nodes-test",
-         "-m", "flows.cli", "train", "--config", str(tmp_path / "nodes.yaml"), "--run-dir", str(run_dir)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
-    outputs = [p.communicate(timeout=600) for p in launchers]
-    assert [p.returncode for p in launchers] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
-    history = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
-    assert [h["stage"] for h in history] == ["train-ret"]  # one writer for both nodes
-    w1, w2 = _weights(tmp / "one"), _weights(run_dir)
-    for k in w1:
-        assert torch.allclose(w1[k], w2[k], atol=2e-5, rtol=1e-4), k

@@ -93,6 +93,28 @@ def test_status_on_a_one_gigabyte_model_answers_in_under_a_second_the_second_tim
     assert warm < 1.0, f"second status took {warm:.2f} s (first {cold:.2f} s)"
 
 
+def _first_rows(path: Path, rows: int, *, header: bool) -> None:
+    """Keep the header (if any) and the first ``rows`` rows of a CSV/TSV file (quoted
+    multi-line fields stay whole: the csv module reads and writes them)."""
+    import csv
+
+    dialect = "excel-tab" if path.suffix == ".tsv" else "excel"
+    with open(path, newline="", encoding="utf-8") as fh:
+        kept = [row for _, row in zip(range(rows + header), csv.reader(fh, dialect))]
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh, dialect, lineterminator="\n").writerows(kept)
+
+
+def _shrink_demo_data(data: Path, rows: int = 120) -> None:
+    """The demo's sources at ``rows`` rows each (SciFact: its first ``rows`` training qrels): which
+    stages recompute does not depend on how many records they hold, and the STS evaluation and the
+    mining pool shrink with them."""
+    for name, header in (("stsb/train.csv", False), ("stsb/test.csv", False), ("sick/train.tsv", True),
+                         ("banking77/train.csv", True), ("banking77/test.csv", True),
+                         ("scifact/qrels/train.tsv", True)):
+        _first_rows(data / name, rows, header=header)
+
+
 def _run_cli(src: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=src, env=env, capture_output=True, text=True,
                           timeout=900)
@@ -115,6 +137,7 @@ def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy,
         shutil.copytree(REPO / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "README.md", src / "README.md")
     add_tiny_stages(demo_copy, tmp_path, evaluate=True)
+    _shrink_demo_data(tmp_path / "data")
     run_dir = tmp_path / "run"
     from prefect.settings import PREFECT_API_URL
 
