@@ -83,6 +83,8 @@ class NearDuplicateIndex:
         self.num_perm = num_perm
         self._entries: list[_Entry] = []
         self._pairs = 0
+        # One set of permutations for every MinHash: drawing them per text cost 5x the hashing.
+        self._template = _datasketch().MinHash(num_perm=num_perm, seed=MINHASH_SEED)
         self._lsh = _datasketch().MinHashLSH(threshold=max(0.05, threshold * LSH_MARGIN), num_perm=num_perm)
         # Training texts repeat (a BEIR document for many queries, classification positives): the
         # hits of a text are computed once while they stay in this bounded cache.
@@ -96,7 +98,8 @@ class NearDuplicateIndex:
         return len(self._entries)
 
     def _minhash(self, sh: frozenset[str]) -> Any:
-        mh = _datasketch().MinHash(num_perm=self.num_perm, seed=MINHASH_SEED)
+        mh = _datasketch().MinHash(num_perm=self.num_perm, seed=MINHASH_SEED, scheme=self._template.scheme,
+                                   permutations=self._template.permutations)
         mh.update_batch([s.encode("utf-8", "surrogatepass") for s in sorted(sh)])
         return mh
 

@@ -242,7 +242,7 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
     records go to Parquet a row group at a time, and the dedupe, dev and id sets live in an
     on-disk key store (``KeyStore``); only the contamination sets (the evaluation data) and what a
     converter itself must hold (a BEIR corpus, a classification source's texts by label) are in
-    memory."""
+    memory, and with ``near_duplicates`` on the dev texts' shingles and MinHashes."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     fingerprint = fingerprint or input_fingerprint(config)
