@@ -256,7 +256,7 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
         datasets: dict[str, _Dataset] = {}
         near = None if near_evals is None else _NearDuplicates(near_evals, writer.stream_table(
             NEAR_DUPLICATES_FILE, NEAR_DUPLICATES_SCHEMA, kind="near_duplicates"))
-        per_source = [_convert_source(spec, config, writer, keys, quarantine, datasets, eval_texts)
+        per_source = [_convert_source(spec, config, writer, keys, quarantine, datasets, eval_texts, near_evals)
                       for spec in config.prepare.sources]
         t_convert = time.perf_counter()
         per_dataset = {name: _write_dataset(name, ds, writer, keys, eval_texts, near)
@@ -303,7 +303,8 @@ def _dataset_for(spec, config: RunConfig, writer: StageWriter, keys: KeyStore,
 
 
 def _convert_source(spec, config: RunConfig, writer: StageWriter, keys: KeyStore, quarantine: TableStream,
-                    datasets: dict[str, _Dataset], eval_texts: EvalTexts) -> dict[str, Any]:
+                    datasets: dict[str, _Dataset], eval_texts: EvalTexts,
+                    near_evals: NearDuplicateIndex | None) -> dict[str, Any]:
     """Step 1, per source: convert its rows (and its dev file's), send dev records to their output
     and training records, deduplicated, to the dataset's spill file; its counts."""
     counts: Counter = Counter()
@@ -315,7 +316,7 @@ def _convert_source(spec, config: RunConfig, writer: StageWriter, keys: KeyStore
     for part, is_dev_file in parts:
         for record in _converted(part, config, counts, reasons, quarantine):
             if is_dev_file or (spec.dev_fraction > 0 and _in_dev(record, spec.dev_fraction, config.seed)):
-                _add_dev_record(ds, record, writer, spec.name, eval_texts)
+                _add_dev_record(ds, record, writer, spec.name, eval_texts, near_evals)
                 continue
             ds.counts["records_in"] += 1
             verdict = ds.dedupe.verdict(record)
@@ -333,13 +334,16 @@ def _convert_source(spec, config: RunConfig, writer: StageWriter, keys: KeyStore
             "truncated_texts": counts["truncated_texts"], "dev_records": ds.counts["dev_in"]}
 
 
-def _add_dev_record(ds: _Dataset, record: Record, writer: StageWriter, dataset: str, eval_texts: EvalTexts) -> None:
+def _add_dev_record(ds: _Dataset, record: Record, writer: StageWriter, dataset: str, eval_texts: EvalTexts,
+                    near_evals: NearDuplicateIndex | None) -> None:
     ds.counts["dev_in"] += 1
     if ds.dev is None:
         ds.dev = writer.stream_table(f"{DEV_DIR}/{dataset}.parquet", RECORD_SCHEMA,
                                      kind="dev_records")  # not "records": no stage trains on them
-    # dev records select models during training: a test text among them would leak the test set
-    if ds.dev_dedupe.verdict(record) is None and contaminated_field(record, eval_texts) is None:
+    # dev records select models during training: a test text (or, with near_duplicates on, a near
+    # duplicate of one) among them would leak the test set
+    if (ds.dev_dedupe.verdict(record) is None and contaminated_field(record, eval_texts) is None
+            and (near_evals is None or near_evals.match(record) is None)):
         ds.dev.append(record.to_row())
         _add_dev_texts(ds.dev_texts, record)
         if ds.near_dev is not None:

@@ -9,6 +9,7 @@ import pytest
 
 from embed_core.artifacts import read_manifest, read_records
 from embed_core.config import parse_config
+from embed_core.errors import ConfigError
 from embed_core.prepare.near_dup import NearDuplicateIndex, jaccard, shingles
 from embed_core.prepare.run import input_fingerprint, run_prepare
 from embed_core.prepare.stage import format_counts, near_duplicates_markdown
@@ -113,6 +114,22 @@ def test_a_training_pair_that_nearly_repeats_a_dev_pair_is_dropped(tmp_path):
     assert kept == [dev_pair[0], "A woman is slicing an onion"]
     assert {r["contamination_set"] for r in _dropped(tmp_path)} == {"dev:sts"}
     assert manifest["counts"]["datasets"][0]["excluded_near_duplicate"] == 2
+
+
+def test_a_dev_record_nearly_repeating_a_test_text_is_not_a_dev_record(tmp_path):
+    (tmp_path / "dev.tsv").write_text("sentence1\tsentence2\tscore\n"
+                                      f"{TEST_QUERY.replace('mobile', 'banking')}\tA dev answer\t3\n"
+                                      "A dev sentence of its own\tAnother dev sentence\t2\n")
+    _prepare(tmp_path, TRAIN[1:], TEST, near={}, dev_path="dev.tsv")
+    dev = read_records(tmp_path / "run", "prepare", kind="dev_records")["dev/sts.parquet"].to_pylist()
+    assert {r["source_ref"] for r in dev} == {"dev.tsv:3"}
+
+
+def test_a_threshold_outside_zero_to_one_is_a_config_error_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"prepare\.near_duplicates\.threshold"):
+        _config(tmp_path, near={"threshold": 1.5})
+    with pytest.raises(ConfigError, match=r"prepare\.near_duplicates\.shingles"):
+        _config(tmp_path, near={"shingles": 3})  # a misspelt key is refused, not ignored
 
 
 def test_with_near_duplicates_off_nothing_changes(tmp_path):
