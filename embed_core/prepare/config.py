@@ -131,12 +131,29 @@ class CleaningConfig(StrictModel):
         "normalized", description="'normalized' removes exact duplicates, then duplicates after text normalisation.")
 
 
+class NearDuplicateConfig(StrictModel):
+    """Near-duplicate contamination exclusion: MinHash LSH proposes candidates, the exact Jaccard
+    similarity of character-n-gram shingle sets decides (embed_core/prepare/near_dup.py)."""
+
+    threshold: float = Field(0.8, gt=0.0, le=1.0, description="Jaccard similarity of the shingle sets at or "
+                             "above which a training text is a near duplicate of an evaluation or dev text.")
+    shingle: int = Field(5, ge=1, le=32, description="Shingle size: character n-grams of the normalised text "
+                         "(case-folded, punctuation and whitespace collapsed). Characters, not words: a short "
+                         "query with one word changed keeps most of its character n-grams.")
+    num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations: more find candidates near "
+                          "the threshold more reliably and cost proportionally more time per text.")
+
+
 class PrepareConfig(StrictModel):
     sources: list[SourceSpec] = Field(min_length=1, description="Raw sources to convert, each into one dataset.")
     cleaning: CleaningConfig = Field(default_factory=CleaningConfig, description="Length limits and deduplication.")
     contamination: list[SourceSpec] = Field(
         default_factory=list,
         description="Evaluation sets whose texts must not appear in training records (QZhou §6.1).")
+    near_duplicates: NearDuplicateConfig | None = Field(
+        None, description="Also drop training records with a text that is a near duplicate (shingle Jaccard "
+        "similarity) of a contamination or dev text, and list them in _near_duplicates.parquet; unset: off, "
+        "only texts equal after normalisation are excluded.")
 
     @field_validator("sources", "contamination")
     @classmethod

@@ -35,9 +35,12 @@ from embed_core.prepare.cleaning import (
     normalize_text,
     pair_key,
 )
+from embed_core.prepare.config import PrepareConfig
 from embed_core.prepare.convert import Skipped, convert_source, source_files, source_pairs, source_texts
+from embed_core.prepare.near_dup import NearDuplicateIndex, NearHit
 from embed_core.prepare.readers import confine, root_for
 from embed_core.prepare.stage import NAME as STAGE
+from embed_core.prepare.stage import NEAR_DUPLICATES_FILE
 from embed_core.progress import iterate
 from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, Record, validate_row
 
@@ -46,6 +49,11 @@ log = logging.getLogger("embedpipe.prepare")
 QUARANTINE_FILE = "_quarantine.parquet"
 ROWS_PER_GROUP = 8192  # records per Parquet row group: what prepare holds of a dataset at a time
 DEV_DIR = "dev"  # <run_dir>/prepare/dev/<dataset>.parquet: dev records (kind dev_records)  # leading underscore: ignored by pyarrow dataset discovery
+NEAR_DUPLICATES_SCHEMA = pa.schema([
+    ("id", pa.string()), ("dataset", pa.string()), ("source_ref", pa.string()), ("field", pa.string()),
+    ("text", pa.string()), ("nearest_text", pa.string()), ("contamination_set", pa.string()),
+    ("jaccard", pa.float64()),
+])
 QUARANTINE_SCHEMA = pa.schema([
     ("dataset", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("field", pa.string()),
     ("reason", pa.string()), ("message", pa.string()),
@@ -76,7 +84,17 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path | None = None) -> F
         for display, path in source_files(spec, config):
             files[str(display)] = _content_hash(config, str(display), Path(path))
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "files": files, "config": config_hash(config.prepare), "seed": config.seed, "schema": SCHEMA_VERSION})
+        "files": files, "config": _config_key(config.prepare), "seed": config.seed, "schema": SCHEMA_VERSION})
+
+
+def _config_key(prepare: PrepareConfig) -> str:
+    """The prepare section's hash; with near_duplicates unset, the hash it had before that option
+    existed (existing configs keep their cache keys' config part)."""
+    if prepare.near_duplicates is not None:
+        return config_hash(prepare)
+    blob = json.dumps(prepare.model_dump(mode="json", exclude={"near_duplicates"}), sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def source_fingerprints(config: RunConfig) -> dict[str, str]:
@@ -108,6 +126,27 @@ def collect_eval_texts(config: RunConfig) -> EvalTexts:
             evals.texts.update(normalize_text(t) for t in source_texts(spec, config))
     evals.texts.discard("")
     return evals
+
+
+def collect_near_duplicates(config: RunConfig) -> NearDuplicateIndex | None:
+    """The evaluation sets' texts (``match: pair`` sets: their pairs) for near-duplicate
+    exclusion, each under its set's name; None when ``prepare.near_duplicates`` is off."""
+    if config.prepare.near_duplicates is None:
+        return None
+    index = NearDuplicateIndex.from_config(config.prepare.near_duplicates)
+    for spec in config.prepare.contamination:
+        seen: set[str | tuple[str, str]] = set()
+        if spec.match == "pair":
+            for a, b in source_pairs(spec, config):
+                if (key := pair_key(a, b)) not in seen:
+                    seen.add(key)
+                    index.add_pair(a, b, spec.name)
+        else:
+            for text in source_texts(spec, config):
+                if (key := normalize_text(text)) not in seen:
+                    seen.add(key)
+                    index.add_text(text, spec.name)
+    return index
 
 
 def _converted(spec, config: RunConfig, counts: Counter, reasons: Counter, quarantine: TableStream):
@@ -170,6 +209,28 @@ class _Dataset:
     dev_texts: EvalTexts
     counts: Counter = field(default_factory=Counter)
     dev: TableStream | None = None
+    near_dev: NearDuplicateIndex | None = None  # its dev texts, with near_duplicates on
+
+
+@dataclass
+class _NearDuplicates:
+    """Near-duplicate exclusion while datasets are written: the evaluation sets' index and the
+    report of every record it drops (``_near_duplicates.parquet``)."""
+
+    evals: NearDuplicateIndex
+    report: TableStream
+
+    def drops(self, rec: Record, ds: _Dataset) -> bool:
+        """True (and a report row) when ``rec`` is a near duplicate of an evaluation or dev text."""
+        hit: NearHit | None = self.evals.match(rec)
+        if hit is None and ds.near_dev is not None:
+            hit = ds.near_dev.match(rec)
+        if hit is None:
+            return False
+        self.report.append({"id": rec.id, "dataset": rec.dataset, "source_ref": rec.source_ref, "field": hit.field,
+                            "text": hit.text, "nearest_text": hit.nearest, "contamination_set": hit.source,
+                            "jaccard": round(hit.jaccard, 6)})
+        return True
 
 
 def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
@@ -181,26 +242,32 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
     records go to Parquet a row group at a time, and the dedupe, dev and id sets live in an
     on-disk key store (``KeyStore``); only the contamination sets (the evaluation data) and what a
     converter itself must hold (a BEIR corpus, a classification source's texts by label) are in
-    memory."""
+    memory, and with ``near_duplicates`` on the dev texts' shingles and MinHashes."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     fingerprint = fingerprint or input_fingerprint(config)
     eval_texts = collect_eval_texts(config)
+    near_evals = collect_near_duplicates(config)
     t_eval = time.perf_counter()
 
     with StageWriter(run_dir, STAGE) as writer:
         keys = KeyStore(writer.scratch / "keys.sqlite")
         quarantine = writer.stream_table(QUARANTINE_FILE, QUARANTINE_SCHEMA, kind="quarantine")
         datasets: dict[str, _Dataset] = {}
-        per_source = [_convert_source(spec, config, writer, keys, quarantine, datasets, eval_texts)
+        near = None if near_evals is None else _NearDuplicates(near_evals, writer.stream_table(
+            NEAR_DUPLICATES_FILE, NEAR_DUPLICATES_SCHEMA, kind="near_duplicates"))
+        per_source = [_convert_source(spec, config, writer, keys, quarantine, datasets, eval_texts, near_evals)
                       for spec in config.prepare.sources]
         t_convert = time.perf_counter()
-        per_dataset = {name: _write_dataset(name, ds, writer, keys, eval_texts) for name, ds in datasets.items()
-                       if ds.counts["records_in"]}
+        per_dataset = {name: _write_dataset(name, ds, writer, keys, eval_texts, near)
+                       for name, ds in datasets.items() if ds.counts["records_in"]}
         keys.close()
         quarantine.close()
         t_clean = time.perf_counter()
         totals = _totals(per_source, per_dataset, quarantine.rows, eval_texts)
+        if near is not None:
+            near.report.close()
+            totals["excluded_near_duplicate"] = near.report.rows
         t_end = time.perf_counter()
         manifest = writer.commit({
             "run_name": config.run_name,
@@ -213,8 +280,9 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
                           "clean": round(t_clean - t_convert, 3), "write": round(t_end - t_clean, 3),
                           "total": round(t_end - t0, 3)},
         })
-    log.info("prepare: %d records written, %d quarantined, %d deduped, %d excluded (contamination)",
-             totals["records_written"], totals["quarantined"], totals["deduped"], totals["excluded_contamination"])
+    log.info("prepare: %d records written, %d quarantined, %d deduped, %d excluded (contamination)%s",
+             totals["records_written"], totals["quarantined"], totals["deduped"], totals["excluded_contamination"],
+             f", {totals['excluded_near_duplicate']} near duplicates" if near is not None else "")
     return manifest
 
 
@@ -228,12 +296,15 @@ def _dataset_for(spec, config: RunConfig, writer: StageWriter, keys: KeyStore,
             spill=TableStream(writer.scratch / f"{spec.name}.spill.parquet", RECORD_SCHEMA, ROWS_PER_GROUP),
             dedupe=Deduper(keys, f"{spec.name}:train", dedupe),
             dev_dedupe=Deduper(keys, f"{spec.name}:dev", dedupe),
-            dev_texts=EvalTexts(keys.set(f"{spec.name}:dev-texts"), keys.set(f"{spec.name}:dev-pairs")))
+            dev_texts=EvalTexts(keys.set(f"{spec.name}:dev-texts"), keys.set(f"{spec.name}:dev-pairs")),
+            near_dev=(None if config.prepare.near_duplicates is None
+                      else NearDuplicateIndex.from_config(config.prepare.near_duplicates)))
     return ds
 
 
 def _convert_source(spec, config: RunConfig, writer: StageWriter, keys: KeyStore, quarantine: TableStream,
-                    datasets: dict[str, _Dataset], eval_texts: EvalTexts) -> dict[str, Any]:
+                    datasets: dict[str, _Dataset], eval_texts: EvalTexts,
+                    near_evals: NearDuplicateIndex | None) -> dict[str, Any]:
     """Step 1, per source: convert its rows (and its dev file's), send dev records to their output
     and training records, deduplicated, to the dataset's spill file; its counts."""
     counts: Counter = Counter()
@@ -245,7 +316,7 @@ def _convert_source(spec, config: RunConfig, writer: StageWriter, keys: KeyStore
     for part, is_dev_file in parts:
         for record in _converted(part, config, counts, reasons, quarantine):
             if is_dev_file or (spec.dev_fraction > 0 and _in_dev(record, spec.dev_fraction, config.seed)):
-                _add_dev_record(ds, record, writer, spec.name, eval_texts)
+                _add_dev_record(ds, record, writer, spec.name, eval_texts, near_evals)
                 continue
             ds.counts["records_in"] += 1
             verdict = ds.dedupe.verdict(record)
@@ -263,32 +334,49 @@ def _convert_source(spec, config: RunConfig, writer: StageWriter, keys: KeyStore
             "truncated_texts": counts["truncated_texts"], "dev_records": ds.counts["dev_in"]}
 
 
-def _add_dev_record(ds: _Dataset, record: Record, writer: StageWriter, dataset: str, eval_texts: EvalTexts) -> None:
+def _add_dev_record(ds: _Dataset, record: Record, writer: StageWriter, dataset: str, eval_texts: EvalTexts,
+                    near_evals: NearDuplicateIndex | None) -> None:
     ds.counts["dev_in"] += 1
     if ds.dev is None:
         ds.dev = writer.stream_table(f"{DEV_DIR}/{dataset}.parquet", RECORD_SCHEMA,
                                      kind="dev_records")  # not "records": no stage trains on them
-    # dev records select models during training: a test text among them would leak the test set
-    if ds.dev_dedupe.verdict(record) is None and contaminated_field(record, eval_texts) is None:
+    # dev records select models during training: a test text (or, with near_duplicates on, a near
+    # duplicate of one) among them would leak the test set
+    if (ds.dev_dedupe.verdict(record) is None and contaminated_field(record, eval_texts) is None
+            and (near_evals is None or near_evals.match(record) is None)):
         ds.dev.append(record.to_row())
         _add_dev_texts(ds.dev_texts, record)
+        if ds.near_dev is not None:
+            _add_dev_near(ds.near_dev, record, dataset)
+
+
+def _add_dev_near(index: NearDuplicateIndex, rec: Record, dataset: str) -> None:
+    """What ``_add_dev_texts`` keeps of a dev record, for near-duplicate exclusion."""
+    for pos in rec.positives:
+        index.add_pair(rec.query, pos, f"dev:{dataset}")
+    if rec.task in ("retrieval", "classification"):
+        index.add_text(rec.query, f"dev:{dataset}")
 
 
 def _write_dataset(dataset: str, ds: _Dataset, writer: StageWriter, keys: KeyStore,
-                   eval_texts: EvalTexts) -> dict[str, Any]:
+                   eval_texts: EvalTexts, near: _NearDuplicates | None) -> dict[str, Any]:
     """Step 2, per dataset: its spilled training records minus those that share a text with the
-    evaluation sets or its dev records, to ``<dataset>.parquet``; its counts."""
+    evaluation sets or its dev records (or, with ``near``, nearly share one), to
+    ``<dataset>.parquet``; its counts."""
     ds.spill.close()
     out: TableStream | None = None
     tasks: Counter = Counter()
     ids = keys.set(f"{dataset}:ids")
-    excluded = excluded_dev = 0
+    excluded = excluded_dev = excluded_near = 0
     for rec in _records(ds.spill.path):
         if contaminated_field(rec, eval_texts) is not None:
             excluded += 1
             continue
         if ds.dev_texts and contaminated_field(rec, ds.dev_texts) is not None:
             excluded_dev += 1
+            continue
+        if near is not None and near.drops(rec, ds):
+            excluded_near += 1
             continue
         if not ids.add(rec.id):  # two sources with one dataset name and the same file name
             raise SchemaError(rec.source_ref, None, "id", "duplicate_id",
@@ -304,10 +392,13 @@ def _write_dataset(dataset: str, ds: _Dataset, writer: StageWriter, keys: KeySto
     if ds.dev is not None:
         ds.dev.close()
         dev_written = ds.dev.rows
-    return {"dataset": dataset, "records_in": ds.counts["records_in"], "deduped_exact": ds.counts["deduped_exact"],
-            "deduped_normalized": ds.counts["deduped_normalized"], "excluded_contamination": excluded,
-            "excluded_dev_overlap": excluded_dev, "written": out.rows if out is not None else 0,
-            "dev_records": dev_written, "tasks": dict(tasks)}
+    counts = {"dataset": dataset, "records_in": ds.counts["records_in"], "deduped_exact": ds.counts["deduped_exact"],
+              "deduped_normalized": ds.counts["deduped_normalized"], "excluded_contamination": excluded,
+              "excluded_dev_overlap": excluded_dev, "written": out.rows if out is not None else 0,
+              "dev_records": dev_written, "tasks": dict(tasks)}
+    if near is not None:  # the key only with near_duplicates on: manifests without it stay as they were
+        counts["excluded_near_duplicate"] = excluded_near
+    return counts
 
 
 def _totals(per_source: list[dict[str, Any]], per_dataset: dict[str, dict[str, Any]], quarantined: int,
