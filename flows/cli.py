@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     lin.add_argument("model", help="a trained model: <run-dir>/train-<stage>/model (or the stage directory)")
     what = lin.add_mutually_exclusive_group(required=True)
     what.add_argument("--text", help="a text, matched after normalisation against every record field")
-    what.add_argument("--id", dest="record_id", help="a record id (<dataset>/<row>)")
+    what.add_argument("--id", dest="record_id", help="a record id, as the records' id column has it (e.g. scifact:q153)")
     return p
 
 
