@@ -19,7 +19,9 @@ CLS and CoSENT batches stay local.
 
 Checkpoints (``<run_dir>/checkpoints/<stage>/step-N/``) hold model, optimizer, scheduler, sampler
 and RNG states plus the metrics so far; ``resume`` continues from the newest complete one and
-reproduces the uninterrupted run's losses and weights exactly.
+reproduces the uninterrupted run's losses and weights exactly. The records each step consumed
+(``consumed``, the stage's lineage) are not in a checkpoint: a resume draws them again from a fresh
+sampler (``embed_core.train.lineage.replay``).
 """
 
 from __future__ import annotations
