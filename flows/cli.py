@@ -1,6 +1,7 @@
 """``embedpipe`` command line: run the pipeline, one stage (a command per registered stage:
 prepare, synthesize, mine, train, evaluate), a sweep, the data watch, the status of a run
-directory, compare runs, inspect artifacts, or plan the train stages' memory per GPU.
+directory, compare runs, inspect artifacts, plan the train stages' memory per GPU, or ask a trained
+model's lineage (was a text trained on, and from which source row).
 
 The parser, the command table and the error boundary live here; where output goes is
 ``flows.console``, the temporary Prefect server ``flows.local_server``, multi-process launchers
@@ -27,7 +28,7 @@ from flows.options import add_option_flags, stage_options
 if TYPE_CHECKING:
     from embed_core.config import RunConfig
 
-Handler = Callable[[argparse.Namespace, TextIO], None]
+Handler = Callable[[argparse.Namespace, TextIO], "int | None"]  # the exit status; None: 0
 
 
 def _run_args(p: argparse.ArgumentParser, force: bool = True) -> None:
@@ -73,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="show schema, counts and sample rows of a Parquet file or stage dir")
     ins.add_argument("path")
     ins.add_argument("--samples", type=int, default=3)
+    lin = sub.add_parser("lineage", help="was this text trained on, by which model (and the stages it started "
+                                         "from), at which steps, from which source row; exit 0 trained on, 1 not")
+    lin.add_argument("model", help="a trained model: <run-dir>/train-<stage>/model (or the stage directory)")
+    what = lin.add_mutually_exclusive_group(required=True)
+    what.add_argument("--text", help="a text, matched after normalisation against every record field")
+    what.add_argument("--id", dest="record_id", help="a record id, as the records' id column has it (e.g. scifact:q153)")
     return p
 
 
@@ -82,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     cap_onednn_primitive_cache()  # before any stage runs a oneDNN op; stage subprocesses inherit it
     with console.stderr_for_errors_only() as error_stream:
         try:
-            _commands()[args.command](args, error_stream)
-            return 0
+            return _commands()[args.command](args, error_stream) or 0
         except Exception as exc:  # noqa: BLE001 — the error boundary: user-input errors become one line
             message = user_error(exc)
             if message is None:
@@ -209,13 +215,21 @@ def _inspect(args: argparse.Namespace, error_stream: TextIO) -> None:
     print(inspect_path(args.path, samples=args.samples))
 
 
+def _lineage(args: argparse.Namespace, error_stream: TextIO) -> int:
+    from embed_core.lineage import answer
+
+    report, status = answer(args.model, text=args.text, record_id=args.record_id)
+    print(report)
+    return status
+
+
 def _commands() -> dict[str, Handler]:
     """The command table: command name → handler."""
     from embed_core import stages
 
     return {"run": _flow_command(_pipeline), **{s.name: _flow_command(_stage) for s in stages.all_stages()},
             "sweep": _flow_command(_sweep), "watch": _flow_command(_watch), "status": _status, "compare": _compare,
-            "plan": _plan, "inspect": _inspect}
+            "plan": _plan, "inspect": _inspect, "lineage": _lineage}
 
 
 if __name__ == "__main__":

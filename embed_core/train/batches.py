@@ -58,6 +58,8 @@ class TaskBatch:
     layout: str = "standard"
     negative_rows: list[int] = field(default_factory=list)  # hmcl: rows whose hard negative is in "negative"
     max_score: float = 1.0  # highest score in the dataset (R of the graded targets)
+    # the dataset positions of the whole micro-batch, all ranks' slices (lineage); set by the trainer
+    positions: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:

@@ -5,6 +5,8 @@ Each configured stage is its own artifact ``<run_dir>/train-<name>/``:
   with pooling, instructions and the training config);
 * ``metrics.parquet`` — per micro-batch: step, dataset, task, loss, lr, examples, tokens, seconds,
   tokens/s, examples/s; ``loss.png`` — loss curve per task;
+* ``lineage.parquet`` — per (step, dataset) the positions of the upstream records the step consumed
+  (``embed_core.train.lineage``; asked with ``embedpipe lineage``, ``embed_core.lineage``);
 * ``manifest.json`` — input fingerprint, datasets and sampling weights, timings.
 Checkpoints live in ``<run_dir>/checkpoints/<name>/`` until the stage's artifact is committed.
 
@@ -42,6 +44,7 @@ from embed_core.model.settings import ModelSettings, read_model_settings, senten
 from embed_core.paths import files_within
 from embed_core.plots import pyplot, to_png
 from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
+from embed_core.train.lineage import LINEAGE_FILE, lineage_table
 from embed_core.train.records import RECORDS_DIR, mapped_records
 from embed_core.train.distributed import barrier, init_process_group, is_main_process
 from embed_core.train.sampling import dataset_weights
@@ -295,7 +298,8 @@ def _run_train_stage(config: RunConfig, run_dir: Path, stage_name: str, *, upstr
     if not is_main_process():  # rank 0 writes the stage; the others wait until it is committed
         barrier()
         return read_manifest(run_dir, instance_name(stage.name))
-    manifest = _commit(config, run_dir, stage, datasets, init, trainer, metrics, instructions, fingerprint, t0, state)
+    manifest = _commit(config, run_dir, stage, datasets, init, trainer, metrics, instructions, fingerprint, t0, state,
+                       lineage=_lineage(run_dir, upstream, stage, datasets, trainer))
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
     barrier()
     return manifest
@@ -372,8 +376,9 @@ def _save_model(config: RunConfig, stage: TrainStageConfig, datasets: dict[str, 
 
 def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], init: str,
             trainer, metrics: list, instructions, fingerprint: Fingerprint, t0: float,
-            state: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Rank 0: the model with its card, metrics, dev scores and loss plot, committed as ``train-<stage>/``."""
+            state: dict[str, Any] | None = None, lineage: pa.Table | None = None) -> dict[str, Any]:
+    """Rank 0: the model with its card, metrics, dev scores, loss plot and lineage (the records each
+    step consumed), committed as ``train-<stage>/``."""
     cfg = _cfg(config)
     sizes = {n: d.size for n, d in datasets.items()}
     weights = dataset_weights(sizes, stage.alpha, {n for n, d in datasets.items() if d.task in INFONCE_TASKS}, stage.eta,
@@ -402,6 +407,8 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
             writer.write_table("dev.parquet", pa.Table.from_pylist(dev_rows, schema=DEV_SCHEMA), kind="metrics")
             selected = {"select": stage.dev.select, "step": trainer.best["step"] if stage.dev.select == "best"
                         else trainer.step, "best": trainer.best}
+        if lineage is not None:
+            writer.write_table(LINEAGE_FILE, lineage, kind="lineage")
         writer.write_file("loss.png", _plot(rows, dev_rows, trainer.best if dev_rows else None), kind="plot")
         secs = sum({r["step"]: r["seconds"] for r in rows}.values())
         return writer.commit({
@@ -414,6 +421,22 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
             "selected": selected,
             "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
         })
+
+
+def _lineage(run_dir: Path, upstream: str, stage: TrainStageConfig, datasets: dict[str, DatasetRecords],
+             trainer) -> pa.Table | None:
+    """The records each step consumed (``embed_core.train.lineage``), with the upstream record files
+    they are rows of; None for a trainer that trains on examples derived from records (AutoRegEmbed)."""
+    if not getattr(trainer, "lineage", False):
+        return None
+    outputs = (read_manifest(run_dir, upstream) or {"outputs": {}})["outputs"]
+    files = {n: {"file": f"{n}.parquet", "sha256": outputs.get(f"{n}.parquet", {}).get("sha256"), "records": d.size}
+             for n, d in datasets.items()}
+    best = getattr(trainer, "best", None)
+    model_step = best["step"] if best and stage.dev is not None and stage.dev.select == "best" else trainer.step
+    return lineage_table(trainer.consumed, {"upstream": upstream, "datasets": files, "steps": trainer.step,
+                                            "model_step": model_step, "grad_accum": stage.grad_accum,
+                                            "processes": getattr(trainer, "world", 1)})
 
 
 def _hardware(cfg, trainer) -> dict[str, Any]:

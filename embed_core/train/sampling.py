@@ -19,6 +19,7 @@ uninterrupted run would have (FlagEmbedding loses this state on resume).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 
@@ -103,6 +104,17 @@ class GroupedBatchSampler:
         start = self.position[name]
         self.position[name] += size
         return Batch(name, perm[start:start + size].tolist())
+
+    def restarted(self) -> "GroupedBatchSampler":
+        """A copy of this sampler as it was before its first draw (the same datasets, weights and
+        seed): replaying it draws again exactly what this one drew (``embed_core.train.lineage``)."""
+        fresh = copy.copy(self)
+        fresh.rng = np.random.Generator(np.random.PCG64(self.seed))
+        fresh.epoch = {n: 0 for n in self.names}
+        fresh.position = {n: 0 for n in self.names}
+        fresh._perm_cache = {}
+        fresh.draws = 0
+        return fresh
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "epoch": dict(self.epoch), "position": dict(self.position),

@@ -19,7 +19,9 @@ CLS and CoSENT batches stay local.
 
 Checkpoints (``<run_dir>/checkpoints/<stage>/step-N/``) hold model, optimizer, scheduler, sampler
 and RNG states plus the metrics so far; ``resume`` continues from the newest complete one and
-reproduces the uninterrupted run's losses and weights exactly.
+reproduces the uninterrupted run's losses and weights exactly. The records each step consumed
+(``consumed``, the stage's lineage) are not in a checkpoint: a resume draws them again from a fresh
+sampler (``embed_core.train.lineage.replay``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from embed_core.train.distributed import (
     mean_over_ranks,
     wait_for_main,
 )
+from embed_core.train.lineage import Consumed, consumed_positions, replay
 from embed_core.train.prefetch import BatchSource
 from embed_core.train.sampling import Batch, GroupedBatchSampler
 from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory_mb, total_norm
@@ -208,6 +211,7 @@ class Trainer:
             alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks,
             multipliers=stage.dataset_weight)
         self._init_optimization(model, sampler, checkpoint_dir)
+        self.lineage = True  # records consumed per step (embed_core.train.lineage): records, not derived examples
 
     # -- set-up shared with the AutoRegEmbed trainer ---------------------------------------------
     def _init_run(self, train: TrainConfig, stage: TrainStageConfig, seed: int, log: Callable[[str], None]) -> None:
@@ -257,6 +261,8 @@ class Trainer:
         self.flops = FlopModel(self.model, getattr(getattr(self.model, "model", None), "config", None))
         self.peak_tflops = device_peak_tflops(self.device, self.bf16, self.train_cfg.peak_tflops)
         self.metrics: list[dict[str, Any]] = []
+        self.lineage = False
+        self.consumed: list[Consumed] = []  # (step, dataset, positions) per micro-batch trained
         self.dev_evaluator = None  # embed_core.train.dev.DevEvaluator, set by the stage when it has dev tasks
         self.dev_rows: list[dict[str, Any]] = []  # one row per (evaluation step, dev task)
         self.best: dict[str, Any] | None = None  # {"step", "score"} of the best dev selection score so far
@@ -439,6 +445,7 @@ class Trainer:
                             layout=loss.layout, **loss.batch_options())
         for group in batch.groups.values():
             group.features = self.model.tokenize(group.texts, group.instructions, group.max_length)
+        batch.positions = consumed_positions(drawn.indices, self.world)
         return batch
 
     def train_step(self) -> list[dict[str, Any]]:
@@ -447,6 +454,7 @@ class Trainer:
         rows = []
         for micro in range(s.grad_accum):
             batch = self.batches.get(self.step * s.grad_accum + micro)
+            self.consumed.append((self.step + 1, batch.dataset, batch.positions))
             # DeepSpeed scales by its gradient_accumulation_steps itself and steps at the boundary
             value = mean_over_ranks(self._forward_backward(batch, 1.0 if self.engine is not None else 1.0 / s.grad_accum,
                                                            last=micro == s.grad_accum - 1))
@@ -570,6 +578,8 @@ class Trainer:
         self.sampler.load_state_dict(meta["sampler"])  # PCG64 state is plain ints: JSON round-trips it
         _set_rng_state(_load_plain(path / f"rng-{self.rank}.pt"))
         self.step = meta["step"]
+        if self.lineage:  # the steps before the checkpoint, drawn again (the sampler is deterministic)
+            self.consumed = replay(self.sampler, self.step, self.stage.grad_accum, self.world)
         self.metrics = meta["metrics"]
         self.dev_rows = meta.get("dev", [])
         self.best = meta.get("best")

@@ -1,6 +1,6 @@
 """Training under real multi-process launchers (torchrun; deepspeed with ZeRO-2; gloo on CPU): rank 0
-alone writes, the weights equal a one-process run over the same global batches, and a killed rank
-resumes."""
+alone writes, the weights and the lineage equal a one-process run over the same global batches, and a
+killed rank resumes."""
 
 import json
 import os
@@ -38,6 +38,12 @@ def _cli(*args: str, launcher: list[str] | None = None, env: dict) -> subprocess
 
 def _torchrun(script: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *script]
+
+
+def _lineage(run_dir: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(run_dir / "train-ret" / "lineage.parquet").to_pylist()
 
 
 def _weights(run_dir: Path) -> dict:
@@ -86,6 +92,8 @@ def _assert_like_one_process(one: Path, run_dir: Path) -> None:
     assert w1.keys() == w2.keys()
     for k in w1:
         assert torch.allclose(w1[k], w2[k], atol=2e-5, rtol=1e-4), k
+    # the lineage rank 0 wrote is both ranks' records: the one-process run's global batches of 8
+    assert _lineage(run_dir) == _lineage(one) and [len(r["positions"]) for r in _lineage(run_dir)] == [8] * STEPS
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +159,7 @@ def test_torchrun_two_processes_train_like_one_process_and_resume_after_a_killed
     for k in w2:
         assert torch.equal(w2[k], w3[k]), k
     _assert_like_one_process(tmp / "one", killed)
+    assert _lineage(killed) == _lineage(two_nodes)  # the steps before the checkpoint replayed on resume
 
 
 def test_train_processes_2_without_a_launcher_starts_its_own_ranks_and_trains_like_one_process(one_process, tmp_path):

@@ -155,6 +155,10 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_
     weights = _weights(other / "train-resume/model")
     assert all(torch.equal(ref_weights[k], weights[k]) for k in ref_weights)
     assert resumed["steps"] == reference["steps"] == 10
+    # the records of steps 1-6, trained before the kill, are in the resumed stage's lineage as well
+    lineage = pq.read_table(other / "train-resume/lineage.parquet").to_pylist()
+    assert lineage == pq.read_table(run_dir / "train-resume/lineage.parquet").to_pylist()
+    assert sorted({r["step"] for r in lineage}) == list(range(1, 11))
 
 
 def test_grad_cache_gives_the_same_gradients_as_a_full_batch(prepared, tiny_model):

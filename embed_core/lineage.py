@@ -1,0 +1,211 @@
+"""``embedpipe lineage MODEL --text TEXT | --id ID``: was this text trained on, by which model, from
+which source row?
+
+``MODEL`` is a trained stage's model (``<run_dir>/train-<stage>/model``, or the stage directory),
+or the run's release (``<run_dir>/evaluate/model``: the train stage named in its ``embedpipe.json``).
+The stage's ``lineage.parquet`` (``embed_core.train.lineage``) names the upstream record files it
+trained on; their records whose query, positives, negatives or weak positives equal the text after
+the project's normalisation (``embed_core.prepare.cleaning.normalize_text``; or whose id is ``ID``)
+are looked up in the lineage of the stage and of every stage it started from (``init_model``
+within the run directory, e.g. stage2 from stage1's model). Per match: the dataset, record id,
+field, the record's ``source_ref`` (source file and row), and per stage the steps that drew it.
+
+What a step records is the *record* it drew: a drawn record trains its query with one of its
+positives and up to ``num_hard_negatives`` of its negatives; which of a record's several
+positives or negatives a step picked is not recorded. Steps after the weights a stage kept
+(``dev.select: best``) are listed but do not count as trained on.
+
+Exit status, as ``grep``: 0 when some model of the chain trained on a match, 1 when none did (the
+text is in no record, or its records were never drawn), 2 on an error (not a trained model, no
+lineage, records changed since training).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from embed_core.artifacts import MANIFEST, model_artifact_dir
+from embed_core.errors import EmbedpipeError, printable
+from embed_core.fingerprint import sha256_file
+from embed_core.prepare.cleaning import normalize_text
+from embed_core.train.lineage import LINEAGE_FILE, read_metadata
+
+TEXT_FIELDS = ("query", "positives", "negatives", "weak_positives")
+
+
+@dataclass
+class TrainedStage:
+    name: str  # train-<stage>
+    directory: Path
+    metadata: dict
+    steps: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # dataset -> (row steps, offsets, flat positions)
+
+
+@dataclass
+class Match:
+    dataset: str
+    position: int
+    record_id: str
+    fields: list[str]
+    source_ref: str
+    steps: dict[str, list[int]] = field(default_factory=dict)  # stage name -> steps that drew it
+
+
+def stage_of_model(model: str | Path) -> Path:
+    """The ``train-<stage>`` directory that wrote ``model``; an EmbedpipeError naming it otherwise."""
+    path = Path(model)
+    stage = path if (path / MANIFEST).is_file() and (path / "model").is_dir() else path.parent
+    if not (stage / MANIFEST).is_file() or not (stage / "model").is_dir():
+        raise EmbedpipeError(f"{path}: not a trained model (no {MANIFEST} of a train stage beside or in it)")
+    if (stage / LINEAGE_FILE).is_file():
+        return stage
+    trained = _release_stage(stage / "model")
+    if trained is not None and (trained / LINEAGE_FILE).is_file():
+        return trained
+    raise EmbedpipeError(f"{stage}: no {LINEAGE_FILE} (not a train stage, an AutoRegEmbed stage, or trained before "
+                         "lineage was recorded: retrain it with --force)")
+
+
+def _release_stage(model: Path) -> Path | None:
+    """The run's ``train-<stage>`` directory a released model (``evaluate/model``) was copied from."""
+    try:
+        settings = json.loads((model / "embedpipe.json").read_text(encoding="utf-8"))
+        name = settings["training"]["stage"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return model.parent.parent / f"train-{name}"
+
+
+def chain(stage_dir: Path) -> list[TrainedStage]:
+    """``stage_dir`` and the train stages it started from, within its run directory, newest first."""
+    out: list[TrainedStage] = []
+    seen: set[Path] = set()
+    current: Path | None = stage_dir
+    while current is not None and current.resolve() not in seen and (current / LINEAGE_FILE).is_file():
+        seen.add(current.resolve())
+        out.append(_read_stage(current))
+        manifest = json.loads((current / MANIFEST).read_text(encoding="utf-8"))
+        init = manifest.get("init_model")
+        parent = model_artifact_dir(init, current.parent) if init else None
+        current = parent if parent is not None and parent.parent.resolve() == current.parent.resolve() else None
+    return out
+
+
+def _read_stage(stage_dir: Path) -> TrainedStage:
+    path = stage_dir / LINEAGE_FILE
+    table = pq.read_table(path)
+    metadata = read_metadata(table.schema)
+    if metadata is None:
+        raise EmbedpipeError(f"{path}: no lineage metadata (not a lineage file)")
+    steps = {}
+    datasets = table.column("dataset").to_pylist()
+    step_col = table.column("step").to_numpy()
+    positions = table.column("positions").combine_chunks()
+    for name in metadata["datasets"]:
+        rows = np.array([i for i, d in enumerate(datasets) if d == name], dtype=np.int64)
+        lists = positions.take(rows) if len(rows) else positions.slice(0, 0)
+        offsets = lists.offsets.to_numpy() - (lists.offsets[0].as_py() if len(lists) else 0)
+        steps[name] = (step_col[rows], offsets, lists.flatten().to_numpy(zero_copy_only=False))
+    return TrainedStage(stage_dir.name, stage_dir, metadata, steps)
+
+
+def _records(stage: TrainedStage, dataset: str, cache: dict[Path, object]):
+    """The upstream record file ``stage`` trained ``dataset`` on, checked against the hash it had then."""
+    info = stage.metadata["datasets"][dataset]
+    path = stage.directory.parent / stage.metadata["upstream"] / info["file"]
+    if path not in cache:
+        if not path.is_file() or (info.get("sha256") and sha256_file(path) != info["sha256"]):
+            raise EmbedpipeError(f"{path}: missing or changed since {stage.name} trained on it: the records it "
+                                 "trained on are gone (retrain the stage to answer for the current records)")
+        cache[path] = pq.read_table(path, columns=["id", "source_ref", *TEXT_FIELDS])
+    return cache[path]
+
+
+def find_matches(stages: list[TrainedStage], text: str | None, record_id: str | None) -> list[Match]:
+    """Records of the chain's datasets whose text (normalised) or id matches, with the steps of each
+    stage that drew them."""
+    wanted = normalize_text(text) if text is not None else None
+    cache: dict[Path, object] = {}
+    rows: dict[Path, list[tuple[int, list[str]]]] = {}  # stages of a run share their record files
+    found: dict[tuple[Path, int], Match] = {}
+    for stage in stages:
+        for dataset in stage.metadata["datasets"]:
+            table = _records(stage, dataset, cache)
+            key_path = stage.directory.parent / stage.metadata["upstream"] / stage.metadata["datasets"][dataset]["file"]
+            if key_path not in rows:
+                rows[key_path] = _matching_rows(table, wanted, record_id)
+            for pos, fields in rows[key_path]:
+                match = found.setdefault((key_path, pos), Match(
+                    dataset, pos, table.column("id")[pos].as_py(), fields, table.column("source_ref")[pos].as_py()))
+                match.steps[stage.name] = _steps_drawing(stage.steps[dataset], pos)
+    return sorted(found.values(), key=lambda m: (m.dataset, m.position))
+
+
+def _matching_rows(table, wanted: str | None, record_id: str | None) -> list[tuple[int, list[str]]]:
+    """(row, fields that match) of the records whose id is ``record_id`` or whose texts normalise to ``wanted``."""
+    if record_id is not None:
+        return [(i, ["id"]) for i, v in enumerate(table.column("id").to_pylist()) if v == record_id]
+    out = []
+    columns = {name: table.column(name).to_pylist() for name in TEXT_FIELDS}
+    for i in range(table.num_rows):
+        fields = []
+        for name in TEXT_FIELDS:
+            value = columns[name][i]
+            texts = [value] if isinstance(value, str) else list(value or [])
+            fields += [name if isinstance(value, str) else f"{name}[{j}]"
+                       for j, t in enumerate(texts) if t and normalize_text(t) == wanted]
+        if fields:
+            out.append((i, fields))
+    return out
+
+
+def _steps_drawing(lineage: tuple[np.ndarray, np.ndarray, np.ndarray], position: int) -> list[int]:
+    steps, offsets, flat = lineage
+    hits = np.flatnonzero(flat == position)
+    rows = np.searchsorted(offsets, hits, side="right") - 1
+    return sorted({int(steps[r]) for r in rows})
+
+
+def answer(model: str | Path, *, text: str | None = None, record_id: str | None = None) -> tuple[str, int]:
+    """The report for ``text`` (or ``record_id``) against ``model`` and its exit status (0 trained on,
+    1 not)."""
+    if (text is None) == (record_id is None):
+        raise EmbedpipeError("lineage: give exactly one of --text and --id")
+    if text is not None and not normalize_text(text):
+        raise EmbedpipeError(f"lineage: --text {printable(text, 40)!r} has no words left after normalisation")
+    stages = chain(stage_of_model(model))
+    matches = find_matches(stages, text, record_id)
+    what = f"text {printable(' '.join(text.split()), 70)!r}" if text is not None else f"id {printable(record_id, 70)!r}"
+    models = ", ".join(f"{s.name} ({s.directory / 'model'})" for s in stages)
+    if not matches:
+        return f"{what}: not trained on: in no record of {models}", 1
+    lines, trained = [], False
+    for m in matches:
+        lines.append(f"{m.dataset} record {printable(m.record_id, 60)} as {', '.join(m.fields)}, "
+                     f"source {printable(m.source_ref, 100)}")
+        for stage in stages:
+            if m.dataset not in stage.metadata["datasets"]:
+                lines.append(f"  {stage.name}: not among its datasets")
+                continue
+            steps = m.steps.get(stage.name, [])
+            kept = [s for s in steps if s <= stage.metadata["model_step"]]
+            trained |= bool(kept)
+            lines.append(f"  {stage.name}: " + _steps_line(steps, kept, stage.metadata))
+    head = f"{what}: trained on" if trained else f"{what}: not trained on (in the records, never drawn)"
+    return "\n".join([f"{head} ({len(matches)} matching record{'s' * (len(matches) != 1)}; models: {models})",
+                      *lines]), 0 if trained else 1
+
+
+def _steps_line(steps: list[int], kept: list[int], metadata: dict) -> str:
+    if not steps:
+        return f"not drawn in its {metadata['steps']} steps"
+    shown = ", ".join(map(str, steps[:20])) + (f" and {len(steps) - 20} more" if len(steps) > 20 else "")
+    line = f"trained on at step{'s' * (len(steps) != 1)} {shown} of {metadata['steps']}"
+    if len(kept) < len(steps):
+        line += f" (its kept weights are step {metadata['model_step']}'s: {len(steps) - len(kept)} after them do not count)"
+    return line
