@@ -11,8 +11,8 @@ from typing import Any, Iterator
 
 from embed_core.config import RunConfig, load_config, parse_config
 from embed_core.errors import ConfigError
-from embed_core.safe_yaml import read_yaml
 from embed_core.rundir import check_delegated, run_dir_lock
+from embed_core.safe_yaml import read_yaml
 from flows.env import apply_defaults
 
 DEFAULT_CONFIG = "deployments/configs/demo.yaml"

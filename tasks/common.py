@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from embed_core.errors import user_error
+from embed_core.errors import ConfigError, RowError
 from embed_core.stage_api import Report
 
 
@@ -109,7 +109,8 @@ def inline_images(markdown: str, base_dir: Path, max_bytes: int = 400_000) -> st
     return re.sub(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", embed, markdown)
 
 
-def no_retry_on_user_errors(task: Any, task_run: Any, state: Any) -> bool:
-    """A task's ``retry_condition_fn``: retrying the same bad input fails the same way."""
+def no_retry_on_input_errors(task: Any, task_run: Any, state: Any) -> bool:
+    """A task's ``retry_condition_fn``: a bad config or a bad input row fails the same way on every
+    try, so it is not retried; anything else may pass on a retry (an LLM server that was down)."""
     exc = state.result(raise_on_failure=False)
-    return not (isinstance(exc, BaseException) and user_error(exc) is not None)
+    return not isinstance(exc, (ConfigError, RowError))

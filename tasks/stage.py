@@ -28,7 +28,7 @@ from embed_core.artifacts import read_manifest
 from embed_core.config import RunConfig
 from embed_core.rundir import append_history, save_config_snapshot
 from embed_core.stage_api import Stage, StageContext
-from tasks.common import no_retry_on_user_errors, publish_stage_outputs
+from tasks.common import no_retry_on_input_errors, publish_stage_outputs
 
 
 @functools.cache
@@ -38,7 +38,7 @@ def stage_task(name: str) -> Task:
 
     @task(name=stage.name, cache_policy=NO_CACHE, persist_result=False, retries=stage.retries,
           retry_delay_seconds=30 if stage.retries else 0, task_run_name="{instance}-{run_name}",
-          log_prints=stage.log_prints, retry_condition_fn=no_retry_on_user_errors)
+          log_prints=stage.log_prints, retry_condition_fn=no_retry_on_input_errors)
     def run_stage_task(ctx: StageContext, instance: str, run_name: str, fingerprint, hit: bool):
         if hit:
             manifest = read_manifest(ctx.run_dir, instance)
