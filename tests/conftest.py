@@ -39,6 +39,23 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def no_log_handler_left_on_a_closed_stream():
+    """A test that captures output (capfd) can leave a log handler (Prefect's console handler, set
+    up while it ran) writing to its capture file, which pytest closes after the test; the next
+    test's logging would then fail, and Prefect's print patch turns that failure into a recursion.
+    After each test such a handler follows stdout instead."""
+    yield
+    import logging
+
+    from flows.console import CURRENT_STDOUT, _point
+
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
+    for handler in {id(h): h for lg in loggers for h in getattr(lg, "handlers", [])}.values():
+        if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+            _point(handler, CURRENT_STDOUT)
+
+
+@pytest.fixture(autouse=True)
 def private_embedpipe_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path_factory.mktemp("embedpipe-cache")))
 
