@@ -16,23 +16,30 @@ def artifact_key(prefix: str, run_name: str) -> str:
     return (prefix + "".join(c if c.isalnum() else "-" for c in run_name.lower()))[:100]
 
 
-def file_link(path: Path, label: str) -> str:
-    """A link a browser follows from the Prefect UI: an http URL when the run directories are served
-    (``EMBEDPIPE_FILES_URL`` for the directory ``EMBEDPIPE_FILES_ROOT``; `make serve` starts such a
-    server on loopback), else the path as text (a ``file://`` link from a web page opens nothing)."""
+def served_url(path: Path) -> str | None:
+    """The http URL of ``path`` when the run directories are served (``EMBEDPIPE_FILES_URL`` for
+    the directory ``EMBEDPIPE_FILES_ROOT``; `make serve` starts such a server on loopback) and
+    ``path`` is under that directory, else None."""
     base, root = os.environ.get("EMBEDPIPE_FILES_URL"), os.environ.get("EMBEDPIPE_FILES_ROOT")
     path = Path(path).resolve()
     if base and root and path.is_relative_to(Path(root).resolve()):
-        return f"[{label}]({base.rstrip('/')}/{quote(path.relative_to(Path(root).resolve()).as_posix())})"
-    return f"{label} `{path}`"
+        return f"{base.rstrip('/')}/{quote(path.relative_to(Path(root).resolve()).as_posix())}"
+    return None
+
+
+def file_link(path: Path, label: str) -> str:
+    """A link a browser follows from the Prefect UI (``served_url``), else the path as text (a
+    ``file://`` link from a web page opens nothing)."""
+    url = served_url(path)
+    return f"[{label}]({url})" if url else f"{label} `{Path(path).resolve()}`"
 
 
 def files_note(run_dir: Path) -> str:
     """Why the files on an outputs page are not links, and how to make them links; "" when they are."""
-    base, root = os.environ.get("EMBEDPIPE_FILES_URL"), os.environ.get("EMBEDPIPE_FILES_ROOT")
-    if base and root and Path(run_dir).resolve().is_relative_to(Path(root).resolve()):
+    if served_url(run_dir) is not None:
         return ""
-    if base and root:
+    root = os.environ.get("EMBEDPIPE_FILES_ROOT")
+    if os.environ.get("EMBEDPIPE_FILES_URL") and root:
         return (f"> Files are not linked: this run directory is outside the folder the file server serves "
                 f"(`{Path(root).resolve()}`). Start it on a folder that holds the run: "
                 f"`make serve FILES_ROOT={Path(run_dir).resolve().parent}`.\n\n")
