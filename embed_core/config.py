@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from embed_core.config_base import StrictModel, check_path_name
 from embed_core.errors import ConfigError
 from embed_core.evaluate.config import EvaluateConfig
-from embed_core.mine.config import MineConfig
+from embed_core.mine.config import MineConfig, remine_settings
 from embed_core.model.config import EmbeddingCacheConfig
 from embed_core.prepare.config import PrepareConfig
 from embed_core.safe_yaml import read_yaml
@@ -91,6 +91,7 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _known_datasets(self) -> RunConfig:
         check_dataset_names(self)
+        check_remine_settings(self)
         return self
 
     def resolve(self, path: str) -> Path:
@@ -118,12 +119,30 @@ def dataset_filters(config: RunConfig) -> list[tuple[str, list[str]]]:
     if config.mine is not None:
         out += [("mine.datasets", config.mine.datasets or []), ("mine.corpora", list(config.mine.corpora))]
     for stage in config.train.stages if config.train is not None else []:
+        if stage.remine is not None:
+            out += [(f"train.stages[{stage.name}].remine.datasets", stage.remine.get("datasets") or []),
+                    (f"train.stages[{stage.name}].remine.corpora", list(stage.remine.get("corpora") or {}))]
         out += [(f"train.stages[{stage.name}].datasets", stage.datasets or []),
                 (f"train.stages[{stage.name}].dataset_weight", list(stage.dataset_weight))]
         for task in stage.dev.tasks if stage.dev is not None else []:
             out.append((f"train.stages[{stage.name}].dev.tasks[{task.name}].dataset",
                         [task.dataset] if task.dataset else []))
     return out
+
+
+def check_remine_settings(config: RunConfig) -> None:
+    """Every training stage's re-mining settings are valid over the run's mine section (a window
+    that an override empties is refused at load, not after the stages before it trained)."""
+    for stage in config.train.stages if config.train is not None else []:
+        if stage.remine is None:
+            continue
+        try:
+            remine_settings(config.mine, stage.remine, model="default", pooling=config.train.pooling)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            raise ValueError(f"train.stages[{stage.name}].remine{'.' + where if where else ''}: "
+                             f"{err['msg'].removeprefix('Value error, ')}") from None
 
 
 def check_dataset_names(config: RunConfig) -> None:

@@ -43,13 +43,15 @@ class StageOptions(BaseModel):
 class StageContext:
     """Everything a stage function is given: the run's config and directory, the instance it
     works on (its directory under ``run_dir``), its options, and ``upstream``: the directory of
-    the nearest enabled earlier stage whose records it reads (None for the first stage)."""
+    the nearest enabled earlier stage whose records it reads (None for the first stage);
+    ``upstreams``: every enabled earlier stage that produces records, in order (``upstream`` last)."""
 
     config: RunConfig
     run_dir: Path
     instance: str
     options: Any
     upstream: str | None = None
+    upstreams: tuple[str, ...] = ()
 
     @property
     def stage_dir(self) -> Path:

@@ -64,17 +64,24 @@ def downstream_of(config: RunConfig, instance: str) -> list[str]:
     return names[names.index(instance) + 1:]
 
 
-def records_upstream(config: RunConfig, stage: str) -> str | None:
-    """The stage directory whose records ``stage`` reads: the nearest enabled earlier stage that
-    produces records (mine reads synthesize when the config has it, else prepare); None for a
-    stage with no such stage before it."""
-    found = None
+def records_upstreams(config: RunConfig, stage: str) -> list[str]:
+    """The enabled stages before ``stage`` that produce records, in order (prepare, synthesize,
+    mine: the last is the one ``stage`` reads)."""
+    found: list[str] = []
     for s in enabled_stages(config):
         if s.name == stage:
             break
         if s.produces_records:
-            found = s.name
+            found.append(s.name)
     return found
+
+
+def records_upstream(config: RunConfig, stage: str) -> str | None:
+    """The stage directory whose records ``stage`` reads: the nearest enabled earlier stage that
+    produces records (mine reads synthesize when the config has it, else prepare); None for a
+    stage with no such stage before it."""
+    found = records_upstreams(config, stage)
+    return found[-1] if found else None
 
 
 def context(config: RunConfig, run_dir: str | Path, stage: Stage | str, instance: str | None = None,
@@ -84,8 +91,9 @@ def context(config: RunConfig, run_dir: str | Path, stage: Stage | str, instance
     stage = get(stage) if isinstance(stage, str) else stage
     options = options if options is not None else stage.options()
     instance = instance or stage.instance_names(config, options)[0]
+    upstreams = records_upstreams(config, stage.name)
     return StageContext(config=config, run_dir=Path(run_dir), instance=instance, options=options,
-                        upstream=records_upstream(config, stage.name))
+                        upstream=upstreams[-1] if upstreams else None, upstreams=tuple(upstreams))
 
 
 def cache_decision(stage: Stage, ctx: StageContext, force: bool = False) -> tuple[Fingerprint, bool]:

@@ -77,3 +77,33 @@ class MineConfig(StrictModel):
         if v <= info.data.get("range_min", 0):
             raise ValueError("range_max must be greater than range_min")
         return v
+
+
+# Settings a re-mining step takes from its training stage, never from the config: the model is the
+# one the stage starts from, pooled as the run trains it.
+REMINE_FIXED = ("model", "pooling")
+
+
+def check_remine_keys(overrides: dict) -> dict:
+    """A training stage's ``remine`` overrides: MineConfig keys, except the fixed ones (a ValueError
+    names the first bad key, with the closest allowed one)."""
+    import difflib
+
+    allowed = [k for k in MineConfig.model_fields if k not in REMINE_FIXED]
+    for key in overrides:
+        if key in REMINE_FIXED:
+            raise ValueError(f"{key!r} is set by the stage (the model it starts from, with train.pooling)")
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            raise ValueError(f"{key!r} is not a mine setting" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return overrides
+
+
+def remine_settings(mine: MineConfig | None, overrides: dict, *, model: str, pooling: str) -> MineConfig:
+    """The settings of a re-mining step: the run's ``mine`` section (its defaults without one),
+    ``overrides`` over it (a mapping setting such as ``index`` merges key by key), mining with
+    ``model`` pooled by ``pooling``."""
+    merged = mine.model_dump() if mine is not None else {}
+    for key, value in overrides.items():
+        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    return MineConfig.model_validate({**merged, "model": model, "pooling": pooling})

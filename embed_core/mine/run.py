@@ -74,7 +74,14 @@ def input_dirs(config: RunConfig, run_dir: str | Path, *, upstream: str) -> list
 
 def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) -> Fingerprint:
     """Upstream output hashes + mine config + model fingerprint + corpus file hashes."""
-    cfg = _cfg(config)
+    return mining_fingerprint(config, run_dir, _cfg(config), STAGE, upstream=upstream)
+
+
+def mining_fingerprint(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance: str, *,
+                       upstream: str) -> Fingerprint:
+    """The fingerprint of mining ``upstream``'s records with ``cfg`` into ``instance`` (the mine
+    stage, or a re-mining step before a training stage): its records, settings, the model's
+    fingerprint (its weights: a retrained model is mined with again) and the corpora."""
     up = read_manifest(Path(run_dir), upstream)  # synthesize's records when it runs, else prepare's
     if up is None:
         raise EmbedpipeError(f"{Path(run_dir) / upstream}: no manifest.json — run the {upstream} stage first")
@@ -84,7 +91,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
         d = config.resolve(path)
         cfile = d / "corpus.jsonl" if (d / "corpus.jsonl").exists() else d / "corpus.jsonl.gz"
         corpora[ds] = sha256_file(cfile) if cfile.exists() else "missing"
-    return Fingerprint.of(STAGE, __name__, LIBRARIES, {
+    return Fingerprint.of(instance, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in up["outputs"].items()},
         "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine: the same negatives
         "model": model_fp, "corpora": corpora, "seed": config.seed}, details={"model_fingerprint": model_fp})
@@ -119,10 +126,16 @@ def _plot(scores: list[dict[str, Any]]) -> bytes:
 def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None, *,
              upstream: str) -> dict[str, Any]:
     """Mine hard negatives for the records of ``upstream`` (a stage directory); the manifest."""
-    cfg = _cfg(config)
+    return mine_into(config, run_dir, _cfg(config), STAGE, fingerprint, upstream=upstream)
+
+
+def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance: str,
+              fingerprint: Fingerprint | None = None, *, upstream: str) -> dict[str, Any]:
+    """Mine the records of ``upstream`` with ``cfg`` (its model, window and margins) and commit them
+    as stage directory ``instance``; the manifest."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    fingerprint = fingerprint or input_fingerprint(config, run_dir, upstream=upstream)
+    fingerprint = fingerprint or mining_fingerprint(config, run_dir, cfg, instance, upstream=upstream)
     tables = read_records(run_dir, upstream)
 
     cache: EmbeddingCache | None = None
@@ -143,7 +156,7 @@ def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | 
     out_tables: dict[str, pa.Table] = {}
     per_dataset: list[dict[str, Any]] = []
     score_rows: list[dict[str, Any]] = []
-    with StageWriter(run_dir, STAGE) as writer:  # opened first: an on-disk index lives in its scratch
+    with StageWriter(run_dir, instance) as writer:  # opened first: an on-disk index lives in its scratch
         with engine_session(cfg.engine):  # a local Ray instance lives as long as the loop (engine: ray)
             for name, table in sorted(tables.items()):
                 dataset = name.removesuffix(".parquet")
@@ -180,6 +193,7 @@ def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | 
             writer.write_file("score_hist.png", _plot(score_rows), kind="plot")
         manifest = writer.commit({
             "run_name": config.run_name,
+            "upstream": upstream,
             "input_fingerprint": fingerprint.key,
             "code": fingerprint.code,
             "model": {"path": cfg.model, "fingerprint": fingerprint.details["model_fingerprint"], "pooling": cfg.pooling,

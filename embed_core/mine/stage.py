@@ -21,16 +21,16 @@ def format_counts(manifest: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
+def report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
     rows = [{k: d.get(k) for k in ("dataset", "records", "mined", "negatives_added", "too_few", "filtered_by_margin")}
             | {"index": (d.get("index") or {}).get("type"), "positive_p50": (d.get("positive_score") or {}).get("p50"),
                "kept_p50": (d.get("kept_score") or {}).get("p50")} for d in manifest["counts"]["datasets"]]
     plot = "![score histogram](score_hist.png)" if "score_hist.png" in manifest.get("outputs", {}) else ""
-    return Report(markdown=plot, table=rows, table_key="mine-stats-",
-                  table_description="mine stage: negatives per dataset and score medians")
+    return Report(markdown=plot, table=rows, table_key=f"{ctx.instance}-stats-",
+                  table_description=f"{ctx.instance}: negatives per dataset and score medians")
 
 
 STAGE = Stage(name=NAME, help="FAISS hard-negative mining (needs prepare's or synthesize's output)",
               enabled=lambda c: c.mine is not None, fingerprint=body(BODY, "input_fingerprint", upstream=True),
               run=body(BODY, "run_mine", upstream=True), summarize=format_counts,
-              report=_report, produces_records=True, inputs=body(BODY, "input_dirs", upstream=True))
+              report=report, produces_records=True, inputs=body(BODY, "input_dirs", upstream=True))

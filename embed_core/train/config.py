@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from embed_core.config_base import StrictModel
 from embed_core.evaluate.config import EvalTaskSpec
+from embed_core.mine.config import check_remine_keys
 
 
 class LoraSettings(StrictModel):
@@ -110,6 +111,12 @@ class TrainStageConfig(StrictModel):
     mode: TrainMode = Field("contrastive", description="contrastive: the task losses below on pooled embeddings; "
                             "autoregembed_ic / autoregembed_cda: AutoRegEmbed's information compression / "
                             "conditional distribution alignment (train.autoregembed).")
+    remine: dict[str, Any] | None = Field(None, description=(
+        "Mine hard negatives again before this stage with the model it starts from (ANCE, NV-Retriever, "
+        "QZhou's stage 2): the records the mine stage reads, mined with the run's mine settings and these "
+        "keys over them ({} for none; model and pooling come from the stage), written to "
+        "{run_dir}/mine-{name}/ and trained on instead of the mine stage's. None = train on the mine "
+        "stage's negatives."))
     steps: int = Field(32000, ge=1, description="Optimizer steps (QZhou: 32k stage 1, 8k stage 2).")
     lr: float = Field(3e-5, gt=0, description="Peak learning rate (QZhou: 3e-5 stage 1, 2e-5 stage 2).")
     warmup_steps: int = Field(300, ge=0, description="Linear warm-up steps.")
@@ -168,6 +175,11 @@ class TrainStageConfig(StrictModel):
                     raise ValueError(f"'{key}' moved into the loss's parameters: write "
                                      f"losses: {{{task}: {{name: {loss}, {param}: {data[key]!r}}}}} instead")
         return data
+
+    @field_validator("remine")
+    @classmethod
+    def _mine_keys(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_remine_keys(v)
 
     @field_validator("dataset_weight")
     @classmethod

@@ -80,16 +80,28 @@ def input_dirs(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstr
     """The stage directories a training stage reads: its records upstream, the stage whose model it
     starts from, and prepare when a dev task uses prepare's dev records."""
     run_dir = Path(run_dir)
-    index, stage = get_stage(config, stage_name)
-    out = [run_dir / upstream]
-    prev = _init_stage(config, index, stage)
-    if prev is not None:
-        out.append(run_dir / instance_name(prev.name))
-    elif (trained := model_artifact_dir(_cfg(config).base_model, run_dir)) is not None:
-        out.append(trained)  # a base model that another stage (or run) trained
+    stage = get_stage(config, stage_name)[1]
+    out = [run_dir / upstream, *start_model_dirs(config, run_dir, stage_name)]
     if stage.dev is not None and any(task.dataset for task in stage.dev.tasks):
         out.append(run_dir / "prepare")
     return out
+
+
+def start_model_dirs(config: RunConfig, run_dir: str | Path, stage_name: str) -> list[Path]:
+    """The stage directory of the model training stage ``stage_name`` starts from: the earlier
+    stage's, or the one that trained the base model; none for a packaged or plain base model."""
+    index, stage = get_stage(config, stage_name)
+    prev = _init_stage(config, index, stage)
+    if prev is not None:
+        return [Path(run_dir) / instance_name(prev.name)]
+    trained = model_artifact_dir(_cfg(config).base_model, run_dir)  # a base model another stage (or run) trained
+    return [trained] if trained is not None else []
+
+
+def start_model_path(config: RunConfig, run_dir: str | Path, stage_name: str) -> str:
+    """The model training stage ``stage_name`` starts from (its re-mining step mines with it)."""
+    index, stage = get_stage(config, stage_name)
+    return init_model_path(config, Path(run_dir), index, stage)
 
 
 def init_model_path(config: RunConfig, run_dir: Path, index: int, stage: TrainStageConfig) -> str:
