@@ -149,30 +149,23 @@ def make_soup(config: RunConfig, run_dir: Path, ranked_variants: list[str]) -> P
     """``sweep-<stage>-soup/model``: the uniform average of the weights of the top-k variants (same
     architecture: they share the swept stage's initial model), with the best variant's tokenizer,
     settings and prompts, and a card that says what it averages."""
-    from safetensors.torch import load_file, save_file
-
     from embed_core.model.card import read_card_facts, write_card
+    from embed_core.model.merge import WEIGHTS, write_average
     from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 
     k = config.sweep.soup_top_k
     members = ranked_variants[:k]
     sources = [run_dir / instance_name(v) / "model" for v in members]
-    total: dict[str, Any] = {}
-    for source in sources:
-        for name, tensor in load_file(source / "model.safetensors").items():
-            total[name] = total[name] + tensor.float() if name in total else tensor.float().clone()
-    first = load_file(sources[0] / "model.safetensors")
-    soup = {name: (tensor / len(sources)).to(first[name].dtype).contiguous() for name, tensor in total.items()}
     name = f"sweep-{config.sweep.stage}-soup"
     with StageWriter(run_dir, name) as writer:
         out = writer.staging / "model"
         for path in files_within(sources[0]):  # a link out of the variant's model is refused, not copied
-            if path.name in ("model.safetensors", "README.md"):
+            if path.name in (WEIGHTS, "README.md"):
                 continue
             target = out / path.relative_to(sources[0])
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(path.read_bytes())
-        save_file(soup, str(out / "model.safetensors"), metadata={"format": "pt"})
+        write_average(sources, [1 / len(sources)] * len(sources), out)
         facts = read_card_facts(sources[0]) or {}
         facts = {**facts, "soup_of": members}
         write_card(out, facts, sentence_transformers_prompts(read_model_settings(out)))

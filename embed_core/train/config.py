@@ -96,6 +96,14 @@ class DevConfig(StrictModel):
                                             "highest weighted dev score; last: the final step's.")
 
 
+class MergeSpec(StrictModel):
+    """Average the stage's trained weights with an earlier stage's (WiSE-FT, Wortsman et al. 2022):
+    the saved model is (1 − weight) × this stage's weights + weight × that stage's."""
+
+    stage: str = Field(description="The earlier training stage whose model's weights are averaged in.")
+    weight: float = Field(0.5, gt=0, lt=1, description="Its share of the average (0.5: the plain mean).")
+
+
 class TrainStageConfig(StrictModel):
     """One training stage. Defaults are QZhou §6.3's where it states them (τ 0.02, 4 hard negatives,
     weight decay 0.01, warm-up 300, lr 3e-5 / 2e-5, batch 256 for InfoNCE data and 768 for CoSENT
@@ -163,6 +171,9 @@ class TrainStageConfig(StrictModel):
         "the losses and their parameters are listed in docs/configuration.md."))
     alternate_tasks: bool = Field(False, description="Alternate retrieval and non-retrieval batches step by step "
                                   "(CoDiEmb); off = draw by the sampling weights.")
+    merge: MergeSpec | None = Field(None, description="Save the average of this stage's weights and an earlier "
+                                    "stage's (after dev selection): keeps what that stage learnt, e.g. retrieval "
+                                    "through a last STS stage. None = this stage's weights.")
     dev: DevConfig | None = Field(None, description="Dev evaluation during training and best-model selection; "
                                   "None = train to the last step.")
 
@@ -276,6 +287,18 @@ class TrainConfig(StrictModel):
         names = [s.name for s in v]
         if len(set(names)) != len(names):
             raise ValueError("stage names must be unique")
+        return v
+
+    @field_validator("stages")
+    @classmethod
+    def _merge_with_earlier(cls, v: list[TrainStageConfig]) -> list[TrainStageConfig]:
+        for i, stage in enumerate(v):
+            earlier = [s.name for s in v[:i]]
+            if stage.merge is not None and stage.merge.stage not in earlier:
+                raise ValueError(f"stages[{stage.name}].merge.stage: {stage.merge.stage!r} is no earlier stage "
+                                 f"(earlier: {', '.join(earlier) or 'none'})")
+            if stage.merge is not None and stage.mode != "contrastive":
+                raise ValueError(f"stages[{stage.name}].merge: only contrastive stages save weights that average")
         return v
 
     def _zero_stage(self) -> int | None:

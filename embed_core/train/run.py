@@ -82,6 +82,8 @@ def input_dirs(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstr
     run_dir = Path(run_dir)
     stage = get_stage(config, stage_name)[1]
     out = [run_dir / upstream, *start_model_dirs(config, run_dir, stage_name)]
+    if stage.merge is not None and run_dir / instance_name(stage.merge.stage) not in out:
+        out.append(run_dir / instance_name(stage.merge.stage))
     if stage.dev is not None and any(task.dataset for task in stage.dev.tasks):
         out.append(run_dir / "prepare")
     return out
@@ -150,19 +152,23 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str, *
     if up is None:
         raise EmbedpipeError(f"{run_dir / upstream}: no manifest.json — run the earlier stages first")
     prev = _init_stage(config, index, stage)
-    if prev is None:
-        init = {"base": model_fingerprint(cfg.base_model, cfg.pooling, cfg.max_length, False)}
-    else:
-        man = read_manifest(run_dir, instance_name(prev.name))
-        # the model it starts from (not its metrics, whose timings differ between identical runs)
-        init = {"stage": prev.name, "model": {n: i["sha256"] for n, i in man["outputs"].items() if n.startswith("model/")}
-                if man else "missing"}
+    init = ({"base": model_fingerprint(cfg.base_model, cfg.pooling, cfg.max_length, False)} if prev is None
+            else _stage_model_hashes(run_dir, prev.name))
     return Fingerprint.of(instance_name(stage.name), __name__, LIBRARIES, {
         # batch_size is per process: the global batch, and so the model, depends on how many train
         "processes": training_processes(cfg),
         "upstream": _used_outputs(run_dir / upstream, up, stage),
         "train": config_hash(cfg.model_copy(update={"stages": [], "work_pool": None, "processes": "auto"})), "stage": config_hash(stage), "init": init,
-        "dev": _dev_inputs(config, run_dir, stage), "seed": config.seed})
+        "dev": _dev_inputs(config, run_dir, stage), "seed": config.seed,
+        **({"merge": _stage_model_hashes(run_dir, stage.merge.stage)} if stage.merge is not None else {})})
+
+
+def _stage_model_hashes(run_dir: Path, stage_name: str) -> dict[str, Any]:
+    """A trained stage's model, by its files' hashes (not its metrics, whose timings differ between
+    identical runs)."""
+    man = read_manifest(run_dir, instance_name(stage_name))
+    return {"stage": stage_name, "model": {n: i["sha256"] for n, i in man["outputs"].items() if n.startswith("model/")}
+            if man else "missing"}
 
 
 def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, str]:
@@ -410,6 +416,8 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
     with StageWriter(run_dir, instance_name(stage.name)) as writer:
         model_dir = writer.staging / "model"
         _save_model(config, stage, datasets, init, trainer, instructions, model_dir, state)
+        if stage.merge is not None:
+            _merge(run_dir, stage, model_dir)
         write_card(model_dir, card, sentence_transformers_prompts(read_model_settings(model_dir)))
         writer.register_tree("model", kind="model")
         writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
@@ -431,8 +439,18 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
             "datasets": dataset_info,
             "counts": counts,
             "selected": selected,
+            "merged_with": stage.merge.model_dump() if stage.merge is not None else None,
             "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
         })
+
+
+def _merge(run_dir: Path, stage: TrainStageConfig, model_dir: Path) -> None:
+    """The saved weights become (1 − w) × the stage's + w × ``merge.stage``'s (``embed_core.model.merge``)."""
+    from embed_core.model.merge import write_average
+
+    other = run_dir / instance_name(stage.merge.stage) / "model"
+    write_average([model_dir, other], [1 - stage.merge.weight, stage.merge.weight], model_dir)
+    log.info("%s: saved weights averaged with %s's (weight %.2f)", stage.name, stage.merge.stage, stage.merge.weight)
 
 
 def _lineage(run_dir: Path, upstream: str, stage: TrainStageConfig, datasets: dict[str, DatasetRecords],

@@ -1,0 +1,71 @@
+"""A training stage with ``merge`` (issue 36, item 5) saves the average of its trained weights and
+an earlier stage's: exactly (1 − w)·θ_stage + w·θ_other, recorded in its manifest; the merge is
+part of the stage's cache key; naming a stage that is not earlier is refused at load."""
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from embed_core.artifacts import read_manifest
+from embed_core.config import parse_config
+from embed_core.errors import ConfigError
+from tests.helpers.repo import REPO
+
+COMMON = {"warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24, "lr": 1e-3,
+          "log_every": 100, "checkpoint_every": 100, "batch_size": {"retrieval": 4, "sts": 4, "classification": 4}}
+
+
+def _config(tmp, tiny_model, merge=None):
+    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
+    cfg.update(data_root=str(REPO / "data"), run_root=str(tmp / "runs"), run_name="merge")
+    for key in ("synthesize", "mine", "evaluate"):
+        cfg.pop(key, None)
+    last = {"name": "stage2", "tasks": ["sts"], "steps": 3, **COMMON, **({"merge": merge} if merge else {})}
+    cfg["train"] = {"base_model": str(tiny_model), "max_length": 32, "stages": [
+        {"name": "stage1", "tasks": ["retrieval"], "steps": 3, **COMMON}, last]}
+    return parse_config(cfg)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model):
+    from embed_core.prepare.run import run_prepare
+    from embed_core.train.run import run_train_stage
+
+    tmp = tmp_path_factory.mktemp("merge")
+    plain = _config(tmp, tiny_model)
+    run_dir = tmp / "runs/merge"
+    run_prepare(plain, run_dir)
+    for stage in ("stage1", "stage2"):
+        run_train_stage(plain, run_dir, stage, upstream="prepare")
+    weights = {name: load_file(str(run_dir / f"train-{name}/model/model.safetensors")) for name in ("stage1", "stage2")}
+    merged = _config(tmp, tiny_model, merge={"stage": "stage1", "weight": 0.25})
+    run_train_stage(merged, run_dir, "stage2", upstream="prepare")  # the same training, then the average
+    return run_dir, weights, plain, merged
+
+
+def test_the_saved_weights_are_the_weighted_average_of_the_stage_and_the_earlier_stage(trained):
+    run_dir, weights, _, _ = trained
+    saved = load_file(str(run_dir / "train-stage2/model/model.safetensors"))
+    assert set(saved) == set(weights["stage2"])
+    for name, tensor in saved.items():
+        expected = 0.75 * weights["stage2"][name].float() + 0.25 * weights["stage1"][name].float()
+        torch.testing.assert_close(tensor.float(), expected, rtol=0, atol=1e-6)
+    assert any(not torch.equal(saved[n], weights["stage2"][n]) for n in saved)
+    assert read_manifest(run_dir, "train-stage2")["merged_with"] == {"stage": "stage1", "weight": 0.25}
+
+
+def test_the_merge_is_part_of_the_stages_cache_key(trained):
+    from embed_core.train.run import input_fingerprint
+
+    run_dir, _, plain, merged = trained
+    keys = {input_fingerprint(c, run_dir, "stage2", upstream="prepare").key for c in (plain, merged)}
+    assert len(keys) == 2
+    assert read_manifest(run_dir, "train-stage2")["input_fingerprint"] == \
+        input_fingerprint(merged, run_dir, "stage2", upstream="prepare").key
+
+
+def test_merging_with_a_stage_that_is_not_earlier_is_refused_at_load(tmp_path, tiny_model):
+    with pytest.raises(ConfigError, match=r"stages\[stage2\]\.merge\.stage: 'stage3' is no earlier stage "
+                                          r"\(earlier: stage1\)"):
+        _config(tmp_path, tiny_model, merge={"stage": "stage3"})
