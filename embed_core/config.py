@@ -119,6 +119,8 @@ def dataset_filters(config: RunConfig) -> list[tuple[str, list[str]]]:
     if config.mine is not None:
         out += [("mine.datasets", config.mine.datasets or []), ("mine.corpora", list(config.mine.corpora))]
     for stage in config.train.stages if config.train is not None else []:
+        if stage.targeted_synthesis is not None:
+            out.append((f"train.stages[{stage.name}].targeted_synthesis.datasets", stage.targeted_synthesis.datasets))
         if stage.remine is not None:
             out += [(f"train.stages[{stage.name}].remine.datasets", stage.remine.get("datasets") or []),
                     (f"train.stages[{stage.name}].remine.corpora", list(stage.remine.get("corpora") or {}))]
@@ -134,6 +136,9 @@ def check_remine_settings(config: RunConfig) -> None:
     """Every training stage's re-mining settings are valid over the run's mine section (a window
     that an override empties is refused at load, not after the stages before it trained)."""
     for stage in config.train.stages if config.train is not None else []:
+        if stage.targeted_synthesis is not None and config.synthesize is None:
+            raise ValueError(f"train.stages[{stage.name}].targeted_synthesis: needs a synthesize section (the LLM "
+                             "server and filters it uses)")
         if stage.remine is None:
             continue
         try:

@@ -118,3 +118,23 @@ class SynthesizeConfig(StrictModel):
                                     "are cached). 1 = never fail.")
     retry_delay_s: float = Field(30, ge=0, description="Seconds before that task retry (time for an LLM server to "
                                  "come back after a restart).")
+
+
+class TargetedConfig(StrictModel):
+    """Error-driven synthesis before a training stage: the dev records the model it starts from gets
+    most wrong pick the training records nearest to them, and only those are synthesized from."""
+
+    datasets: list[str] = Field(min_length=1, description="Datasets whose dev records (prepare's dev_fraction or "
+                                "dev_path) are scored: retrieval (a query fails when its first positive ranks "
+                                "below retrieval_k among the dev passages), sts and pair tasks (the pairs whose "
+                                "cosine is furthest from the gold score scaled to 0..1) and classification (texts "
+                                "whose nearest training-label centroid is another label).")
+    failures: int = Field(50, ge=1, description="Worst dev records kept per dataset.")
+    retrieval_k: int = Field(10, ge=1, description="Retrieval: a dev query whose first positive ranks below this fails.")
+    neighbours: int = Field(2, ge=1, description="Training records taken per failure: the nearest by the query's (or "
+                                                 "text's) embedding, never a dev record.")
+    max_records: int = Field(200, ge=1, description="Budget: training records synthesized from, over all datasets "
+                                                    "(failures are served worst first, one neighbour each per round).")
+    strategies: list[SynthStrategy] = Field(default_factory=lambda: ["paraphrase", "hard_negative"],
+                                            description="What is generated for a selected record (hard negatives "
+                                                        "for every selected retrieval record).")

@@ -90,14 +90,26 @@ def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerpr
                    upstream: str) -> dict[str, Any]:
     """Run the synthesize stage on the records of ``upstream`` (a stage directory) and return its
     manifest."""
-    cfg = _cfg(config)
+    fingerprint = fingerprint or input_fingerprint(config, run_dir, upstream=upstream)
+    return synthesize_into(config, run_dir, _cfg(config), STAGE, fingerprint, upstream=upstream)
+
+
+def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfig, instance: str,
+                    fingerprint: Fingerprint, *, upstream: str, only: dict[str, set[str]] | None = None,
+                    extra: dict[str, Any] | None = None, tables: dict[str, pa.Table] | None = None) -> dict[str, Any]:
+    """Synthesize from the records of ``upstream`` with ``cfg`` and commit every record plus the
+    kept new ones as stage directory ``instance``; ``only``: dataset -> the record ids to
+    synthesize from (all small enough datasets' records without it); ``extra``: more manifest
+    sections, ``tables``: more stats tables. The manifest."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    fingerprint = fingerprint or input_fingerprint(config, run_dir, upstream=upstream)
     records, chosen = _chosen_datasets(cfg, run_dir, upstream)
+    if only is not None:
+        chosen = [ds for ds in records if only.get(ds)]
     templates = load_templates(cfg.prompt_dir)
-    jobs = [j for ds in chosen for j in plan_jobs(cfg, ds, records[ds], templates, config.seed)]
-    log.info("synthesize: %d requests planned over %d datasets", len(jobs), len(chosen))
+    jobs = [j for ds in chosen for j in plan_jobs(
+        cfg, ds, [r for r in records[ds] if only is None or r.id in only[ds]], templates, config.seed)]
+    log.info("%s: %d requests planned over %d datasets", instance, len(jobs), len(chosen))
 
     t_gen = time.perf_counter()
     outcomes, client_stats = generate(cfg, jobs, run_dir, config.seed) if jobs else ([], {"requests": 0})
@@ -111,7 +123,7 @@ def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerpr
                  "prompt": f"{o.job.template.name}@{o.job.template.version}", "reason": o.reason,
                  "detail": o.detail, "raw": o.raw, "attempts": o.attempts} for o in outcomes if o.answer is None]
 
-    with StageWriter(run_dir, STAGE) as writer:
+    with StageWriter(run_dir, instance) as writer:
         for ds, recs in records.items():
             negs = {c.record.id: c.record for c in by_ds.get(ds, []) if c.outcome.job.strategy == "hard_negative"}
             new = [c.record for c in by_ds.get(ds, []) if c.outcome.job.strategy != "hard_negative"]
@@ -120,6 +132,8 @@ def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerpr
         writer.write_table("_failures.parquet", _table(failures, FAILURE_FIELDS), kind="stats")
         writer.write_table("_filtered.parquet", _table(filtered, FILTERED_FIELDS), kind="stats")
         writer.write_table("_samples.parquet", _table(_samples(kept), SAMPLE_FIELDS), kind="stats")
+        for name, table in (tables or {}).items():
+            writer.write_table(name, table, kind="stats")
         manifest = writer.commit({
             "run_name": config.run_name,
             "input_fingerprint": fingerprint.key,
@@ -137,6 +151,7 @@ def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerpr
                        "client": client_stats,
                        "failed": len(failures), "filtered": len(filtered), "kept": len(kept)},
             "timings_s": {"generate": round(gen_s, 3), "total": round(time.perf_counter() - t0, 3)},
+            **(extra or {}),
         })
     return manifest
 

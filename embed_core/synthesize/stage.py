@@ -25,12 +25,12 @@ def format_counts(manifest: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
+def report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
     rows = [{"strategy": name, **s} for name, s in manifest["counts"]["strategies"].items()]
     return Report(markdown=(f"Samples: `{ctx.stage_dir}/_samples.parquet`, failures with raw replies: "
                             "`_failures.parquet`, filtered answers: `_filtered.parquet`."),
-                  table=rows, table_key="synthesize-stats-",
-                  table_description="synthesize stage: requests, failures and filters per strategy")
+                  table=rows, table_key=f"{ctx.instance}-stats-",
+                  table_description=f"{ctx.instance}: requests, failures and filters per strategy")
 
 
 # One task-level retry on top of the client's per-request retries: the request cache makes a
@@ -38,5 +38,5 @@ def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
 STAGE = Stage(name=NAME, help="LLM paraphrase, augmentation and hard negatives (needs prepare's output)",
               enabled=lambda c: c.synthesize is not None, fingerprint=body(BODY, "input_fingerprint", upstream=True),
               run=body(BODY, "run_synthesize", upstream=True),
-              summarize=format_counts, report=_report, produces_records=True, retries=1,
+              summarize=format_counts, report=report, produces_records=True, retries=1,
               retry_delay_s=lambda c: c.synthesize.retry_delay_s)

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from embed_core.config_base import StrictModel
 from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.mine.config import check_remine_keys
+from embed_core.synthesize.config import TargetedConfig
 
 
 class LoraSettings(StrictModel):
@@ -125,6 +126,11 @@ class TrainStageConfig(StrictModel):
         "keys over them ({} for none; model and pooling come from the stage), written to "
         "{run_dir}/mine-{name}/ and trained on instead of the mine stage's. None = train on the mine "
         "stage's negatives."))
+    targeted_synthesis: TargetedConfig | None = Field(None, description=(
+        "Error-driven synthesis before this stage (after remine): the dev records the model it starts from "
+        "gets most wrong select the nearest training records, and the synthesize section's server writes "
+        "paraphrases and hard negatives for those; written to {run_dir}/synth-{name}/, which this stage "
+        "trains on. Needs a synthesize section and dev records of the named datasets."))
     steps: int = Field(32000, ge=1, description="Optimizer steps (QZhou: 32k stage 1, 8k stage 2).")
     lr: float = Field(3e-5, gt=0, description="Peak learning rate (QZhou: 3e-5 stage 1, 2e-5 stage 2).")
     warmup_steps: int = Field(300, ge=0, description="Linear warm-up steps.")
