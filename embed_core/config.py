@@ -67,6 +67,27 @@ class TrackingConfig(StrictModel):
                             "(evaluate) as run artifacts.")
 
 
+class AblationConfig(StrictModel):
+    """What each change earns (``embedpipe ablate``): the run's config and every variant of it,
+    each run end to end with every seed in its own run directory, test scores as mean ± spread."""
+
+    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1,
+                             description="Seeds every row is run with (the run's seed is replaced).")
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "Row name -> settings that differ from the config, by path: dots into mappings, [name] picks a "
+        "list item by its name. E.g. {remine: {'train.stages[stage2].remine': {}}, no-negatives: "
+        "{'train.stages[stage2].num_hard_negatives': 0}}. The config itself is the row 'base'."))
+
+    @field_validator("variants")
+    @classmethod
+    def _names(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in v:
+            check_path_name(name, "ablation.variants")
+            if name == "base":
+                raise ValueError("ablation.variants: 'base' is the config itself; give the variant another name")
+        return v
+
+
 class RunConfig(StrictModel):
     run_name: str = Field("run", description="Name of the run: its directory under run_root (one path component).")
     run_root: str = Field("runs", description="Runs are written to {run_root}/{run_name}/{stage}/.")
@@ -80,6 +101,8 @@ class RunConfig(StrictModel):
     tracking: TrackingConfig | None = Field(None, description="Experiment tracking (MLflow); omitted = off.")
     embedding_cache: EmbeddingCacheConfig = Field(default_factory=EmbeddingCacheConfig,
                                                   description="Embedding cache shared by mine and evaluate.")
+    ablation: AblationConfig | None = Field(None, description="Variants of this config run end to end with "
+                                            "several seeds (`embedpipe ablate`); ignored by the pipeline.")
     sweep: SweepConfig | None = Field(None, description="Settings search over one train stage (`embedpipe sweep`); "
                                       "ignored by the pipeline.")
 

@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
         add_option_flags(sp, stage.options)
     _run_args(sub.add_parser("sweep", help="train every variant of the config's sweep section on the run's cached "
                                            "upstream artifacts, pick the best on dev, evaluate it, write sweep-<stage>/"))
+    _run_args(sub.add_parser("ablate", help="run the config and each variant of its ablation section with every "
+                                            "seed, end to end, and write the table of test scores (mean ± spread)"))
     wa = sub.add_parser("watch", help="fingerprint the sources, emit change events, run the pipeline (what the "
                                       "scheduled data-watch deployment does)")
     _run_args(wa, force=False)
@@ -164,6 +166,14 @@ def _stage(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
         print(f"report: {Path(common['run_dir']) / 'evaluate' / 'report.md'}")
 
 
+def _ablate(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
+    from flows.ablation import ablation_flow
+
+    result = ablation_flow(**common, force=args.force)
+    print(Path(result["report"]).read_text(encoding="utf-8"))
+    print(f"report: {result['report']}")
+
+
 def _sweep(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
     from flows.output import print_sweep
     from flows.sweep import sweep_flow
@@ -228,7 +238,7 @@ def _commands() -> dict[str, Handler]:
     from embed_core import stages
 
     return {"run": _flow_command(_pipeline), **{s.name: _flow_command(_stage) for s in stages.all_stages()},
-            "sweep": _flow_command(_sweep), "watch": _flow_command(_watch), "status": _status, "compare": _compare,
+            "sweep": _flow_command(_sweep), "ablate": _flow_command(_ablate), "watch": _flow_command(_watch), "status": _status, "compare": _compare,
             "plan": _plan, "inspect": _inspect, "lineage": _lineage}
 
 

@@ -1,0 +1,53 @@
+"""Ablation rows (``embed_core.ablation``): settings changed by path, one run per row and seed
+under its own name and seed, evaluated with its last stage's model; the table's mean ± spread."""
+
+import pytest
+import yaml
+
+from embed_core.ablation import report_markdown, row_configs, set_path, summary
+from embed_core.config import parse_config
+from embed_core.errors import ConfigError
+from tests.helpers.repo import REPO
+
+
+def _config(**ablation):
+    raw = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
+    raw.update(data_root=str(REPO / "data"), ablation=ablation)
+    return parse_config(raw)
+
+
+def test_a_path_reaches_into_mappings_and_picks_list_items_by_name():
+    raw = {"train": {"stages": [{"name": "a", "lr": 1}, {"name": "b", "lr": 2}]}}
+    set_path(raw, "train.stages[b].lr", 5)
+    set_path(raw, "train.stages[a].losses.sts", "cosent")
+    assert raw["train"]["stages"] == [{"name": "a", "lr": 1, "losses": {"sts": "cosent"}}, {"name": "b", "lr": 5}]
+    with pytest.raises(ConfigError, match=r"train.stages\[c\].lr: no item named 'c' in stages"):
+        set_path(raw, "train.stages[c].lr", 1)
+
+
+def test_every_row_runs_with_every_seed_under_its_own_name_and_its_last_stages_model():
+    config = _config(seeds=[1, 2], variants={"remine": {"train.stages[stage2].remine": {"num_negatives": 2}}})
+    runs = row_configs(config)
+    assert [(row, seed, c.run_name, c.seed) for row, seed, c in runs] == [
+        ("base", 1, "demo-base-s1", 1), ("base", 2, "demo-base-s2", 2),
+        ("remine", 1, "demo-remine-s1", 1), ("remine", 2, "demo-remine-s2", 2)]
+    assert runs[0][2].train.stages[1].remine is None and runs[2][2].train.stages[1].remine == {"num_negatives": 2}
+    assert runs[3][2].evaluate.models == ["runs/demo-remine-s2/train-stage2/model"]
+    assert all(c.ablation is None for _, _, c in runs)
+
+
+def test_a_variant_that_makes_a_bad_config_is_refused_with_its_row_name():
+    config = _config(variants={"typo": {"train.stages[stage2].setps": 3}})
+    with pytest.raises(ConfigError, match=r"ablation.variants.typo: .*setps"):
+        row_configs(config)
+
+
+def test_the_table_holds_mean_and_sample_spread_over_seeds_and_the_difference_to_base():
+    config = _config(seeds=[1, 2], variants={"x": {"seed": 0}})
+    rows = [{"row": "base", "seed": 1, "task": "T", "score": 0.80}, {"row": "base", "seed": 2, "task": "T", "score": 0.82},
+            {"row": "x", "seed": 1, "task": "T", "score": 0.85}, {"row": "x", "seed": 2, "task": "T", "score": 0.85}]
+    stats = {(s["row"], s["task"]): s for s in summary(rows)}
+    assert stats[("base", "T")]["mean"] == pytest.approx(81.0) and stats[("base", "T")]["std"] == pytest.approx(2 ** 0.5)
+    table = report_markdown(config, summary(rows))
+    assert "| base | the config | 81.00 ± 1.41 |" in table
+    assert "| x | `seed: 0` | 85.00 ± 0.00 (+4.00) |" in table
