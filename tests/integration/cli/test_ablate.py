@@ -10,7 +10,7 @@ import yaml
 
 from embed_core.evaluate.run import main_scores
 from embed_core.rundir import read_history
-from tests.helpers.cli_run import in_process
+from tests.helpers.cli_run import in_process, in_subprocess
 from tests.helpers.repo import REPO
 
 COMMON = {"warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24,
@@ -19,8 +19,6 @@ COMMON = {"warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "p
 
 @pytest.fixture(scope="module")
 def ablated(tmp_path_factory, tiny_model):
-    from flows.cli import main
-
     tmp = tmp_path_factory.mktemp("ablate")
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     cfg.update(data_root=str(REPO / "data"), run_root=str(tmp / "runs"), run_name="abl")
@@ -33,7 +31,8 @@ def ablated(tmp_path_factory, tiny_model):
     cfg["ablation"] = {"seeds": [1, 2], "variants": {"sts-only": {"train.stages[stage1].tasks": ["sts"]}}}
     path = tmp / "abl.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    assert main(["ablate", "--config", str(path)]) == 0
+    result = in_subprocess("ablate", "--config", path, timeout=900)  # its own process: no logging state left here
+    assert result.rc == 0, result.err[-3000:]
     return path, tmp / "runs"
 
 

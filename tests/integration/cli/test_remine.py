@@ -12,7 +12,7 @@ from embed_core.config import load_config
 from embed_core.model.encoder import model_fingerprint
 from embed_core.rundir import read_history
 from embed_core.train.lineage import LINEAGE_FILE, read_metadata
-from tests.helpers.cli_run import in_process
+from tests.helpers.cli_run import in_process, in_subprocess
 from tests.helpers.repo import REPO
 
 COMMON = {"warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24,
@@ -37,11 +37,10 @@ def _config(tmp, tiny_model, stage2_lr=1e-3):
 
 @pytest.fixture(scope="module")
 def remined(tmp_path_factory, tiny_model):
-    from flows.cli import main
-
     tmp = tmp_path_factory.mktemp("remine")
     path = _config(tmp, tiny_model)
-    assert main(["run", "--config", str(path)]) == 0
+    result = in_subprocess("run", "--config", path, timeout=900)  # its own process: no logging state left here
+    assert result.rc == 0, result.err[-3000:]
     return tmp, path, tmp / "runs/remine"
 
 

@@ -11,7 +11,7 @@ from embed_core.artifacts import read_manifest, read_records
 from embed_core.rundir import read_history
 from embed_core.schema import table_to_records
 from embed_core.train.lineage import LINEAGE_FILE, read_metadata
-from tests.helpers.cli_run import in_process
+from tests.helpers.cli_run import in_process, in_subprocess
 from tests.helpers.llm_server import ScriptedLLMServer
 from tests.helpers.repo import REPO
 
@@ -43,12 +43,11 @@ def _config(tmp, tiny_model, url):
 
 @pytest.fixture(scope="module")
 def targeted(tmp_path_factory, tiny_model):
-    from flows.cli import main
-
     tmp = tmp_path_factory.mktemp("targeted")
     with ScriptedLLMServer() as server:
         path = _config(tmp, tiny_model, server.base_url)
-        assert main(["run", "--config", str(path)]) == 0
+        result = in_subprocess("run", "--config", path, timeout=900)  # its own process: no logging state left here
+        assert result.rc == 0, result.err[-3000:]
         yield path, tmp / "runs/targeted", server
 
 
