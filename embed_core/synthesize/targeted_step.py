@@ -65,13 +65,14 @@ def targeted_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str
     targeted = _stage(config, stage_name)
     cfg = synth_settings(config, targeted)
     templates = load_templates(cfg.prompt_dir)
+    model_fp = _model_fp(config, model)
     return Fingerprint.of(instance, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in ups[upstream]["outputs"].items() if i.get("kind") == "records"},
         "dev": {n: i["sha256"] for n, i in ups["prepare"]["outputs"].items() if n.startswith("dev/")},
-        "model": _model_fp(config, model), "targeted": config_hash(targeted), "synthesize": config_hash(cfg),
+        "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()},
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
-        details={"model_fingerprint": _model_fp(config, model), "prompt_versions": template_versions(templates)})
+        details={"model_fingerprint": model_fp, "prompt_versions": template_versions(templates)})
 
 
 def _embedder(config: RunConfig, run_dir: Path, model: str, model_fp: str):
