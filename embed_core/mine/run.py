@@ -27,7 +27,7 @@ from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mine.miner import eligible, mine_records
 from embed_core.mine.stage import NAME as STAGE
-from embed_core.model.embedding_cache import EmbeddingCache, open_cache
+from embed_core.model.embedding_cache import LazyCachedEmbed, open_cache
 from embed_core.model.encoder import model_dim, model_fingerprint, uses_bf16
 from embed_core.plots import pyplot, to_png
 from embed_core.prepare.convert.beir import load_corpus
@@ -54,6 +54,20 @@ def _encoder(cfg: MineConfig, path: str, dim: int):
 
     encoder = Encoder(path, pooling=cfg.pooling, max_length=cfg.max_length, precision=cfg.precision)
     return lambda texts: encoder.encode(texts, batch_size=cfg.batch_size, show_progress=True)
+
+
+def _cached_embed(config: RunConfig, run_dir: Path, cfg: MineConfig) -> LazyCachedEmbed:
+    """texts -> embeddings under ``cfg``'s model through the run's cache (the model is resolved and
+    loaded only when something needs encoding: a GGUF model is de-quantised then)."""
+    from embed_core.model.encoder import resolve_model_path
+
+    def open_():
+        bf16 = uses_bf16(cfg.precision, _encode_device(cfg))
+        path = resolve_model_path(cfg.model)
+        return open_cache(path, run_dir, config.embedding_cache,
+                          model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, bf16), model_dim(path), cfg.cache_dtype)
+
+    return LazyCachedEmbed(open_, lambda cache: _encoder(cfg, resolve_model_path(cfg.model), cache.dim))
 
 
 def _encode_device(cfg: MineConfig) -> str:
@@ -138,20 +152,7 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
     fingerprint = fingerprint or mining_fingerprint(config, run_dir, cfg, instance, upstream=upstream)
     tables = read_records(run_dir, upstream)
 
-    cache: EmbeddingCache | None = None
-    encode = None
-
-    def embed(texts: list[str]):
-        nonlocal cache, encode
-        if cache is None:  # load the model only when something needs encoding
-            from embed_core.model.encoder import resolve_model_path
-
-            bf16 = uses_bf16(cfg.precision, _encode_device(cfg))
-            path = resolve_model_path(cfg.model)
-            cache = open_cache(path, run_dir, config.embedding_cache, model_fingerprint(cfg.model, cfg.pooling,
-                               cfg.max_length, bf16), model_dim(path), cfg.cache_dtype)
-            encode = _encoder(cfg, path, cache.dim)
-        return cache.get_or_encode(texts, encode)
+    embed = _cached_embed(config, run_dir, cfg)
 
     out_tables: dict[str, pa.Table] = {}
     per_dataset: list[dict[str, Any]] = []
@@ -200,8 +201,8 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
                       "max_length": cfg.max_length, "precision": cfg.precision},
             "settings": cfg.model_dump(mode="json"),
             "counts": {"datasets": per_dataset,
-                       "texts_encoded": cache.encoded_texts if cache else 0,
-                       "cache_size": len(cache) if cache else None},
+                       "texts_encoded": embed.cache.encoded_texts if embed.cache else 0,
+                       "cache_size": len(embed.cache) if embed.cache else None},
             "timings_s": {"total": round(time.perf_counter() - t0, 3)},
         })
     return manifest

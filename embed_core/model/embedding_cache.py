@@ -65,6 +65,29 @@ def open_cache(model_path: str | Path, run_dir: str | Path, settings: Any, model
     return EmbeddingCache(root, model_fingerprint, dim, dtype, max_bytes=max_bytes)
 
 
+class LazyCachedEmbed:
+    """texts -> embeddings through a run's cache: the cache is opened (``open``) on the first call and
+    the encoder built (``make_encoder(cache)``: texts -> embeddings) on the first text the cache
+    lacks, so a rerun whose texts are all cached never loads the model. ``cache`` is None until the
+    first call (the counts a manifest reports)."""
+
+    def __init__(self, open: Callable[[], "EmbeddingCache"],
+                 make_encoder: Callable[["EmbeddingCache"], Callable[[list[str]], np.ndarray]]):
+        self._open, self._make_encoder = open, make_encoder
+        self.cache: EmbeddingCache | None = None
+        self._encoder: Callable[[list[str]], np.ndarray] | None = None
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if self._encoder is None:
+            self._encoder = self._make_encoder(self.cache)
+        return self._encoder(texts)
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        if self.cache is None:
+            self.cache = self._open()
+        return self.cache.get_or_encode(texts, self._encode)
+
+
 def enforce_size_cap(root: str | Path, max_bytes: int, keep: Path | None = None) -> list[Path]:
     """Remove whole model directories under ``root``, least recently used first (directory mtime,
     refreshed by every ``EmbeddingCache`` that opens one), until the cache holds at most

@@ -77,19 +77,15 @@ def targeted_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str
 
 def _embedder(config: RunConfig, run_dir: Path, model: str, model_fp: str):
     """texts -> L2-normalised embeddings under ``model`` (the run's embedding cache; loaded on first use)."""
-    from embed_core.model.embedding_cache import open_cache
+    from embed_core.model.embedding_cache import LazyCachedEmbed, open_cache
     from embed_core.model.encoder import Encoder, model_dim
 
-    state: dict[str, Any] = {}
+    def make_encoder(cache):
+        encoder = Encoder(model, pooling=config.train.pooling, max_length=config.train.max_length, precision="fp32")
+        return lambda texts: encoder.encode(texts, batch_size=64)
 
-    def embed(texts: list[str]):
-        if "cache" not in state:
-            state["cache"] = open_cache(model, run_dir, config.embedding_cache, model_fp, model_dim(model), "float16")
-            state["encoder"] = Encoder(model, pooling=config.train.pooling, max_length=config.train.max_length,
-                                       precision="fp32")
-        return state["cache"].get_or_encode(texts, lambda part: state["encoder"].encode(part, batch_size=64))
-
-    return embed
+    return LazyCachedEmbed(
+        lambda: open_cache(model, run_dir, config.embedding_cache, model_fp, model_dim(model), "float16"), make_encoder)
 
 
 def run_targeted(config: RunConfig, run_dir: str | Path, stage_name: str, instance: str, model: str,

@@ -25,3 +25,24 @@ def add_tiny_stages(config_path: Path, tmp_path: Path, *, evaluate: bool) -> str
         {"name": "stage1", "tasks": ["retrieval"], "steps": 2, **small}, {"name": "stage2", "steps": 2, "eta": 0.72, **small}]}
     config_path.write_text(yaml.safe_dump(cfg))
     return tiny
+
+
+# the settings of a tiny training stage (a few steps of batch 4 on short texts); a stage's own win
+TINY_STAGE = {"lr": 1e-3, "warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24,
+              "log_every": 100, "checkpoint_every": 100,
+              "batch_size": {"retrieval": 4, "sts": 4, "classification": 4, "nli": 4}}
+
+
+def tiny_demo_config(tmp: Path, tiny_model: str | Path, run_name: str, stages: list[dict], *,
+                     keep: tuple[str, ...] = ()) -> dict:
+    """The demo config (a dict) on the repository's demo data, run under ``tmp/runs/<run_name>``,
+    training ``tiny_model`` (max_length 32) through ``stages`` (each a ``TINY_STAGE`` with its own
+    settings over it); of the optional sections (synthesize, mine, evaluate) only ``keep`` stay."""
+    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
+    cfg.update(data_root=str(REPO / "data"), run_root=str(tmp / "runs"), run_name=run_name)
+    for key in ("synthesize", "mine", "evaluate"):
+        if key not in keep:
+            cfg.pop(key, None)
+    cfg["train"] = {"base_model": str(tiny_model), "max_length": 32,
+                    "stages": [{**TINY_STAGE, **stage} for stage in stages]}
+    return cfg

@@ -6,13 +6,12 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from embed_core.config import parse_config
 from embed_core.lineage import chain, find_matches
 from embed_core.prepare.cleaning import normalize_text
 from tests.helpers.cli_run import in_process
-from tests.helpers.repo import REPO
+from tests.helpers.repo import tiny_demo_config
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +21,8 @@ def trained(tmp_path_factory, tiny_model):
     from embed_core.train.run import run_train_stage
 
     tmp = tmp_path_factory.mktemp("lineage-cli")
-    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
-    cfg.update(data_root=str(REPO / "data"), run_root=str(tmp / "runs"))
-    for key in ("synthesize", "mine", "evaluate"):
-        cfg.pop(key, None)
-    common = {"lr": 1e-3, "warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24,
-              "log_every": 100, "batch_size": {"retrieval": 4, "classification": 4, "sts": 4, "nli": 4}}
-    cfg["train"] = {"base_model": str(tiny_model), "max_length": 32, "stages": [
-        {"name": "stage1", "tasks": ["retrieval"], "steps": 3, **common},
-        {"name": "stage2", "steps": 4, "eta": 0.5, **common}]}
+    cfg = tiny_demo_config(tmp, tiny_model, "demo", [
+        {"name": "stage1", "tasks": ["retrieval"], "steps": 3}, {"name": "stage2", "steps": 4, "eta": 0.5}])
     config = parse_config(cfg)
     run_dir = tmp / "runs/demo"
     run_prepare(config, run_dir)

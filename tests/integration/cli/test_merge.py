@@ -4,27 +4,19 @@ part of the stage's cache key; naming a stage that is not earlier is refused at 
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
 from embed_core.artifacts import read_manifest
 from embed_core.config import parse_config
 from embed_core.errors import ConfigError
-from tests.helpers.repo import REPO
+from tests.helpers.repo import tiny_demo_config
 
-COMMON = {"warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24, "lr": 1e-3,
-          "log_every": 100, "checkpoint_every": 100, "batch_size": {"retrieval": 4, "sts": 4, "classification": 4}}
 
 
 def _config(tmp, tiny_model, merge=None):
-    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
-    cfg.update(data_root=str(REPO / "data"), run_root=str(tmp / "runs"), run_name="merge")
-    for key in ("synthesize", "mine", "evaluate"):
-        cfg.pop(key, None)
-    last = {"name": "stage2", "tasks": ["sts"], "steps": 3, **COMMON, **({"merge": merge} if merge else {})}
-    cfg["train"] = {"base_model": str(tiny_model), "max_length": 32, "stages": [
-        {"name": "stage1", "tasks": ["retrieval"], "steps": 3, **COMMON}, last]}
-    return parse_config(cfg)
+    return parse_config(tiny_demo_config(tmp, tiny_model, "merge", [
+        {"name": "stage1", "tasks": ["retrieval"], "steps": 3},
+        {"name": "stage2", "tasks": ["sts"], "steps": 3, **({"merge": merge} if merge else {})}]))
 
 
 @pytest.fixture(scope="module")

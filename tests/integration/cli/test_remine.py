@@ -13,23 +13,18 @@ from embed_core.model.encoder import model_fingerprint
 from embed_core.rundir import read_history
 from embed_core.train.lineage import LINEAGE_FILE, read_metadata
 from tests.helpers.cli_run import in_process, in_subprocess
-from tests.helpers.repo import REPO
+from tests.helpers.repo import tiny_demo_config
 
-COMMON = {"warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24,
-          "log_every": 100, "checkpoint_every": 100, "tasks": ["retrieval"], "batch_size": {"retrieval": 4}}
+TASKS = {"tasks": ["retrieval"]}
 
 
 def _config(tmp, tiny_model, stage2_lr=1e-3):
-    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
-    cfg.update(data_root=str(REPO / "data"), run_root=str(tmp / "runs"), run_name="remine")
-    for key in ("synthesize", "evaluate"):
-        cfg.pop(key, None)
+    cfg = tiny_demo_config(tmp, tiny_model, "remine", [
+        # a high learning rate: stage 1's model ranks the pool differently from the base's
+        {"name": "stage1", "steps": 6, "lr": 3e-3, **TASKS},
+        {"name": "stage2", "steps": 2, "lr": stage2_lr, "remine": {"num_negatives": 3}, **TASKS}])
     cfg["mine"] = {"model": str(tiny_model), "max_length": 32, "datasets": ["scifact"], "range_min": 0,
                    "range_max": 8, "num_negatives": 2, "relative_margin": None}
-    cfg["train"] = {"base_model": str(tiny_model), "max_length": 32, "stages": [
-        # a high learning rate: stage 1's model ranks the pool differently from the base's
-        {"name": "stage1", "steps": 6, "lr": 3e-3, **COMMON},
-        {"name": "stage2", "steps": 2, "lr": stage2_lr, "remine": {"num_negatives": 3}, **COMMON}]}
     path = tmp / "remine.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -13,29 +13,23 @@ from embed_core.schema import table_to_records
 from embed_core.train.lineage import LINEAGE_FILE, read_metadata
 from tests.helpers.cli_run import in_process, in_subprocess
 from tests.helpers.llm_server import ScriptedLLMServer
-from tests.helpers.repo import REPO
+from tests.helpers.repo import tiny_demo_config
 
 DATASETS = ["scifact", "stsb", "banking77"]
-COMMON = {"warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24, "lr": 1e-3,
-          "log_every": 100, "checkpoint_every": 100,
-          "batch_size": {"retrieval": 4, "sts": 4, "classification": 4}}
 
 
 def _config(tmp, tiny_model, url):
-    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
-    cfg.update(data_root=str(REPO / "data"), run_root=str(tmp / "runs"), run_name="targeted")
-    for key in ("mine", "evaluate"):
-        cfg.pop(key, None)
+    cfg = tiny_demo_config(tmp, tiny_model, "targeted", [
+        {"name": "stage1", "tasks": ["retrieval"], "steps": 3},
+        {"name": "stage2", "tasks": ["retrieval", "sts", "classification"], "steps": 2,
+         "targeted_synthesis": {"datasets": DATASETS, "failures": 4, "neighbours": 2, "max_records": 9}}],
+        keep=("synthesize",))
     cfg["prepare"]["sources"] = [{**s, "dev_fraction": 0.2} for s in cfg["prepare"]["sources"] if s["name"] in DATASETS]
     cfg["synthesize"] = {
         "server": {"base_url": url, "model": "scripted", "mode": "completion", "timeout_s": 5.0, "max_concurrency": 2},
         "datasets": [],  # no general synthesis: the targeted step only
         "filter": {"model": str(tiny_model), "max_length": 32, "paraphrase_min_sim": -1.0, "pair_min_sim": -1.0,
                    "negative_min_sim": -1.0}}
-    cfg["train"] = {"base_model": str(tiny_model), "max_length": 32, "stages": [
-        {"name": "stage1", "tasks": ["retrieval"], "steps": 3, **COMMON},
-        {"name": "stage2", "tasks": ["retrieval", "sts", "classification"], "steps": 2, **COMMON,
-         "targeted_synthesis": {"datasets": DATASETS, "failures": 4, "neighbours": 2, "max_records": 9}}]}
     path = tmp / "targeted.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
