@@ -29,6 +29,7 @@ import numpy as np
 
 from embed_core.mine.config import MineConfig
 from embed_core.errors import ConfigError
+from embed_core.model.settings import ModelSettings, instructed
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import Record
 
@@ -284,19 +285,23 @@ class _Miner:
 
 
 def mine_records(records: list[Record], embed: Embed, cfg: MineConfig, corpus: list[str] | None = None,
-                 index_dir: Path | None = None, *, seed: int) -> tuple[list[Record], MineStats]:
+                 index_dir: Path | None = None, *, seed: int,
+                 settings: ModelSettings | None = None) -> tuple[list[Record], MineStats]:
     """Return ``records`` with mined negatives added to the eligible ones, and the statistics.
     ``index_dir``: where an ``on_disk`` index keeps its files (the caller removes them); ``seed``:
-    the run's seed (index training sample, random sampling and padding)."""
+    the run's seed (index training sample, random sampling and padding); ``settings``: the mining
+    model's (``read_model_settings``), so a model trained with instructions mines with them
+    (``instructed``)."""
     stats = MineStats()
     todo = [i for i, r in enumerate(records) if eligible(r, cfg)]
     if not todo:
         return list(records), stats
+    embed, embed_queries = instructed(records, embed, settings)
     pool = candidate_pool(records, corpus)
     miner = _Miner(cfg, embed, pool, text_labels(records), random.Random(seed), stats)
     index, stats.index = build_index(pool, embed, cfg, seed, index_dir)
 
-    query_vecs = embed([records[i].query for i in todo])
+    query_vecs = embed_queries([records[i].query for i in todo])
     pos_texts = sorted({t for i in todo for t in records[i].positives})
     pos_vecs = dict(zip(pos_texts, embed(pos_texts)))
     old_neg_texts = sorted({t for i in todo for t in records[i].negatives if not records[i].negative_scores})

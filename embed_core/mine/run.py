@@ -28,7 +28,8 @@ from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mine.miner import eligible, mine_records
 from embed_core.mine.stage import NAME as STAGE
 from embed_core.model.embedding_cache import LazyCachedEmbed, open_cache
-from embed_core.model.encoder import model_dim, model_fingerprint, uses_bf16
+from embed_core.model.encoder import model_dim, model_fingerprint, model_source, uses_bf16
+from embed_core.model.settings import read_model_settings
 from embed_core.plots import pyplot, to_png
 from embed_core.prepare.convert.beir import load_corpus
 from embed_core.prepare.readers import root_for
@@ -153,6 +154,7 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
     tables = read_records(run_dir, upstream)
 
     embed = _cached_embed(config, run_dir, cfg)
+    settings = read_model_settings(model_source(cfg.model))  # a model trained with instructions mines with them
 
     out_tables: dict[str, pa.Table] = {}
     per_dataset: list[dict[str, Any]] = []
@@ -170,7 +172,8 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
                 t_ds = time.perf_counter()
                 corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
                 index_dir = writer.scratch / f"index-{dataset}" if cfg.index.on_disk else None
-                mined, stats = mine_records(records, embed, cfg, corpus, index_dir=index_dir, seed=config.seed)
+                mined, stats = mine_records(records, embed, cfg, corpus, index_dir=index_dir, seed=config.seed,
+                                            settings=settings)
                 if index_dir is not None:  # the on-disk index's files, no longer needed
                     shutil.rmtree(index_dir, ignore_errors=True)
                 out_tables[name] = records_to_table(mined)
@@ -198,7 +201,8 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
             "input_fingerprint": fingerprint.key,
             "code": fingerprint.code,
             "model": {"path": cfg.model, "fingerprint": fingerprint.details["model_fingerprint"], "pooling": cfg.pooling,
-                      "max_length": cfg.max_length, "precision": cfg.precision},
+                      "max_length": cfg.max_length, "precision": cfg.precision,
+                      "instructions": settings.use_instructions},
             "settings": cfg.model_dump(mode="json"),
             "counts": {"datasets": per_dataset,
                        "texts_encoded": embed.cache.encoded_texts if embed.cache else 0,

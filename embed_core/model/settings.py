@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from embed_core.schema import SYMMETRIC_TASKS, Record
+
+Embed = Callable[[list[str]], Any]  # texts -> their embeddings (rows)
 
 DEFAULT_TEMPLATE = "Instruct: {instruction}\nQuery: {text}"
 SETTINGS_FILE = "embedpipe.json"
@@ -86,6 +91,45 @@ def sentence_transformers_prompts(settings: ModelSettings) -> dict[str, str]:
         if name in retrieval_names:
             prompts[f"{name}-document"] = ""
     return prompts
+
+
+def side_instruction(settings: ModelSettings, task: str, record_instruction: str, side: str) -> str | None:
+    """The instruction a model trained here puts on one ``side`` ("query" or "document") of a record
+    of ``task``, as training does (``embed_core.train.batches``): none when it was trained without;
+    the record's on the query side and, for symmetric tasks, on the document side too; a method's
+    own fixed instructions (AutoRegEmbed) by task, passages included."""
+    if not settings.use_instructions:
+        return None
+    if settings.instructions_fixed:
+        kind = "retrieval_passage" if task == "retrieval" and side == "document" else task
+        return settings.task_instructions.get(kind) or None
+    if side == "document" and task not in SYMMETRIC_TASKS:
+        return None
+    return record_instruction or None
+
+
+def instructed(records: list[Record], embed: Embed, settings: ModelSettings | None) -> tuple[Embed, Embed]:
+    """(documents' embed, queries' embed) for a model used as it was trained
+    (``side_instruction``): a query with its record's instruction, a document with the instruction
+    of the record it comes from where the task puts one on both sides; texts as they are for a
+    model trained without instructions (``settings`` None or ``use_instructions`` false)."""
+    if settings is None or not settings.use_instructions:
+        return embed, embed
+    query_of: dict[str, str | None] = {}
+    document_of: dict[str, str | None] = {}
+    for r in records:
+        query_of.setdefault(r.query, side_instruction(settings, r.task, r.instruction, "query"))
+        for t in (*r.positives, *r.negatives, *([r.query] if r.task == "classification" else [])):
+            document_of.setdefault(t, side_instruction(settings, r.task, r.instruction, "document"))
+    fixed = side_instruction(settings, "retrieval", "", "document")  # a corpus text's (fixed instructions only)
+
+    def documents(texts: list[str]):
+        return embed([settings.format(document_of.get(t, fixed), t) for t in texts])
+
+    def queries(texts: list[str]):
+        return embed([settings.format(query_of.get(t), t) for t in texts])
+
+    return documents, queries
 
 
 def _json(path: Path) -> dict[str, Any] | None:

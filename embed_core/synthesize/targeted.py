@@ -47,15 +47,17 @@ class Failure:
     detail: str
 
 
-def retrieval_failures(dataset: str, dev: list[Record], embed: Embed, k: int) -> list[Failure]:
+def retrieval_failures(dataset: str, dev: list[Record], embed: Embed, k: int,
+                       embed_docs: Embed | None = None) -> list[Failure]:
     """Dev queries whose first positive ranks at ``k`` or below (0-based rank ≥ k) among every
-    positive and negative passage of the dataset's dev records."""
+    positive and negative passage of the dataset's dev records (``embed_docs`` encodes those,
+    ``embed`` the queries: ``instructed``)."""
     queries = [r for r in dev if r.positives]
     passages = list(dict.fromkeys(t for r in queries for t in (*r.positives, *r.negatives)))
     if not queries or not passages:
         return []
     where = {t: i for i, t in enumerate(passages)}
-    scores = embed([r.query for r in queries]) @ embed(passages).T
+    scores = embed([r.query for r in queries]) @ (embed_docs or embed)(passages).T
     out = []
     for rec, row in zip(queries, scores):
         best = max(row[where[p]] for p in rec.positives)
@@ -65,15 +67,16 @@ def retrieval_failures(dataset: str, dev: list[Record], embed: Embed, k: int) ->
     return out
 
 
-def pair_failures(dataset: str, dev: list[Record], embed: Embed) -> list[Failure]:
-    """Every scored dev pair with its error |cos − gold scaled to 0..1| as severity."""
+def pair_failures(dataset: str, dev: list[Record], embed: Embed, embed_docs: Embed | None = None) -> list[Failure]:
+    """Every scored dev pair with its error |cos − gold scaled to 0..1| as severity (``embed`` the
+    first texts, ``embed_docs`` the second)."""
     pairs = [r for r in dev if r.positives and r.positive_scores]
     if not pairs:
         return []
     gold = np.array([r.positive_scores[0] for r in pairs], dtype=np.float64)
     span = gold.max() - gold.min()
     scaled = (gold - gold.min()) / span if span > 0 else np.ones_like(gold)
-    cos = (embed([r.query for r in pairs]) * embed([r.positives[0] for r in pairs])).sum(axis=1)
+    cos = (embed([r.query for r in pairs]) * (embed_docs or embed)([r.positives[0] for r in pairs])).sum(axis=1)
     return [Failure(dataset, r.task, r.id, r.query, float(abs(c - g)), f"cosine {c:.3f}, gold {g:.3f} (scaled)")
             for r, c, g in zip(pairs, cos, scaled)]
 
@@ -100,13 +103,14 @@ def classification_failures(dataset: str, dev: list[Record], train: list[Record]
 
 
 def failures_of(dataset: str, dev: list[Record], train: list[Record], embed: Embed,
-                cfg: TargetedConfig) -> list[Failure]:
-    """The dataset's ``cfg.failures`` worst dev records (worst first), by its dev records' task."""
+                cfg: TargetedConfig, embed_docs: Embed | None = None) -> list[Failure]:
+    """The dataset's ``cfg.failures`` worst dev records (worst first), by its dev records' task
+    (``embed`` encodes queries and ``embed_docs`` documents, as the model was trained: ``instructed``)."""
     task = dev[0].task if dev else None
     if task == "retrieval":
-        found = retrieval_failures(dataset, dev, embed, cfg.retrieval_k)
+        found = retrieval_failures(dataset, dev, embed, cfg.retrieval_k, embed_docs)
     elif task in PAIR_TASKS:
-        found = pair_failures(dataset, dev, embed)
+        found = pair_failures(dataset, dev, embed, embed_docs)
     elif task == "classification":
         found = classification_failures(dataset, dev, train, embed)
     else:

@@ -22,6 +22,7 @@ from embed_core.artifacts import read_manifest, read_records
 from embed_core.config import RunConfig, config_hash
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint
+from embed_core.model.settings import instructed, read_model_settings
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import table_to_records
 from embed_core.synthesize.config import SynthesizeConfig, TargetedConfig
@@ -99,7 +100,8 @@ def run_targeted(config: RunConfig, run_dir: str | Path, stage_name: str, instan
     dev_tables = read_records(run_dir, "prepare", kind="dev_records")
     train_tables = read_records(run_dir, upstream)
     embed = _embedder(config, run_dir, model, fingerprint.details["model_fingerprint"])
-    train, failures, dev_texts = {}, [], set()
+    settings = read_model_settings(model)  # a model trained with instructions is scored with them
+    train, failures, dev_texts, records = {}, [], set(), []
     for dataset in targeted.datasets:
         dev_table = dev_tables.get(f"dev/{dataset}.parquet")
         if dev_table is None or dev_table.num_rows == 0:
@@ -109,8 +111,11 @@ def run_targeted(config: RunConfig, run_dir: str | Path, stage_name: str, instan
         dev_texts |= {normalize_text(t) for r in dev for t in r.texts()}
         train[dataset] = table_to_records(train_tables[f"{dataset}.parquet"]) \
             if f"{dataset}.parquet" in train_tables else []
-        failures += failures_of(dataset, dev, train[dataset], embed, targeted)
-    chosen = select_records(failures, train, dev_texts, embed, targeted)
+        documents, queries = instructed([*dev, *train[dataset]], embed, settings)
+        failures += failures_of(dataset, dev, train[dataset], queries, targeted, documents)
+        records += [*dev, *train[dataset]]
+    _, queries = instructed(records, embed, settings)  # failures and training records, as queries
+    chosen = select_records(failures, train, dev_texts, queries, targeted)
     only: dict[str, set[str]] = {}
     for failure, record in chosen:
         only.setdefault(failure.dataset, set()).add(record.id)

@@ -10,6 +10,7 @@ import yaml
 from embed_core.artifacts import read_manifest
 from embed_core.config import load_config
 from embed_core.model.encoder import model_fingerprint
+from embed_core.model.settings import read_model_settings
 from embed_core.rundir import read_history
 from embed_core.train.lineage import LINEAGE_FILE, read_metadata
 from tests.helpers.cli_run import in_process, in_subprocess
@@ -74,11 +75,15 @@ def test_the_remined_negatives_differ_from_the_base_models_and_are_stage1s_own(r
 
     # the same negatives as mining prepare's records directly with stage 1's model
     config = load_config(path)
-    settings = config.mine.model_copy(update={"model": str(run_dir / "train-stage1/model"), "num_negatives": 3})
-    encoder = Encoder(settings.model, pooling="mean", max_length=32, precision="fp32")
+    mine = config.mine.model_copy(update={"model": str(run_dir / "train-stage1/model"), "num_negatives": 3})
+    encoder = Encoder(mine.model, pooling="mean", max_length=32, precision="fp32")
     records = table_to_records(pq.read_table(run_dir / "prepare/scifact.parquet"))
-    direct, _ = mine_records(records, lambda texts: as_cached(encoder.encode(texts)), settings, seed=config.seed)
+    trained = read_model_settings(mine.model)
+    assert trained.use_instructions and records[0].instruction  # stage 1 trained with scifact's instruction
+    direct, _ = mine_records(records, lambda texts: as_cached(encoder.encode(texts)), mine, seed=config.seed,
+                             settings=trained)
     assert {r.id: r.negatives for r in direct} == again
+    assert read_manifest(run_dir, "mine-stage2")["model"]["instructions"] is True
 
 
 def test_stage2_trains_on_the_remined_records(remined):

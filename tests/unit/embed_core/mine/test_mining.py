@@ -10,6 +10,7 @@ from embed_core.mine.config import IndexConfig, MineConfig
 from embed_core.mine.miner import mine_records
 from embed_core.mine.run import run_mine
 from embed_core.model.embedding_cache import EmbeddingCache
+from embed_core.model.settings import ModelSettings
 from embed_core.prepare.run import run_prepare
 from embed_core.schema import Record
 
@@ -73,6 +74,41 @@ def test_classification_negatives_come_from_other_labels_only():
     for r in out:
         assert r.negatives and all(labels[texts.index(n)] != r.label for n in r.negatives)
         assert r.negative_labels == [labels[texts.index(n)] for n in r.negatives]
+
+
+def test_a_model_trained_with_instructions_mines_with_the_querys_instruction_and_plain_documents():
+    # the plain query sits near c0, the instructed one near c1: only the instructed ranking is the trained model's
+    vecs = {"q": unit(1, 0, 0), "Instruct: find\nQuery: q": unit(0, 1, 0), "pos": unit(0.7, 0.7, 0.1),
+            "c0": unit(1, 0.05, 0.3), "c1": unit(0.05, 1, 0.3)}
+    cfg = MineConfig(range_min=0, range_max=1, num_negatives=1, relative_margin=None)
+    record = rec(0, "q", ["pos"], instruction="find")
+    seen = []
+
+    def embed(texts):
+        seen.extend(texts)
+        return table_embed(vecs)(texts)
+
+    plain, _ = mine_records([record], embed, cfg, corpus=["c0", "c1"], seed=42)
+    trained = ModelSettings(use_instructions=True)
+    instructed, _ = mine_records([record], embed, cfg, corpus=["c0", "c1"], seed=42, settings=trained)
+    assert plain[0].negatives == ["c0"] and instructed[0].negatives == ["c1"]
+    assert "Instruct: find\nQuery: pos" not in seen  # documents of a retrieval record get no instruction
+    without, _ = mine_records([record], embed, cfg, corpus=["c0", "c1"], seed=42, settings=ModelSettings())
+    assert without[0].negatives == ["c0"]  # a model trained without instructions mines the plain texts
+
+
+def test_classification_texts_get_the_instruction_on_both_sides_when_mined_with_instructions():
+    records = [rec(i, f"t{i}", [f"t{(i + 2) % 6}"], task="classification", label="ab"[i % 2], instruction="intent")
+               for i in range(6)]
+    seen = []
+
+    def embed(texts):
+        seen.extend(texts)
+        return np.stack([unit(1.0, len(t) % 3, 0.1) for t in texts])
+
+    mine_records(records, embed, MineConfig(range_min=0, range_max=4, relative_margin=None), seed=42,
+                 settings=ModelSettings(use_instructions=True))
+    assert seen and all(t.startswith("Instruct: intent\nQuery: t") for t in seen)
 
 
 def test_embedding_cache_persists_and_encodes_each_text_once(tmp_path):
