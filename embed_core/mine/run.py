@@ -10,6 +10,7 @@ machine-wide cache, other models' in ``<run_dir>/cache/embeddings/`` (``embed_co
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -62,13 +63,15 @@ def _cached_embed(config: RunConfig, run_dir: Path, cfg: MineConfig) -> LazyCach
     loaded only when something needs encoding: a GGUF model is de-quantised then)."""
     from embed_core.model.encoder import resolve_model_path
 
+    path = functools.cache(lambda: resolve_model_path(cfg.model))  # resolved once, on first use
+
     def open_():
         bf16 = uses_bf16(cfg.precision, _encode_device(cfg))
-        path = resolve_model_path(cfg.model)
-        return open_cache(path, run_dir, config.embedding_cache,
-                          model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, bf16), model_dim(path), cfg.cache_dtype)
+        return open_cache(path(), run_dir, config.embedding_cache,
+                          model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, bf16), model_dim(path()),
+                          cfg.cache_dtype)
 
-    return LazyCachedEmbed(open_, lambda cache: _encoder(cfg, resolve_model_path(cfg.model), cache.dim))
+    return LazyCachedEmbed(open_, lambda cache: _encoder(cfg, path(), cache.dim))
 
 
 def _encode_device(cfg: MineConfig) -> str:
