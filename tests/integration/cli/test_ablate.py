@@ -11,22 +11,15 @@ import yaml
 from embed_core.evaluate.run import main_scores
 from embed_core.rundir import read_history
 from tests.helpers.cli_run import in_process, in_subprocess
-from tests.helpers.repo import REPO
-
-COMMON = {"warmup_steps": 1, "num_hard_negatives": 1, "query_max_length": 16, "passage_max_length": 24,
-          "log_every": 100, "checkpoint_every": 100, "batch_size": {"retrieval": 4, "sts": 4}}
+from tests.helpers.repo import tiny_demo_config
 
 
 @pytest.fixture(scope="module")
 def ablated(tmp_path_factory, tiny_model):
     tmp = tmp_path_factory.mktemp("ablate")
-    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
-    cfg.update(data_root=str(REPO / "data"), run_root=str(tmp / "runs"), run_name="abl")
+    cfg = tiny_demo_config(tmp, tiny_model, "abl", [{"name": "stage1", "tasks": ["retrieval", "sts"], "steps": 3}],
+                           keep=("evaluate",))
     cfg["prepare"]["sources"] = [s for s in cfg["prepare"]["sources"] if s["name"] in ("stsb", "scifact")]
-    for key in ("synthesize", "mine"):
-        cfg.pop(key)
-    cfg["train"] = {"base_model": str(tiny_model), "max_length": 32, "stages": [
-        {"name": "stage1", "tasks": ["retrieval", "sts"], "steps": 3, "lr": 1e-3, **COMMON}]}
     cfg["evaluate"] = {"base_model": str(tiny_model), "tasks": [cfg["evaluate"]["tasks"][0]]}  # STSBenchmark
     cfg["ablation"] = {"seeds": [1, 2], "variants": {"sts-only": {"train.stages[stage1].tasks": ["sts"]}}}
     path = tmp / "abl.yaml"

@@ -22,8 +22,7 @@ def _config(tmp, tiny_model, url):
     cfg = tiny_demo_config(tmp, tiny_model, "targeted", [
         {"name": "stage1", "tasks": ["retrieval"], "steps": 3},
         {"name": "stage2", "tasks": ["retrieval", "sts", "classification"], "steps": 2,
-         "targeted_synthesis": {"datasets": DATASETS, "failures": 4, "neighbours": 2, "max_records": 9}}],
-        keep=("synthesize",))
+         "targeted_synthesis": {"datasets": DATASETS, "failures": 4, "neighbours": 2, "max_records": 9}}])
     cfg["prepare"]["sources"] = [{**s, "dev_fraction": 0.2} for s in cfg["prepare"]["sources"] if s["name"] in DATASETS]
     cfg["synthesize"] = {
         "server": {"base_url": url, "model": "scripted", "mode": "completion", "timeout_s": 5.0, "max_concurrency": 2},
