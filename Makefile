@@ -47,10 +47,11 @@ demo: $(LLM_STAMP)
 
 # llama.cpp compiles in the background while the tests that do not need it run; then the tests
 # that start the real llama.cpp server run (and must not skip: EMBEDPIPE_REQUIRE_LLAMA).
-# The suite runs in TEST_WORKERS pytest-xdist processes, each taking whole test files (module
-# fixtures run once): on 2 cores 2 workers took 14m53s against 25m28s in one process (much of a
-# test is waiting: servers starting, launchers, subprocesses).
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2 runs the suite in two pytest-xdist processes, each taking whole test files (module
+# fixtures run once): on 2 cores 14m53s against 25m28s in one process. Not the default yet: in one
+# of three such runs the killed-rank torchrun test found no step-2 checkpoint (timing under load);
+# 0 = pytest's own process, as CI has always run it.
+TEST_WORKERS ?= 0
 test: $(STAMP)
 	@if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
 	  ( $(MAKE) -s install-llm > $(VENV)/llm-install.log 2>&1; echo $$? > $(VENV)/llm-install.rc ) & fi; \
