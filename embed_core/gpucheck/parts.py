@@ -81,7 +81,7 @@ def run_trainer(train: Any, datasets: dict, device: torch.device, *, steps: int,
                "peak_tflops": trainer.peak_tflops, "parameters": sum(int(p.numel()) for p in trainer.model.parameters()),
                "non_embedding_parameters": trainer.flops.params,
                "attention": str(getattr(trainer.model._text_config(), "_attn_implementation", None) or "sdpa"),
-               "packed": trainer._packs()}
+               "packed": trainer.passes.packs}
         if memory:
             out["measured_peak_bytes"] = (max(r["peak_memory_mb"] for r in warm + timed) * 2 ** 20
                                           if device.type == "cuda" else cpu_peak_bytes(trainer))

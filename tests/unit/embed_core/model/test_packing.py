@@ -167,7 +167,7 @@ def test_a_packed_training_step_gives_the_padded_loss_gradients_and_token_counts
                             query_max_length=MAX_LENGTH, passage_max_length=MAX_LENGTH, use_instructions=True)
         loss = trainer._forward_backward(batch, 1.0)
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-        results[packing] = (loss, grads, passes, trainer._tokens, trainer._texts)
+        results[packing] = (loss, grads, passes, trainer.passes.tokens, trainer.passes.texts)
     (loss_off, grads_off, passes_off, *counts_off), (loss_on, grads_on, passes_on, *counts_on) = results.values()
     assert len(passes_on) == len(batch.groups) < len(passes_off)  # one packed pass per group
     assert counts_on == counts_off
@@ -178,10 +178,10 @@ def test_a_packed_training_step_gives_the_padded_loss_gradients_and_token_counts
 
 def test_auto_packs_under_flash_attention_only_and_off_never(model_dirs, tmp_path):
     auto, off = _trainer(model_dirs, tmp_path, "auto"), _trainer(model_dirs, tmp_path, "off")
-    assert not auto._packs()  # SDPA on CPU: padded passes
+    assert not auto.passes.packs  # SDPA on CPU: padded passes
     for trainer in (auto, off):
         trainer.model.model.config._attn_implementation = "flash_attention_2"  # read, never run, here
-    assert auto._packs() and not off._packs()
+    assert auto.passes.packs and not off.passes.packs
 
 
 def test_packing_rejects_a_value_other_than_auto_on_or_off():

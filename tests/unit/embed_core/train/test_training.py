@@ -214,7 +214,7 @@ def test_grad_cache_with_dropout_on_equals_the_uncached_gradient_of_the_same_for
 
     def uncached(seed: int) -> dict:
         torch.manual_seed(seed)
-        emb = {name: torch.cat([trainer._embed(TextGroup(g.texts[i:i + chunk], g.instructions[i:i + chunk], g.max_length))
+        emb = {name: torch.cat([trainer.passes.embed(TextGroup(g.texts[i:i + chunk], g.instructions[i:i + chunk], g.max_length))
                                 for i in range(0, len(g.texts), chunk)]) for name, g in batch.groups.items()}
         trainer._loss(batch, emb).backward()
         return grads()
@@ -301,7 +301,7 @@ def test_bf16_autocast_gives_the_fp32_loss_and_gradients_within_the_stated_toler
 def test_length_buckets_pick_the_split_with_the_fewest_padded_positions():
     from itertools import combinations
 
-    from embed_core.train.trainer import length_buckets
+    from embed_core.train.passes import length_buckets
 
     lengths = [40, 38, 37, 20, 20, 19, 7, 6, 6, 5]
     best = length_buckets(lengths, 3)
@@ -570,12 +570,12 @@ def test_grad_cache_chunks_of_a_token_budget_give_the_full_batch_gradients_and_s
                             query_max_length=32, passage_max_length=48, use_instructions=True)
         if budget:
             for group in batch.groups.values():
-                chunks = trainer._chunks(group)
+                chunks = trainer.passes.chunks(group)
                 lengths = trainer.model.tokenize(group.texts, group.instructions, group.max_length)[
                     "attention_mask"].sum(dim=1).tolist()
                 assert sorted(i for c in chunks for i in c) == list(range(len(group.texts)))
                 assert all(len(c) == 1 or len(c) * max(lengths[i] for i in c) <= budget for c in chunks)
-            sizes = {name: [len(c) for c in trainer._chunks(g)] for name, g in batch.groups.items()}
+            sizes = {name: [len(c) for c in trainer.passes.chunks(g)] for name, g in batch.groups.items()}
             assert len(sizes["positive"]) > len(sizes["query"]), sizes  # long texts: smaller chunks
         losses.append(trainer._forward_backward(batch, 1.0))
         grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
