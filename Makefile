@@ -14,7 +14,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install install-llm demo test test-fast bench clean serve stop gpu-check
+.PHONY: install install-llm demo test test-fast test-matrix bench clean serve stop gpu-check
 
 # The synthesize stage's local LLM server: llama-cpp-python compiles llama.cpp from source (CPU
 # backend and library only; several minutes on 2 cores). Same requirements as the `llm` extra.
@@ -55,7 +55,7 @@ TEST_WORKERS ?= 0
 test: $(STAMP)
 	@if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
 	  ( $(MAKE) -s install-llm > $(VENV)/llm-install.log 2>&1; echo $$? > $(VENV)/llm-install.rc ) & fi; \
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not llama_server"; rc=$$?; \
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not llama_server and not matrix"; rc=$$?; \
 	while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
 	if [ ! -f $(LLM_STAMP) ]; then tail -30 $(VENV)/llm-install.log; rm -f $(VENV)/llm-install.rc; exit 1; fi; \
 	rm -f $(VENV)/llm-install.rc; \
@@ -65,6 +65,11 @@ test: $(STAMP)
 # The unit tests alone (tests/unit, no real servers, no whole-stage runs): under one minute.
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit -m "not slow"
+
+# The distributed test matrix (tests/integration/launchers/test_matrix.py): back ends x GradCache x
+# packing x 2 and 3 ranks x task mixes on causal-LM and BERT checkpoints, under torchrun; ~10 min.
+test-matrix: $(STAMP)
+	$(VENV)/bin/pytest -q -m matrix tests/integration/launchers/test_matrix.py
 
 # FILES_ROOT=DIR: the folder whose run directories the UI's file links open (default: runs/)
 serve: $(LLM_STAMP)

@@ -18,12 +18,14 @@ The layout a loss asks for (``Loss.layout``, ``embed_core.losses``):
   the supplier (HMCL Algorithm 1), a missing negative stays missing (masked).
 
 Which positive and which negatives a record contributes at a step is drawn from a generator
-seeded by (seed, step), so a resumed run builds the same batches.
+seeded by (seed, step, the record's position in its dataset): a resumed run builds the same batches,
+and a record's draw does not depend on which rank's slice it is in, so N processes train on exactly
+the texts one process does with the same global batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -146,7 +148,9 @@ class DatasetRecords:
 def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed: int, num_negatives: int,
                 query_max_length: int, passage_max_length: int, use_instructions: bool, layout: str = "standard",
                 hmcl_levels: tuple[float, float] = (0.8, 0.4), num_positives: int = 2) -> TaskBatch:
-    rng = np.random.Generator(np.random.PCG64([seed, step]))
+    def rng(i: int) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64([seed, step, i]))
+
     c = records.cols
     instr = [(c["instruction"][i] or None) if use_instructions else None for i in indices]
     queries = [c["query"][i] for i in indices]
@@ -165,7 +169,8 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
             "a": TextGroup(queries, instr, query_max_length),
             "b": TextGroup(positives, instr, query_max_length)}, scores=scores, max_score=records.max_score)
 
-    picked_pos = [int(rng.integers(len(c["positives"][i]))) for i in indices]
+    draws = [rng(i) for i in indices]
+    picked_pos = [int(r.integers(len(c["positives"][i]))) for r, i in zip(draws, indices)]
     positives = [c["positives"][i][j] for i, j in zip(indices, picked_pos)]
     negatives: list[str] = []
     negative_labels: list[int] = []
@@ -175,7 +180,7 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
         # up to k per record; a record with fewer (e.g. none survived the mining margin) gives what it
         # has: the losses put every negative of the batch in every query's denominator anyway
         k = min(num_negatives, len(c["negatives"][i]))
-        pick = rng.choice(len(c["negatives"][i]), size=k, replace=False).tolist() if k else []
+        pick = draws[row].choice(len(c["negatives"][i]), size=k, replace=False).tolist() if k else []
         negatives += [c["negatives"][i][j] for j in pick]
         labs = c["negative_labels"][i]
         negative_labels += [records.label_ids.get(labs[j], -1) if j < len(labs) else -1 for j in pick]
@@ -194,7 +199,7 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
     return batch
 
 
-def _hmcl_batch(records: DatasetRecords, indices: list[int], rng: np.random.Generator, instr: list[str | None],
+def _hmcl_batch(records: DatasetRecords, indices: list[int], rng_of: Callable[[int], np.random.Generator], instr: list[str | None],
                 queries: list[str], query_max_length: int, passage_max_length: int,
                 levels: tuple[float, float]) -> TaskBatch:
     c = records.cols
@@ -204,6 +209,7 @@ def _hmcl_batch(records: DatasetRecords, indices: list[int], rng: np.random.Gene
     positives, weaks, negatives, negative_rows = [], [], [], []
     for row, i in enumerate(indices):
         partner = c["positives"][indices[(row + 1) % len(indices)]][0]  # another record's text, for "mix"
+        rng = rng_of(i)
         pos = weak = neg = None
         if pair_task:
             text2 = c["positives"][i][0]
@@ -238,13 +244,14 @@ def _hmcl_batch(records: DatasetRecords, indices: list[int], rng: np.random.Gene
                      negative_rows=negative_rows)
 
 
-def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng: np.random.Generator, instr: list[str | None],
+def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng_of: Callable[[int], np.random.Generator], instr: list[str | None],
                       queries: list[str], query_max_length: int, passage_max_length: int, k_pos: int,
                       k_neg: int) -> TaskBatch:
     c = records.cols
     positives: list[str] = []
     negatives: list[str] = []
     for i in indices:
+        rng = rng_of(i)
         pos = c["positives"][i]
         # all of them when there are enough, else with replacement (CoDiEmb §2.2)
         pick = rng.choice(len(pos), size=k_pos, replace=len(pos) < k_pos)

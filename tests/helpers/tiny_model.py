@@ -67,3 +67,26 @@ def build_tiny_decoder(dest: Path, model_type: str = "qwen3", tokenizer_dir: Pat
         if (tokenizer_dir / name).exists():
             shutil.copy(tokenizer_dir / name, dest / name)
     return dest
+
+
+def build_tiny_causal_lm(dest: Path, model_type: str = "qwen3", *, tied: bool = True,
+                         tokenizer_dir: Path | None = None) -> Path:
+    """A tiny randomly initialised decoder saved the way real checkpoints of ``model_type`` (qwen2,
+    qwen3, llama, mistral) are: as its causal-LM class (``Qwen3ForCausalLM``...), with an
+    ``lm_head`` tied to the input embeddings (``tie_word_embeddings``, as Qwen3's small models) or
+    untied (as the 7B ones), grouped-query attention (4 heads, 2 KV heads, head_dim 16), 2 layers,
+    64 wide, and the packaged tokenizer."""
+    import torch
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    tokenizer_dir = tokenizer_dir or build_tiny_bert(dest.parent / f"{dest.name}-tokenizer")
+    kw = dict(vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, tie_word_embeddings=tied)
+    if model_type != "qwen2":
+        kw["head_dim"] = 16
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, dest / name)
+    return dest
