@@ -8,8 +8,8 @@ A cache hit must mean "the same result". So a stage's key (``Fingerprint.key``) 
 * its config section (canonical JSON of the validated values, defaults included);
 * the **identity of its code**: a hash of the source of every ``embed_core`` module the stage's
   module imports, directly or not (found by parsing ``import`` statements, function-level ones
-  included; a package that imports all its modules through ``pkgutil.iter_modules``, like the
-  loss registry, depends on all of them), plus the versions of the libraries that shape its output (torch, transformers,
+  included; a package that hands its ``__path__`` to a discovery call (``embed_core.registry``,
+  ``pkgutil.iter_modules``), like the loss registry, depends on all its modules), plus the versions of the libraries that shape its output (torch, transformers,
   faiss, mteb, ...). A fixed bug in a converter recomputes prepare; a README or test edit
   recomputes nothing; a loss edit recomputes training but not prepare or mine.
 
@@ -147,9 +147,10 @@ def _imported_names(path: Path, module: str) -> set[str]:
                 base = node.module or ""
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
-        elif (is_package and isinstance(node, ast.Attribute) and node.attr == "iter_modules"
-              and isinstance(node.value, ast.Name) and node.value.id == "pkgutil"):
-            # a registry that imports every module of its package (embed_core.losses)
+        elif is_package and isinstance(node, ast.Call) and any(
+                isinstance(arg, ast.Name) and arg.id == "__path__" for arg in node.args):
+            # a registry that imports every module of its package: its __path__ handed to
+            # embed_core.registry.discover or pkgutil.iter_modules (embed_core.losses)
             names.update(f"{module}.{p.stem}" for p in path.parent.glob("*.py") if p.name != "__init__.py")
     return names
 

@@ -8,33 +8,17 @@ choice for every task a stage does not name.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
 from pydantic import ValidationError
 
 from embed_core.losses.base import Loss, LossContext, LossParams
+from embed_core.registry import discover
 
 __all__ = ["Loss", "LossContext", "LossParams", "LOSSES", "DEFAULT_LOSSES", "loss_for", "validate_loss_spec"]
 
 
-def _discover() -> dict[str, type[Loss]]:
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    found: dict[str, type[Loss]] = {}
-    todo = list(Loss.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if getattr(cls, "name", None):
-            if cls.name in found and found[cls.name] is not cls:
-                raise RuntimeError(f"two losses are named {cls.name!r}: {found[cls.name]} and {cls}")
-            found[cls.name] = cls
-    return dict(sorted(found.items()))
-
-
-LOSSES: dict[str, type[Loss]] = _discover()
+LOSSES: dict[str, type[Loss]] = discover(__name__, __path__, Loss, "name", "losses")
 DEFAULT_LOSSES: dict[str, str] = {task: cls.name for cls in LOSSES.values() for task in cls.default_for}
 
 

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from embed_core.train.batches import TaskBatch, TextGroup
+from embed_core.train.checkpoint import rng_state, set_rng_state
 
 
 @dataclass
@@ -219,8 +220,6 @@ class Passes:
 
     def _cached(self, passes: list[Pass], loss_of: Callable[[dict[str, Tensor]], Tensor], scale: float,
                 backward: Callable[[Tensor, bool], None]) -> float:
-        from embed_core.train.checkpoint import rng_state, set_rng_state
-
         # 1) every pass without a graph, remembering its RNG states (CPU and the device's: dropout on
         # CUDA draws from the CUDA generator)
         states, outs = [], []

@@ -274,7 +274,7 @@ def _layout(task: str, spec: str) -> tuple[str, int]:
 
 
 def chunk_texts(stage: TrainStageConfig, texts: int, s: int) -> int:
-    """Texts in GradCache's largest chunk of a group (``Trainer._chunks``: a text count and/or a
+    """Texts in GradCache's largest chunk of a group (``Passes.chunks``: a text count and/or a
     token budget, a text over the budget alone)."""
     most = min(texts, stage.grad_cache_chunk or texts)
     if stage.grad_cache_max_tokens is not None:

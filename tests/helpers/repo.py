@@ -6,6 +6,18 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+
+# data/'s sources of four tasks (real texts of varying length): SciFact claims and passages,
+# STS-B pairs, Banking77 labels with 4 other-class negatives each, SICK NLI pairs
+MIXED_SOURCES = [
+    {"name": "stsb", "kind": "sts", "path": "stsb/train.csv", "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}},
+    {"name": "scifact", "kind": "beir", "path": "scifact", "params": {"split": "train"}},
+    {"name": "banking77", "kind": "classification", "path": "banking77/train.csv", "multiline": True,
+     "columns": {"text": "text", "label": "category"}, "params": {"num_negatives": 4}},
+    {"name": "sick-e", "kind": "entailment", "path": "sick/train.tsv",
+     "columns": {"text1": "sentence_A", "text2": "sentence_B", "label": "entailment_judgment"}},
+]
+MIXED_TASKS = ["retrieval", "classification", "sts", "nli"]
 SHARED_DATA = Path(os.environ.get("EMBEDPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 

@@ -13,11 +13,10 @@ checks), ``source_files`` the files it reads (its fingerprint).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from embed_core import registry
 from embed_core.prepare.convert.base import (
     Converter,
     ConverterParams,
@@ -36,18 +35,7 @@ CONVERTERS: dict[str, type[Converter]] = {}
 def discover() -> dict[str, type[Converter]]:
     """Import every module on this package's ``__path__`` and register (in ``CONVERTERS``, kept as
     the same dict) each ``Converter`` subclass they define with a ``kind`` of its own."""
-    modules = {f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)}
-    for name in sorted(modules):
-        importlib.import_module(name)
-    found: dict[str, type[Converter]] = {}
-    todo = list(Converter.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if cls.__module__ in modules and "kind" in vars(cls):
-            if cls.kind in found and found[cls.kind] is not cls:
-                raise RuntimeError(f"two converters are named {cls.kind!r}: {found[cls.kind]} and {cls}")
-            found[cls.kind] = cls
+    found = registry.discover(__name__, __path__, Converter, "kind", "converters", own=True)
     CONVERTERS.clear()
     CONVERTERS.update(sorted(found.items()))
     return CONVERTERS

@@ -7,30 +7,13 @@ picks the one a stage's train config asks for (``sharding: fsdp``, ``deepspeed: 
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from embed_core.registry import discover
 from embed_core.train.backends.base import Backend
 
 __all__ = ["Backend", "BACKENDS", "backend_for"]
 
 
-def _discover() -> dict[str, type[Backend]]:
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    found: dict[str, type[Backend]] = {}
-    todo = list(Backend.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if getattr(cls, "name", None):
-            if cls.name in found and found[cls.name] is not cls:
-                raise RuntimeError(f"two training back ends are named {cls.name!r}: {found[cls.name]} and {cls}")
-            found[cls.name] = cls
-    return dict(sorted(found.items()))
-
-
-BACKENDS: dict[str, type[Backend]] = _discover()
+BACKENDS: dict[str, type[Backend]] = discover(__name__, __path__, Backend, "name", "training back ends")
 
 
 def backend_for(train) -> type[Backend]:

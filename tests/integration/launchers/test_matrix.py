@@ -36,21 +36,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.repo import REPO
+from tests.helpers.repo import MIXED_SOURCES, MIXED_TASKS, REPO
 from tests.helpers.tiny_model import build_tiny_bert, build_tiny_causal_lm
 
 pytestmark = [pytest.mark.matrix, pytest.mark.slow]
 
 STEPS = 4
-SOURCES = [
-    {"name": "stsb", "kind": "sts", "path": "stsb/train.csv", "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}},
-    {"name": "scifact", "kind": "beir", "path": "scifact", "params": {"split": "train"}},
-    {"name": "banking77", "kind": "classification", "path": "banking77/train.csv", "multiline": True,
-     "columns": {"text": "text", "label": "category"}, "params": {"num_negatives": 4}},
-    {"name": "sick-e", "kind": "entailment", "path": "sick/train.tsv",
-     "columns": {"text1": "sentence_A", "text2": "sentence_B", "label": "entailment_judgment"}},
-]
-MIXED = ["retrieval", "classification", "sts", "nli"]
+SOURCES = MIXED_SOURCES
+MIXED = MIXED_TASKS
 ZERO2 = {"zero_optimization": {"stage": 2}}
 
 # (row id, model, world, back end, GradCache, packing, tasks, extra train options)

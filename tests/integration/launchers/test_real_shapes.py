@@ -32,26 +32,19 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers.repo import REPO
+from tests.helpers.repo import MIXED_SOURCES, MIXED_TASKS, REPO
 from tests.helpers.tiny_model import build_tiny_causal_lm
 
 pytestmark = pytest.mark.prefect  # (so slow) the session's Prefect server
 
-SOURCES = [
-    {"name": "stsb", "kind": "sts", "path": "stsb/train.csv", "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}},
-    {"name": "scifact", "kind": "beir", "path": "scifact", "params": {"split": "train"}},
-    {"name": "banking77", "kind": "classification", "path": "banking77/train.csv", "multiline": True,
-     "columns": {"text": "text", "label": "category"}, "params": {"num_negatives": 4}},
-    {"name": "sick-e", "kind": "entailment", "path": "sick/train.tsv",
-     "columns": {"text1": "sentence_A", "text2": "sentence_B", "label": "entailment_judgment"}},
-]
+SOURCES = MIXED_SOURCES
 STAGES = {  # the configurations, each trained from the base model
     "chunk4": {"grad_cache_chunk": 4, "query_max_length": 32, "passage_max_length": 64, "num_hard_negatives": 0},
     "chunk4neg": {"grad_cache_chunk": 4, "query_max_length": 32, "passage_max_length": 64, "num_hard_negatives": 1},
     "chunk3": {"grad_cache_chunk": 3, "query_max_length": 24, "passage_max_length": 32, "num_hard_negatives": 1},
     "nocache": {"query_max_length": 32, "passage_max_length": 64, "num_hard_negatives": 1},
 }
-MIXED = ["retrieval", "classification", "sts", "nli"]
+MIXED = MIXED_TASKS
 
 
 def _config(tmp: Path, train: dict) -> dict:
