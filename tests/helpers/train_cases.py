@@ -18,6 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(spec_path: str) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # "resumed from ..."
     from embed_core import stages
     from embed_core.config import RunConfig
     from embed_core.train.distributed import destroy_process_group

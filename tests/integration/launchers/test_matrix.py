@@ -17,9 +17,15 @@ fails every row of it), and the committed model equals a reference within a tole
 * mixed-task rows: the same world size without sharding (classification and STS losses are per
   rank, so their mean is not one process's loss over the global batch; sharded must equal
   unsharded at equal world size).
-Tolerance (fp32): 4 AdamW steps at lr 1e-3 move a weight by up to ~4e-3; the runs differ only in
-summation order (gloo adds the ranks' halves, one process all rows at once), measured at < 1e-5,
-so ``atol 5e-5`` is two orders of magnitude below the update and well above the noise. The bf16
+Tolerance (fp32): the runs differ only in summation order (gloo adds the ranks' halves, one
+process all rows at once). The step losses and gradient norms, each over the whole model, match to
+``rel 1e-4``. Weights: 4 AdamW steps at lr 1e-3 move a weight by up to ~4e-3, and the differences
+measured are below 1e-5, so ``atol 5e-5``, except that AdamW divides each gradient element by its
+own running RMS: an element whose gradient is at rounding level (a word-piece seen once in the
+batch) takes a step of up to lr whose size depends on that rounding (measured: one element of
+30522 x 32 off by 2.7e-4, BERT with packing over 3 ranks). So at most 1 in 10,000 elements may
+exceed 5e-5, and none may exceed 4 x lr (the most 4 steps can move it). A wrong reduction (a
+gradient not averaged, a rank's rows lost) changes the gradient norm and most elements. The bf16
 row compares with its own unsharded run at ``atol 2e-3`` (bf16's 8 bits of mantissa on
 activations of size ~1).
 A killed rank (SIGKILL after step 3; checkpoints every 2 steps) and the same command again end
@@ -42,6 +48,7 @@ from tests.helpers.tiny_model import build_tiny_bert, build_tiny_causal_lm
 pytestmark = [pytest.mark.matrix, pytest.mark.slow]
 
 STEPS = 4
+LR = 1e-3
 SOURCES = MIXED_SOURCES
 MIXED = MIXED_TASKS
 ZERO2 = {"zero_optimization": {"stage": 2}}
@@ -77,7 +84,7 @@ def _train(model: Path, world: int, backend: str, cache: dict, packing: str, tas
              "bidirectional": decoder, "packing": packing, **({"sharding": "fsdp"} if backend == "fsdp" else {}),
              **({"deepspeed": ZERO2} if backend == "deepspeed" else {}), **extra}
     train["stages"] = [{"name": "s", "tasks": tasks, "steps": STEPS, "batch_size": {t: batch for t in tasks},
-                        "warmup_steps": 0, "lr": 1e-3, "checkpoint_every": 2, "num_hard_negatives": 1,
+                        "warmup_steps": 0, "lr": LR, "checkpoint_every": 2, "num_hard_negatives": 1,
                         "query_max_length": 32, "passage_max_length": 96, **cache}]
     return train
 
@@ -120,6 +127,8 @@ def matrix(tmp_path_factory):
         if what != "run":  # rank 1 SIGKILLs itself after step 3; the same launch again resumes from step 2
             proc = _launch(world, spec, env, kill=(1, 3))
             assert proc.returncode != 0, f"{what}: the killed launch exited 0"
+            step2 = Path(cases[0]["run_dir"]) / "checkpoints" / "s" / "step-0000002"
+            assert (step2 / "trainer_state.json").exists() and not (Path(cases[0]["run_dir"]) / "train-s").exists()
         proc = _launch(world, spec, env)
         assert proc.returncode == 0, f"world {world} {what}: exit {proc.returncode}\n{proc.stdout[-4000:]}"
         assert "terminate called" not in proc.stdout and proc.stdout.count("case done") == world * len(cases)
@@ -165,12 +174,16 @@ def test_every_row_of_the_matrix_exits_zero_and_trains_like_its_reference(matrix
     got = matrix[row]
     w, ref = _weights(got["run"]), _weights(got["reference"])
     assert w.keys() == ref.keys() and not any("lora" in k or "lm_head" in k for k in w)
-    for k in ref:
-        torch.testing.assert_close(w[k], ref[k], atol=got["tol"], rtol=1e-4, msg=f"{row}: {k}")
+    diff = torch.cat([(w[k] - ref[k]).abs().flatten() for k in ref])
+    over = int((diff > got["tol"] + 1e-4 * torch.cat([ref[k].abs().flatten() for k in ref])).sum())
+    assert over <= diff.numel() // 10_000 and float(diff.max()) <= STEPS * LR, (row, over, float(diff.max()))
     import pyarrow.parquet as pq
 
-    steps = [r["step"] for r in pq.read_table(got["run"] / "train-s" / "metrics.parquet").to_pylist()]
-    assert sorted(set(steps)) == list(range(1, STEPS + 1))
+    rows = [pq.read_table(d / "train-s" / "metrics.parquet").to_pylist() for d in (got["run"], got["reference"])]
+    assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]] and rows[0][-1]["step"] == STEPS
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in rows[0]] == pytest.approx([r[key] for r in rows[1]], rel=1e-4 if got["tol"] < 1e-3
+                                                          else 2e-2), (row, key)
 
 
 @pytest.mark.parametrize("row", KILLED)
