@@ -7,9 +7,14 @@ step (a real crash: no cleanup, no exception handlers). Usage, as the launcher's
 import os
 import signal
 import sys
+from pathlib import Path
 
-from embed_core.train.trainer import Trainer
-from flows.cli import main
+# the checkout this script is in, before an installed copy: a script's own directory, not the working
+# directory, is first on sys.path (a git worktree would otherwise run the main checkout's code)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from embed_core.train.trainer import Trainer  # noqa: E402
+from flows.cli import main  # noqa: E402
 
 kill_rank, kill_after = int(sys.argv[1]), int(sys.argv[2])
 train_step = Trainer.train_step

@@ -15,8 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from embed_core.train.trainer import Trainer
-from flows.cli import main
+# the checkout this script is in, before an installed copy: a script's own directory, not the working
+# directory, is first on sys.path (a git worktree would otherwise run the main checkout's code)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from embed_core.train.trainer import Trainer  # noqa: E402
+from flows.cli import main  # noqa: E402
 
 stall_rank, stall_before = int(sys.argv[1]), int(sys.argv[2])
 train_step = Trainer.train_step

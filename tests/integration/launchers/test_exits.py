@@ -46,10 +46,9 @@ def prepared(tmp_path_factory, prefect_harness):
     (tmp / "demo.yaml").write_text(yaml.safe_dump(demo))
     from prefect.settings import PREFECT_API_URL
 
-    # the session's Prefect server: each command (rank 0) skips starting a temporary one of its own;
-    # PYTHONPATH: a helper script imports this checkout's code, as `-m flows.cli` run here does
+    # the session's Prefect server: each command (rank 0) skips starting a temporary one of its own
     env = dict(os.environ, EMBEDPIPE_CACHE_DIR=str(tmp / "hashes"), OMP_NUM_THREADS="1",
-               PREFECT_API_URL=PREFECT_API_URL.value(), PYTHONPATH=str(REPO))
+               PREFECT_API_URL=PREFECT_API_URL.value())
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "prepare", "--config", str(tmp / "demo.yaml"),
                            "--run-dir", str(tmp / "base")], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
