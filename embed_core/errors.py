@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+from typing import Callable
 
 MAX_MESSAGE_CHARS = 600
 
@@ -71,6 +72,12 @@ class SchemaError(RowError):
     """A record does not match the unified schema."""
 
 
+class CollectiveError(EmbedpipeError):
+    """A collective of a multi-process training failed: it waited longer than
+    ``train.dist_timeout_s`` (a rank stalled), or lost the connection to a rank that died. Its
+    message names this rank, the stage and the operation (``embed_core.train.distributed``)."""
+
+
 class CheckpointError(EmbedpipeError):
     """A checkpoint cannot be resumed from (unsafe or damaged state file)."""
 
@@ -89,6 +96,18 @@ _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQU
                 errno.ENAMETOOLONG, errno.EFBIG}
 
 
+# Recognisers of errors raised by libraries in a form of their own (torch's distributed timeouts):
+# each returns the error's one line, or None. A module registers its own where it is imported
+# (``register_user_error``), so this module imports none of them.
+_RECOGNISERS: list[Callable[[BaseException], str | None]] = []
+
+
+def register_user_error(recognise: Callable[[BaseException], str | None]) -> None:
+    """Make ``user_error`` ask ``recognise`` too (once per function, however often it is registered)."""
+    if recognise not in _RECOGNISERS:
+        _RECOGNISERS.append(recognise)
+
+
 def user_error(exc: BaseException) -> str | None:
     """The one-line message for an error that comes from the user's input or machine, else None
     (a bug, whose traceback matters). The CLI prints it as its one error line; a flow run logs it
@@ -100,4 +119,8 @@ def user_error(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # a write outside a stage writer, no file named
         return printable(f"no space left to write ({errno.errorcode.get(exc.errno, exc.errno)}: {exc}); what was "
                          "committed before is intact: free space on the disk and run again", 600)
+    for recognise in _RECOGNISERS:
+        line = recognise(exc)
+        if line is not None:
+            return printable(line, MAX_MESSAGE_CHARS)
     return None

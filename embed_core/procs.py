@@ -41,10 +41,12 @@ class ParentGone(RuntimeError):
 
 def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
     """Ask the kernel for ``sig`` when this process's parent exits (Linux; kept across ``exec``).
-    ``parent``: the pid it must still have (default: its parent now); if it has another, that
-    one is gone already and this process exits at once with code 1."""
+    ``parent``: the pid it must still have (default: the one an earlier call named, else its
+    parent now); if it has another, that one is gone already and this process exits at once with
+    code 1. Arm early (a launched rank: before its imports), so that a parent that dies before
+    is noticed."""
     global _parent
-    _parent = os.getppid() if parent is None else parent
+    _parent = parent if parent is not None else _parent if _parent is not None else os.getppid()
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -53,6 +55,60 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != _parent:
         os._exit(1)
+
+
+_SIGNAL_WATCH: dict[str, object] = {}
+
+
+def end_on_signals(signals: tuple[int, ...], grace_s: float = 5.0) -> None:
+    """Make each of ``signals`` end this process within about ``grace_s`` seconds, even while its
+    main thread is blocked in C++ code (a collective that waits for a stalled rank). Python runs a
+    signal's handler (Prefect's SIGTERM handler during a flow run, KeyboardInterrupt for SIGINT)
+    only between two bytecodes of the main thread, so a blocked process ignores the signal as long
+    as the C++ call lasts; but Python's C-level handler writes the signal's number to the wakeup
+    fd at once. A daemon thread reads it, leaves the Python handler ``grace_s`` to end the process
+    its own way (Prefect marks the run crashed), then ends it by the signal's default action. A
+    signal without a Python handler needs none of this: its default action is immediate. Call it
+    from the main thread (Python's rule for the wakeup fd); once per process, later calls do nothing."""
+    import threading
+
+    if _SIGNAL_WATCH or threading.current_thread() is not threading.main_thread():
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    _SIGNAL_WATCH.update(fd=write_end, previous=previous)
+    threading.Thread(target=_watch_signals, args=(read_end, previous, set(signals), grace_s), daemon=True,
+                     name="end-on-signals").start()
+
+
+def _watch_signals(read_end: int, previous: int, signals: set[int], grace_s: float) -> None:
+    import time
+
+    while True:
+        numbers = os.read(read_end, 64)
+        if previous != -1:  # the wakeup fd this one replaced still hears of every signal
+            try:
+                os.write(previous, numbers)
+            except OSError:
+                pass
+        caught = [n for n in numbers if n in signals]
+        if caught:
+            time.sleep(grace_s)
+            _default_action(caught[0])
+
+
+def _default_action(sig: int) -> None:
+    """End this process as ``sig`` would without a handler (SIGKILL if it is still alive after)."""
+    import ctypes
+    import time
+
+    try:
+        ctypes.CDLL(None).signal(sig, 0)  # SIG_DFL, below Python's handler table (no main thread needed)
+        os.kill(os.getpid(), sig)
+        time.sleep(1)
+    finally:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def parent_gone() -> bool:

@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     cap_onednn_primitive_cache()  # before any stage runs a oneDNN op; stage subprocesses inherit it
     with console.stderr_for_errors_only() as error_stream:
         try:
-            return _commands()[args.command](args, error_stream) or 0
+            with launch.as_launched_rank():  # under torchrun / deepspeed: torn down at the end, however it ends
+                return _commands()[args.command](args, error_stream) or 0
         except Exception as exc:  # noqa: BLE001 — the error boundary: user-input errors become one line
             message = user_error(exc)
             if message is None:

@@ -3,11 +3,15 @@ launch``): every rank runs the command. Rank 0 runs it as a single process would
 lock, the Prefect flow, the commits); the other ranks train alongside it, outside Prefect, and
 write nothing. Every other command runs in one process only. Every rank is SIGKILLed by the kernel
 when its launcher process dies (``embed_core.procs``): a killed ``torchrun`` leaves no rank behind.
+A launcher that stops its ranks (SIGTERM) has them gone within seconds, and every rank ends with
+its process groups torn down: ``as_launched_rank``.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from embed_core.errors import EmbedpipeError
@@ -21,6 +25,23 @@ _LAUNCHER_ARGS = ("--local_rank=", "--local-rank=")
 
 def without_launcher_args(argv: list[str]) -> list[str]:
     return [a for a in argv if not a.startswith(_LAUNCHER_ARGS)]
+
+
+def as_launched_rank() -> AbstractContextManager[None]:
+    """The command's body, in a process a launcher started as one of several (nothing otherwise):
+    armed at once to die with its launcher (before a slow import: a launcher that dies meanwhile is
+    noticed), and ended by ``embed_core.train.distributed.rank_ending_cleanly``: a failed collective
+    as one line, the process groups destroyed at the end whatever the outcome (else a gloo rank can
+    abort at interpreter exit after a successful run), a SIGTERM from the launcher obeyed within
+    seconds even in a rank blocked in a C++ collective."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # torch is not imported for a plain command
+        return nullcontext()
+    from embed_core.procs import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
+    from embed_core.train.distributed import rank_ending_cleanly
+
+    return rank_ending_cleanly()
 
 
 def is_other_rank(command: str) -> bool:

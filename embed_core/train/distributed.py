@@ -8,10 +8,16 @@ wait at barriers.
 from __future__ import annotations
 
 import os
+import re
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
 import torch
+
+from embed_core.errors import CollectiveError, register_user_error
 
 
 def launched() -> bool:
@@ -151,3 +157,138 @@ def destroy_process_group() -> None:
     _PATIENT.clear()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+# -- a collective that fails, and the end of a rank -------------------------------------------------
+
+_CONTEXT: dict[str, Any] = {}  # what this process trains now, for the line of a collective that fails
+
+
+def set_stage(name: str | None) -> None:
+    """Name the training stage this process works on from now on (None: none). A collective that
+    fails later names it in its one line (:func:`collective_error`); each rank sets its own, when a
+    stage starts (``local_ranks`` does, on every rank)."""
+    _CONTEXT["stage"] = name
+
+
+# torch raises a failed collective as a RuntimeError (``DistBackendError`` is one) whose message is
+# the C++ library's: gloo's timeout and lost-peer messages, nccl's watchdog timeout
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)\s*ms for (?:send|recv) operation")
+_NCCL_TIMEOUT = re.compile(r"OpType=(\w+).*?Timeout\(ms\)=(\d+)", re.S)
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote process exited")
+_ENDINGS = ("rank_ending_cleanly", "local_ranks")  # what the error passes through on its way out, not its place
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace("\\", "/") + "/"  # embed_core/
+
+
+def collective_error(exc: BaseException) -> CollectiveError | None:
+    """``exc``, or an error it was raised from, as one line when it is a collective's failure: a wait
+    longer than ``train.dist_timeout_s`` (another rank stalled) or a connection lost to another rank
+    (it died). The line names this rank, the stage (:func:`set_stage`) and the operation, where
+    torch's own message is a C++ source path and a byte count. None for any other error."""
+    for err in _chain(exc):
+        if isinstance(err, CollectiveError):
+            return err
+        if not isinstance(err, RuntimeError):
+            continue
+        text = str(err)
+        gloo, nccl = _GLOO_TIMEOUT.search(text), _NCCL_TIMEOUT.search(text)
+        if gloo or nccl:
+            seconds = int(gloo.group(1) if gloo else nccl.group(2)) / 1000
+            op = _operation(err, nccl.group(1).lower() if nccl else None)
+            return CollectiveError(
+                f"{_who()}: a collective ({op}) waited longer than train.dist_timeout_s = {seconds:g} s: another "
+                "rank stalled or died; its log says which (raise train.dist_timeout_s if a rank legitimately works "
+                "that long between collectives)")
+        if any(marker in text for marker in _PEER_GONE):
+            detail = text.split("] ", 1)[-1].split(". ")[0]  # gloo's sentence, without its C++ source path
+            return CollectiveError(f"{_who()}: a collective ({_operation(err, None)}) lost its connection to another "
+                                   f"rank, which exited or crashed; its own error or log says why (torch: {detail})")
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from or while handling, innermost last."""
+    out: list[BaseException] = []
+    while exc is not None and exc not in out and len(out) < 16:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def _who() -> str:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:  # torn down already: the launcher's (or local_ranks') environment
+        rank, world = env_rank(), int(os.environ.get("WORLD_SIZE", "1"))
+    stage = _CONTEXT.get("stage")
+    return f"training rank {rank} of {world}" + (f", stage {stage}" if stage else "")
+
+
+def _operation(exc: BaseException, known: str | None) -> str:
+    """The collective from the traceback: the torch.distributed function that the code called
+    (``all_reduce``, ``barrier``), else the innermost torch.distributed function that waited on it
+    (an asynchronous one: FSDP's all-gathers), with the embedpipe function it ran under."""
+    calls, tb = [], exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        calls.append((code.co_filename.replace("\\", "/"), code.co_qualname))
+        tb = tb.tb_next
+    c10d = [name for path, name in calls if path.endswith("torch/distributed/distributed_c10d.py")]
+    inner = [name for path, name in calls if "/torch/distributed/" in path and not path.endswith("c10d_logger.py")]
+    first = next((i for i, (path, _) in enumerate(calls) if "/torch/distributed/" in path), len(calls))
+    ours = [name for path, name in calls[:first] if path.startswith(_PACKAGE) and name not in _ENDINGS]
+    op = known or (c10d[0] if c10d else inner[-1] if inner else None)
+    return ", ".join(x for x in (op, f"in {ours[-1]}" if ours else None) if x) or "unknown"
+
+
+register_user_error(lambda exc: None if (err := collective_error(exc)) is None else str(err))
+
+
+@contextmanager
+def rank_ending_cleanly() -> Iterator[None]:
+    """The body as one rank of a multi-process training (a launched command, a spawned rank), ended
+    the same way whatever way the body ends:
+
+    * a collective's failure raised as its one line (:class:`CollectiveError`), named while the
+      process group still tells this rank's place;
+    * the process groups destroyed (the default one and ``wait_for_main``'s): a gloo group left to
+      the interpreter's exit is torn down by static destructors while its threads still run, and the
+      rank aborts ("terminate called without an active exception", SIGABRT) after a successful
+      run, so its launcher reports a failure. No barrier first: after a failure the other ranks may
+      never come, and a rank must not wait for them to leave;
+    * a SIGTERM or SIGINT (the launcher stopping the job) ends it within seconds even while it is
+      blocked in a C++ collective, where no Python handler runs (``embed_core.procs.end_on_signals``).
+    """
+    from embed_core.procs import end_on_signals
+
+    end_on_signals((signal.SIGTERM, signal.SIGINT))
+    ok = False
+    try:
+        yield
+        ok = True
+    except Exception as exc:  # noqa: BLE001 (re-raised, as its one line when it is a collective's)
+        error = collective_error(exc)
+        if error is None or error is exc:
+            raise
+        raise error from exc
+    finally:
+        if ok:
+            destroy_process_group()
+        else:
+            _destroy_within(10.0)
+
+
+def _destroy_within(seconds: float) -> None:
+    """``destroy_process_group`` after a failure: its errors dropped (the failure is the one to
+    report), and at most ``seconds`` waited for it. Destroying waits for the collectives still
+    queued (an asynchronous all-gather issued before the failure), each up to the collective
+    timeout when its peer lives but stalls; a failed rank must leave sooner."""
+    import threading
+
+    def destroy() -> None:
+        with suppress(Exception):
+            destroy_process_group()
+
+    worker = threading.Thread(target=destroy, daemon=True, name="destroy-process-group")
+    worker.start()
+    worker.join(seconds)

@@ -9,7 +9,10 @@ everything the launchers do holds here too (rank 0 alone writes and commits, and
 reports to Prefect; the others train alongside and wait at barriers). When the stage ends, rank 0
 waits for its children and tears the process group down, so the next training stage (or the
 next flow on the same worker) starts afresh. A child that fails is one line naming its rank, its
-exit code and its log (``<run_dir>/checkpoints/.ranks-<stage>/rank-<k>.log``).
+exit code, its own error line and its log (``<run_dir>/checkpoints/.ranks-<stage>/rank-<k>.log``);
+when rank 0 fails because a child failed first (its collective lost the connection), the child's
+failure is the one reported. Every rank, launched or spawned, names its stage for the line of a
+collective that fails (``distributed.set_stage``).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,9 +31,9 @@ from pathlib import Path
 import torch
 
 from embed_core.errors import EmbedpipeError
-from embed_core.procs import dying_with_parent, free_port
+from embed_core.procs import dying_with_parent, end_on_signals, free_port
 from embed_core.train.config import TrainConfig
-from embed_core.train.distributed import destroy_process_group, launched
+from embed_core.train.distributed import collective_error, destroy_process_group, launched, set_stage
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -46,11 +51,15 @@ def training_processes(train: TrainConfig) -> int:
 @contextmanager
 def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume: bool) -> Iterator[None]:
     """Run the body as rank 0 of ``training_processes`` local ranks (nothing to do when launched or
-    when one process trains)."""
+    when one process trains, but to name the stage)."""
+    set_stage(stage_name)
     n = 1 if launched() else training_processes(config.train)
     if n == 1:
         yield
         return
+    # rank 0 obeys a SIGTERM (a Prefect worker cancelling the flow run) within seconds even while it
+    # waits in a collective; its children, armed with SIGKILL, die with it
+    end_on_signals((signal.SIGTERM, signal.SIGINT))
     work = Path(run_dir) / "checkpoints" / f".ranks-{stage_name}"
     work.mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
@@ -62,12 +71,20 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
     for k in range(1, n):
         log = open(work / f"rank-{k}.log", "w")  # noqa: SIM115 (closed with the child)
         children.append((k, log, subprocess.Popen(
-            dying_with_parent([sys.executable, "-m", "embed_core.train.spawned", str(spec)]), stdout=log, stderr=subprocess.STDOUT,
+            # SIGKILL: a rank blocked in a C++ collective would not run a SIGTERM handler
+            dying_with_parent([sys.executable, "-m", "embed_core.train.spawned", str(spec)], signal.SIGKILL),
+            stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, **env, "RANK": str(k), "LOCAL_RANK": str(k)})))
     saved = {key: os.environ.get(key) for key in RENDEZVOUS}
     os.environ.update(env, RANK="0", LOCAL_RANK="0")
     try:
-        yield
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 (re-raised: as what ended the stage)
+            failure = _failure(children, work, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         _wait(children, work)
     finally:
         for _, log, child in children:
@@ -92,5 +109,31 @@ def _wait(children: list, work: Path) -> None:
     for k, _, child in children:
         code = child.wait()
         if code != 0:
-            raise EmbedpipeError(f"training rank {k} of {len(children) + 1} exited with code {code}; its log: "
-                                 f"{work / f'rank-{k}.log'}")
+            raise _child_failed(k, len(children) + 1, code, work)
+
+
+def _failure(children: list, work: Path, exc: Exception) -> BaseException:
+    """What ended the stage when rank 0 failed with ``exc``: a child that failed first (rank 0's
+    collective then only lost its connection to it; the child's own exit is waited for a moment),
+    else ``exc``, a collective's failure as its one line."""
+    collective = collective_error(exc)
+    if collective is None:
+        return exc
+    deadline = time.monotonic() + 3
+    while True:
+        failed = [(k, child.poll()) for k, _, child in children if child.poll() not in (None, 0)]
+        if failed:
+            return _child_failed(failed[0][0], len(children) + 1, failed[0][1], work)
+        if time.monotonic() > deadline:
+            return collective
+        time.sleep(0.1)
+
+
+def _child_failed(k: int, world: int, code: int, work: Path) -> EmbedpipeError:
+    log = work / f"rank-{k}.log"
+    try:
+        lines = [x for x in log.read_text(errors="replace").splitlines() if x.startswith("embedpipe: error: ")]
+    except OSError:
+        lines = []
+    said = f": {lines[-1].removeprefix('embedpipe: error: ')}" if lines else ""
+    return EmbedpipeError(f"training rank {k} of {world} exited with code {code}{said}; its log: {log}")

@@ -1,6 +1,9 @@
 """A rank that ``embed_core.train.spawn.local_ranks`` started: ``python -m embed_core.train.spawned
 <spec.json>`` trains the stage the spec names as one of the launched ranks (its environment holds
-the rank, the world size and the rendezvous address)."""
+the rank, the world size and the rendezvous address). It ends as a launched rank does
+(``rank_ending_cleanly``: its process groups destroyed, a SIGTERM obeyed even in a C++ collective),
+and an error of the user's input or machine (a collective that timed out included) ends it with
+exit code 2 and one line, ``embedpipe: error: ...``, last in its log, where rank 0 reads it."""
 
 from __future__ import annotations
 
@@ -9,7 +12,23 @@ import sys
 from pathlib import Path
 
 
-def main(spec_path: str) -> None:
+def main(spec_path: str) -> int:
+    from embed_core.errors import user_error
+    from embed_core.train.distributed import rank_ending_cleanly
+
+    try:
+        with rank_ending_cleanly():
+            _train(spec_path)
+    except Exception as exc:  # noqa: BLE001 — the error boundary, as the CLI's
+        message = user_error(exc)
+        if message is None:
+            raise
+        print(f"embedpipe: error: {message}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def _train(spec_path: str) -> None:
     from embed_core.config import RunConfig
     from embed_core.train.run import run_train_stage
 
@@ -19,4 +38,4 @@ def main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main(sys.argv[1]))
