@@ -162,7 +162,9 @@ class StageWriter:
     """Collects one stage's outputs in a staging directory and swaps it in on ``commit``.
 
     Use as a context manager; leaving the block with an exception discards the staging
-    directory and leaves the previous artifact as it was.
+    directory and leaves the previous artifact as it was. In a multi-process job only rank 0 opens
+    one (``embed_core.train.ranks``): opening cleans the stage's leftovers, which would be another
+    rank's staging directory, so a writer on any other rank is refused.
     """
 
     def __init__(self, run_dir: Path, stage: str):
@@ -175,6 +177,10 @@ class StageWriter:
         self._committed = False
 
     def __enter__(self) -> "StageWriter":
+        rank = _other_rank()
+        if rank:  # its clean-up would delete rank 0's staging directory of the same stage
+            raise EmbedpipeError(f"{self.final}: rank {rank} of a multi-process job opened a stage writer; only rank 0 "
+                                 "writes a stage, the other ranks read what it committed")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.final.is_symlink() or (self.final.exists() and not (self.final / MANIFEST).is_file()):
             raise EmbedpipeError(f"{self.final}: exists and is not a stage artifact embedpipe wrote (no {MANIFEST}); "
@@ -261,6 +267,13 @@ class StageWriter:
                 shutil.rmtree(old, ignore_errors=True)
         self._committed = True
         return manifest
+
+
+def _other_rank() -> int:
+    """This process's rank when it is one of several of a multi-process job (the launcher's, or
+    ``train.processes``', ``RANK`` / ``WORLD_SIZE``), else 0. Read here from the environment, so
+    that writing an artifact imports no torch and depends on no training module."""
+    return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
 
 
 _LEFTOVER = re.compile(r"\.(?P<stage>[^/]+)\.(?P<kind>old|staging)-[0-9a-f]{8}")

@@ -20,6 +20,7 @@ from embed_core.config import RunConfig
 from embed_core.errors import EmbedpipeError
 from embed_core.fingerprint import Fingerprint
 from embed_core.stage_api import Stage, StageContext
+from embed_core.train import ranks
 
 # The pipeline's order: the module that declares each stage's STAGE.
 ORDER: list[str] = [
@@ -99,12 +100,15 @@ def context(config: RunConfig, run_dir: str | Path, stage: Stage | str, instance
 def cache_decision(stage: Stage, ctx: StageContext, force: bool = False) -> tuple[Fingerprint, bool]:
     """The instance's fingerprint, and whether it is a cache hit: the run directory holds an intact
     artifact of exactly those inputs (never under ``force``). The one cache: this decides — after
-    ``check_inputs``, so neither a run nor a hit stands on damaged or stale inputs."""
+    ``check_inputs``, so neither a run nor a hit stands on damaged or stale inputs. In a
+    multi-process train command rank 0 decides for every rank (``embed_core.train.ranks``): a rank
+    that looked for itself could find a step rank 0 has just committed and skip the step's barrier."""
     from embed_core.artifacts import stage_is_intact
 
     check_inputs(stage, ctx)
     fingerprint = stage.fingerprint(ctx)
-    return fingerprint, not force and stage_is_intact(ctx.run_dir, ctx.instance, fingerprint.key)
+    hit = not force and stage_is_intact(ctx.run_dir, ctx.instance, fingerprint.key)
+    return fingerprint, ranks.main_decides(hit, timeout_s=ctx.config.train.dist_timeout_s if ctx.config.train else None)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetReco
 from embed_core.train.lineage import LINEAGE_FILE, lineage_table
 from embed_core.train.records import RECORDS_DIR, mapped_records
 from embed_core.train.distributed import barrier, init_process_group, is_main_process
+from embed_core.train.ranks import committed, on_main_rank
 from embed_core.train.sampling import dataset_weights
 from embed_core.train.spawn import local_ranks, training_processes
 from embed_core.train.stage import instance_name
@@ -313,14 +314,16 @@ def _run_train_stage(config: RunConfig, run_dir: Path, stage_name: str, *, upstr
     trainer, instructions = _trainer(config, run_dir, stage, datasets, init, ckpt_dir)
     metrics = trainer.fit(resume=resume)
     state = trainer.consolidated_state() if hasattr(trainer, "consolidated_state") else None  # every rank: FSDP gathers
-    if not is_main_process():  # rank 0 writes the stage; the others wait until it is committed
-        barrier()
-        return read_manifest(run_dir, instance_name(stage.name))
-    manifest = _commit(config, run_dir, stage, datasets, init, trainer, metrics, instructions, fingerprint, t0, state,
-                       lineage=_lineage(run_dir, upstream, stage, datasets, trainer))
-    shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
-    barrier()
-    return manifest
+
+    def commit() -> dict[str, Any]:
+        manifest = _commit(config, run_dir, stage, datasets, init, trainer, metrics, instructions, fingerprint, t0,
+                           state, lineage=_lineage(run_dir, upstream, stage, datasets, trainer))
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
+        return manifest
+
+    # rank 0 writes the stage (and merges); the others wait, however long that takes, and read it
+    return on_main_rank(instance_name(stage.name), commit,
+                        lambda: committed(run_dir, instance_name(stage.name), fingerprint.key))
 
 
 def _checkpoint_dir(run_dir: Path, stage: TrainStageConfig, fingerprint: Fingerprint) -> Path:
@@ -507,10 +510,8 @@ REFERENCE_SCHEMA = pa.schema([("example", pa.int64()), ("query", pa.string()), (
 def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str, decoder: str, examples: list,
                      arc) -> tuple[Any, Any]:
     """log p_ref(d⁺|e_q) and log p_ref(d⁻ᵢ|e_q) of every CDA example under the stage's initial encoder:
-    read from ``reference-<stage>/`` when its key matches, else computed and written there."""
-    import pyarrow.parquet as pq
-    import torch
-
+    read from ``reference-<stage>/`` when its key matches, else computed and written there, by rank 0
+    alone (``embed_core.train.ranks``); the other ranks read what it committed."""
     from embed_core.artifacts import stage_is_intact
 
     name = f"reference-{stage.name}"
@@ -520,14 +521,31 @@ def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str,
                                                   .encode()).hexdigest(),
                        "autoregembed": config_hash(arc), "code": code_identity(__name__, LIBRARIES)}, sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()
-    if not is_main_process():  # rank 0 computes and writes them; the others read what it committed
-        barrier()
-    if stage_is_intact(run_dir, name, key):
-        table = pq.read_table(run_dir / name / "scores.parquet")
-        if is_main_process():
-            barrier()
-        return (torch.tensor(table.column("ref_pos").to_pylist(), dtype=torch.float32),
-                torch.tensor(table.column("ref_neg").to_pylist(), dtype=torch.float32))
+
+    def read() -> tuple[Any, Any]:
+        committed(run_dir, name, key)
+        return _read_reference(run_dir / name)
+
+    def compute() -> tuple[Any, Any]:
+        if stage_is_intact(run_dir, name, key):
+            return _read_reference(run_dir / name)
+        return _write_reference(run_dir, name, key, stage, trainer, init, decoder, examples)
+
+    return on_main_rank(name, compute, read)
+
+
+def _read_reference(directory: Path) -> tuple[Any, Any]:
+    import pyarrow.parquet as pq
+    import torch
+
+    table = pq.read_table(directory / "scores.parquet")
+    return (torch.tensor(table.column("ref_pos").to_pylist(), dtype=torch.float32),
+            torch.tensor(table.column("ref_neg").to_pylist(), dtype=torch.float32))
+
+
+def _write_reference(run_dir: Path, name: str, key: str, stage: TrainStageConfig, trainer, init: str, decoder: str,
+                     examples: list) -> tuple[Any, Any]:
+    """Rank 0: the reference scores computed with the trainer's (initial) encoder and committed."""
     t0 = time.perf_counter()
     ref_pos, ref_neg = trainer.reference_scores()
     table = pa.Table.from_pylist([{"example": i, "query": e.query, "positive": e.positive, "ref_pos": float(p),
@@ -538,5 +556,4 @@ def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str,
         writer.commit({"input_fingerprint": key, "stage_name": stage.name, "init_model": init, "decoder": decoder,
                        "counts": {"examples": len(examples), "negatives": int(ref_neg.shape[1])},
                        "timings_s": {"total": round(time.perf_counter() - t0, 3)}})
-    barrier()
     return ref_pos, ref_neg

@@ -5,8 +5,9 @@ it). Before a stage, two optional steps, each an instance of its own: with ``rem
 from (``embed_core.mine.run``); with ``targeted_synthesis``, ``synth-<stage>/``: LLM paraphrases and
 hard negatives for the training records nearest to that model's dev failures
 (``embed_core.synthesize.targeted_step``). The stage trains on its last step's records. The steps
-belong to the train stage so that they run where training runs (a GPU work pool) and in its order.
-This module is the one place that names those directories."""
+belong to the train stage so that they run where training runs (a GPU work pool) and in its order;
+under several processes they run on rank 0 alone (``embed_core.train.ranks``). This module is the
+one place that names those directories."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from embed_core.errors import ConfigError
 from embed_core.mine import stage as mine_stage
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
 from embed_core.synthesize import stage as synth_stage
+from embed_core.train import ranks
 
 NAME = "train"
 BODY = "embed_core.train.run"
@@ -181,15 +183,23 @@ def _inputs(ctx: StageContext) -> list[Path]:
 
 
 def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
+    """A training stage on every rank; a step before it (re-mining, targeted synthesis) on rank 0
+    alone, the other ranks reading what it committed (``embed_core.train.ranks``)."""
     upstream = records_dir(ctx, ctx.instance)
+    if is_train_instance(ctx.instance):
+        return lazy(BODY, "run_train_stage")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=upstream,
+                                             resume=ctx.options.resume, fingerprint=fingerprint)
+    return ranks.on_main_rank(ctx.instance, lambda: _run_step(ctx, fingerprint, upstream),
+                              lambda: ranks.committed(ctx.run_dir, ctx.instance, fingerprint.key),
+                              timeout_s=ctx.config.train.dist_timeout_s)
+
+
+def _run_step(ctx: StageContext, fingerprint, upstream: str) -> dict[str, Any]:
     if is_remine_instance(ctx.instance):
         return lazy(MINE_BODY, "mine_into")(ctx.config, ctx.run_dir, _remine_settings(ctx), ctx.instance, fingerprint,
                                             upstream=upstream)
-    if is_synth_instance(ctx.instance):
-        return lazy(SYNTH_BODY, "run_targeted")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name,
-                                                ctx.instance, _start_model(ctx), fingerprint, upstream=upstream)
-    return lazy(BODY, "run_train_stage")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=upstream,
-                                         resume=ctx.options.resume, fingerprint=fingerprint)
+    return lazy(SYNTH_BODY, "run_targeted")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name,
+                                            ctx.instance, _start_model(ctx), fingerprint, upstream=upstream)
 
 
 # log_prints off: dev tasks run mteb, whose `datasets` dependency disassembles code with print()

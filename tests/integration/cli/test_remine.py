@@ -24,8 +24,9 @@ def _config(tmp, tiny_model, stage2_lr=1e-3):
         # a high learning rate: stage 1's model ranks the pool differently from the base's
         {"name": "stage1", "steps": 6, "lr": 3e-3, **TASKS},
         {"name": "stage2", "steps": 2, "lr": stage2_lr, "remine": {"num_negatives": 3}, **TASKS}])
-    cfg["mine"] = {"model": str(tiny_model), "max_length": 32, "datasets": ["scifact"], "range_min": 0,
-                   "range_max": 8, "num_negatives": 2, "relative_margin": None}
+    # fp32: "auto" is bf16 on a CPU with native bf16, and the test mines again in fp32 to compare
+    cfg["mine"] = {"model": str(tiny_model), "max_length": 32, "precision": "fp32", "datasets": ["scifact"],
+                   "range_min": 0, "range_max": 8, "num_negatives": 2, "relative_margin": None}
     path = tmp / "remine.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
