@@ -67,12 +67,21 @@ class TrackingConfig(StrictModel):
                             "(evaluate) as run artifacts.")
 
 
+# Settings every ablation run gets from the ablation itself (``embed_core.ablation.row_configs``):
+# a variant setting one would be overridden silently, its row the same runs as base.
+ABLATION_SETS = {"seed": "each row runs once per seed of ablation.seeds: list the seeds there",
+                 "run_name": "each run is named <run_name>-<row>-s<seed>",
+                 "run_root": "every row runs under the config's run_root",
+                 "evaluate.models": "each row is evaluated with its last training stage's model"}
+
+
 class AblationConfig(StrictModel):
     """What each change earns (``embedpipe ablate``): the run's config and every variant of it,
     each run end to end with every seed in its own run directory, test scores as mean ± spread."""
 
     seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1,
-                             description="Seeds every row is run with (the run's seed is replaced).")
+                             description="Seeds every row is run with, each listed once (the run's seed is "
+                             "replaced; a variant may not set it).")
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "Row name -> settings that differ from the config, by path: dots into mappings, [name] picks a "
         "list item by its name. E.g. {remine: {'train.stages[stage2].remine': {}}, no-negatives: "
@@ -84,7 +93,20 @@ class AblationConfig(StrictModel):
         for name in v:
             check_path_name(name, "ablation.variants")
             if name == "base":
-                raise ValueError("ablation.variants: 'base' is the config itself; give the variant another name")
+                raise ValueError("'base' is the config itself; give the variant another name")
+            for path in v[name]:
+                if path in ABLATION_SETS:
+                    raise ValueError(f"variant {name!r}: {path!r} is set by the ablation, not by a variant "
+                                     f"({ABLATION_SETS[path]}); the row would repeat base")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int]) -> list[int]:
+        twice = sorted({s for s in v if v.count(s) > 1})
+        if twice:
+            raise ValueError(f"seed {twice[0]} is listed more than once ({v}): repeated seeds are "
+                             "the same runs, and their spread (± 0.00) would say nothing; list distinct seeds")
         return v
 
 

@@ -17,6 +17,17 @@ from pathlib import Path
 from embed_core.errors import EmbedpipeError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a model's config.json (real ones: a few KB)
+# Sizes a model's config.json states, by the names architectures give them: a value that is not a
+# whole number in range would fail deep inside transformers, or build a model that never finishes
+# (10**15 layers), before any weight is read.
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1 << 20  # hidden, intermediate and head sizes, and head counts
+MAX_PARAMETERS = 10 ** 13  # 12·layers·hidden², the parameters of the transformer blocks
+LAYER_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+HEAD_FIELDS = ("num_attention_heads", "n_head", "num_heads", "num_key_value_heads")
+WIDTH_FIELDS = ("hidden_size", "n_embd", "d_model", "intermediate_size", "d_ff")
+DERIVED_FIELDS = ("head_dim", "d_kv", "n_inner")  # 0 (or null): derived from the others by some architectures
 CONVERT_HINT = ("convert it once to safetensors (load it with transformers' from_pretrained, trusting its source, "
                 "and save_pretrained it: that writes model.safetensors)")
 
@@ -40,6 +51,7 @@ def check_model_dir(path: str | Path) -> None:
     if not (root / "config.json").is_file():
         raise ModelFilesError(f"{root}: not a model directory (no config.json); give a Hugging Face or "
                               "sentence-transformers model directory, or 'default' for the packaged model")
+    check_model_config(root / "config.json")
     shards = safetensors_files(root)
     if not shards:
         if any(root.glob("pytorch_model*.bin")):
@@ -80,8 +92,72 @@ def check_safetensors(path: Path) -> None:
             raise ModelFilesError(damaged)
         try:
             header = json.loads(fh.read(length))
-            end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+            tensors = {k: t for k, t in header.items() if k != "__metadata__"}
+            end = max((int(t["data_offsets"][1]) for t in tensors.values()), default=0)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             raise ModelFilesError(damaged) from None
+    for name, tensor in tensors.items():  # every loader reads a tensor's shape from here (plan: its memory)
+        shape = tensor.get("shape")
+        if not isinstance(shape, list) or not all(_whole(n, 0, 1 << 62) for n in shape):
+            raise ModelFilesError(f"{path}: tensor {name!r}: shape {shape!r} is not a list of sizes in the "
+                                  "safetensors header; copy or download the model again")
     if 8 + length + end != size:
         raise ModelFilesError(damaged)
+
+
+def check_model_config(path: Path) -> None:
+    """A ``config.json`` that is a JSON object whose layer count, head counts and widths (here and in
+    its sub-configs, e.g. a multimodal model's ``text_config``) are whole numbers in range and agree."""
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ModelFilesError(f"{path}: {path.stat().st_size} bytes, more than a model's config.json can be "
+                              f"({MAX_CONFIG_BYTES}); copy or download the model again")
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ModelFilesError(f"{path}: not JSON ({exc}); copy or download the model again") from None
+    if not isinstance(config, dict):
+        raise ModelFilesError(f"{path}: not a model's config (a JSON {type(config).__name__}, not an object)")
+    _check_sizes(path, "", config)
+    for key, sub in config.items():
+        if key.endswith("_config") and isinstance(sub, dict):
+            _check_sizes(path, f"{key}.", sub)
+
+
+def _check_sizes(path: Path, prefix: str, config: dict) -> None:
+    """The checks of ``check_model_config`` on one (sub-)config; ``prefix`` names it in the error."""
+    def bad(field: str, reason: str) -> ModelFilesError:
+        return ModelFilesError(f"{path}: {prefix}{field}: {config[field]!r} {reason}; the file is damaged or not "
+                               "a model's config")
+
+    for fields, low, high in ((LAYER_FIELDS, 0, MAX_LAYERS), (HEAD_FIELDS + WIDTH_FIELDS, 1, MAX_WIDTH),
+                              (DERIVED_FIELDS, 0, MAX_WIDTH)):
+        for field in fields:
+            value = config.get(field)
+            # a list or mapping: one per layer or per part (Gemma-3n's widths, LXMERT's layers)
+            values = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
+            if value is not None and not all(_whole(x, low, high) for x in values):
+                raise bad(field, f"is not a whole number from {low} to {high}")
+
+    def number(*fields: str) -> str | None:  # the first of fields that holds one number
+        return next((f for f in fields if _whole(config.get(f), 1, MAX_WIDTH)), None)
+
+    hidden, heads = number("hidden_size", "n_embd"), number("num_attention_heads", "n_head")
+    kv = number("num_key_value_heads")
+    if hidden and heads and not config.get("head_dim") and config[heads] > config[hidden]:
+        raise bad(heads, f"attention heads share {hidden} {config[hidden]}: less than one dimension a head "
+                  "(no head_dim given)")
+    head_dim = number("head_dim")
+    if heads and head_dim and config[heads] * config[head_dim] > MAX_WIDTH:
+        raise bad(heads, f"attention heads of head_dim {config[head_dim]} are {config[heads] * config[head_dim]} "
+                  f"dimensions a token, more than {MAX_WIDTH}")
+    if heads and kv and config[heads] % config[kv]:
+        raise bad(kv, f"key-value heads do not divide {heads} {config[heads]}")
+    layers, width = number(*LAYER_FIELDS), number("hidden_size", "n_embd", "d_model")
+    parameters = 12 * config[layers] * config[width] ** 2 if layers and width else 0
+    if parameters > MAX_PARAMETERS:
+        raise bad(layers, f"layers of {width} {config[width]} make about {parameters:.1e} parameters, more than "
+                  f"{MAX_PARAMETERS:.0e}")
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high

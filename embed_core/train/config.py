@@ -216,6 +216,22 @@ class TrainStageConfig(StrictModel):
         return {task: validate_loss_spec(task, spec) for task, spec in v.items()}
 
 
+def init_chain(stages: list[TrainStageConfig], index: int) -> list[str]:
+    """The stages whose models stage ``index`` starts from, in turn: its ``init_from`` (by default the
+    previous stage), that stage's, and so on, ending in 'base' or at the first stage seen again."""
+    names = [s.name for s in stages]
+    chain = [names[index]]
+    while True:
+        stage = stages[index]
+        target = stage.init_from if stage.init_from is not None else (names[index - 1] if index > 0 else "base")
+        if target == "base" or target not in names:
+            return [*chain, target]
+        chain.append(target)
+        if chain.count(target) > 1:
+            return chain
+        index = names.index(target)
+
+
 class TrainConfig(StrictModel):
     base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
     gguf_file: str | None = Field(None, description="GGUF weights file inside base_model (decoder LMs).")
@@ -305,6 +321,25 @@ class TrainConfig(StrictModel):
                                  f"(earlier: {', '.join(earlier) or 'none'})")
             if stage.merge is not None and stage.mode != "contrastive":
                 raise ValueError(f"stages[{stage.name}].merge: only contrastive stages save weights that average")
+        return v
+
+    @field_validator("stages")
+    @classmethod
+    def _init_from_earlier(cls, v: list[TrainStageConfig]) -> list[TrainStageConfig]:
+        # Stages run in order: one that starts from itself or a later stage would train on its own last
+        # output (never fresh) or wait for a stage that waits for it, blocking every stage after it.
+        names = [s.name for s in v]
+        for i, stage in enumerate(v):
+            if stage.init_from in (None, "base") or stage.init_from in names[:i]:
+                continue
+            where = f"stages[{stage.name}].init_from: {stage.init_from!r}"
+            if stage.init_from not in names:
+                raise ValueError(f"{where} is no stage (stages: {', '.join(names)}; 'base' for the base model)")
+            chain = init_chain(v, i)
+            what = "is the stage itself" if stage.init_from == stage.name else (
+                "is a later stage, and the chain loops" if chain[-1] in chain[:-1] else "is a later stage")
+            raise ValueError(f"{where} {what} ({' → '.join(chain)}): a stage starts from an earlier stage's model, "
+                             "'base', or by default the previous stage's; reorder the stages or name an earlier one")
         return v
 
     def _zero_stage(self) -> int | None:

@@ -68,6 +68,7 @@ GiB = 2 ** 30
 # Kept free on a GPU of --gpu-memory GiB: the CUDA context, cuBLAS/NCCL workspaces and the caching
 # allocator's fragmentation, none of which torch.cuda.max_memory_allocated counts.
 HEADROOM = 0.10
+MAX_GPU_GIB = 1 << 20  # 1 PiB: --gpu-memory above it is a typo (and past ~1e299 GiB its bytes overflow a float)
 BIG = 1 << 20  # the largest batch size searched for
 POST_HEADS = ("lm_head.", "cls.", "score.", "classifier.", "qa_outputs.")  # heads AutoModel does not load
 LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.")
@@ -552,8 +553,9 @@ def plan_config(train: TrainConfig, *, gpus: int = 1, gpu_memory_gib: float | No
     """The plan of every train stage of ``train`` on ``gpus`` ranks (of ``gpu_memory_gib`` GiB each)."""
     if gpus < 1:
         raise ConfigError(f"--gpus must be at least 1 (got {gpus})")
-    if gpu_memory_gib is not None and gpu_memory_gib <= 0:
-        raise ConfigError(f"--gpu-memory must be a positive number of GiB (got {gpu_memory_gib:g})")
+    if gpu_memory_gib is not None and not (0 < gpu_memory_gib <= MAX_GPU_GIB):  # nan compares false
+        raise ConfigError(f"--gpu-memory must be a number of GiB above 0 and at most {MAX_GPU_GIB} "
+                          f"(got {gpu_memory_gib:g})")
     shape = shape or model_shape(train.base_model, train.gguf_file)
     usable = int(gpu_memory_gib * GiB * (1 - HEADROOM)) if gpu_memory_gib else None
     model = {"name": shape.name, "model_type": shape.model_type, "parameters": shape.numel(), "layers": shape.layers,

@@ -43,11 +43,35 @@ def test_a_variant_that_makes_a_bad_config_is_refused_with_its_row_name():
 
 
 def test_the_table_holds_mean_and_sample_spread_over_seeds_and_the_difference_to_base():
-    config = _config(seeds=[1, 2], variants={"x": {"seed": 0}})
+    config = _config(seeds=[1, 2], variants={"x": {"train.stages[stage2].steps": 5}})
     rows = [{"row": "base", "seed": 1, "task": "T", "score": 0.80}, {"row": "base", "seed": 2, "task": "T", "score": 0.82},
             {"row": "x", "seed": 1, "task": "T", "score": 0.85}, {"row": "x", "seed": 2, "task": "T", "score": 0.85}]
     stats = {(s["row"], s["task"]): s for s in summary(rows)}
     assert stats[("base", "T")]["mean"] == pytest.approx(81.0) and stats[("base", "T")]["std"] == pytest.approx(2 ** 0.5)
     table = report_markdown(config, summary(rows))
     assert "| base | the config | 81.00 ± 1.41 |" in table
-    assert "| x | `seed: 0` | 85.00 ± 0.00 (+4.00) |" in table
+    assert "| x | `train.stages[stage2].steps: 5` | 85.00 ± 0.00 (+4.00) |" in table
+
+
+@pytest.mark.parametrize("path", ["seed", "run_name", "run_root", "evaluate.models"])
+def test_a_variant_that_sets_what_the_ablation_sets_is_refused_at_load(path):
+    with pytest.raises(ConfigError) as refused:
+        _config(seeds=[1, 2], variants={"s5": {path: 5}})
+    message = str(refused.value)
+    assert message.startswith(f"<config>: ablation.variants: variant 's5': {path!r} is set by the ablation, not by a "
+                              "variant (") and message.endswith("); the row would repeat base")
+    assert "\n" not in message
+
+
+def test_a_variant_that_sets_seed_is_told_to_list_the_seeds_in_ablation_seeds():
+    with pytest.raises(ConfigError, match=r"variant 's5': 'seed' is set by the ablation, not by a variant \(each row "
+                                          r"runs once per seed of ablation.seeds: list the seeds there\)"):
+        _config(variants={"s5": {"seed": 5}})
+
+
+def test_a_seed_listed_twice_is_refused_at_load_instead_of_a_spread_of_zero():
+    with pytest.raises(ConfigError) as refused:
+        _config(seeds=[1, 2, 1])
+    assert str(refused.value) == ("<config>: ablation.seeds: seed 1 is listed more than once ([1, 2, 1]): repeated "
+                                  "seeds are the same runs, and their spread (± 0.00) would say nothing; list "
+                                  "distinct seeds")

@@ -188,3 +188,14 @@ def test_embedpipe_plan_prints_a_table_of_every_stage_and_json(tmp_path, capfd, 
     as_json = json.loads(in_process(capfd, "plan", "--config", config, "--json").out)
     assert [s["stage"] for s in as_json["stages"]] == ["stage1", "stage2"]
     assert as_json["stages"][0]["tasks"][0]["chunk"] == [8, 512]
+
+
+@pytest.mark.parametrize("gib", ["nan", "inf", "-inf", "-1", "0", "1e300"])
+def test_a_gpu_memory_that_is_not_a_size_is_one_line_before_the_model_is_read(tmp_path, capfd, gib):
+    write_sts_data(tmp_path)
+    config = write_config(tmp_path, [STS_SOURCE], train={"base_model": str(tmp_path / "no-model"),
+                                                         "stages": [{"name": "s"}]})
+    result = in_process(capfd, "plan", "--config", config, f"--gpu-memory={gib}")  # '-inf' alone reads as an option
+    result.assert_one_line_error(f"--gpu-memory must be a number of GiB above 0 and at most 1048576 "
+                                 f"(got {float(gib):g})")
+    assert result.out == ""
