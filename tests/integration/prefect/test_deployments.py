@@ -106,11 +106,14 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
                     runs = await client.read_flow_runs()
                     flows = {r.flow_id: (await client.read_flow(r.flow_id)).name for r in runs}
                     logs = {}
-                    for run in (flow_run, rerun, failed):  # in pages: the server returns 200 at most
-                        logs[run.id] = []
-                        while page := await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])),
-                                                             offset=len(logs[run.id])):
-                            logs[run.id] += page
+                    for run in (flow_run, rerun, failed):
+                        logs[run.id] = await _run_logs(client, run.id)
+                    # a run's state is set before its process has shipped its last log lines (batched every
+                    # few seconds): on a loaded machine the failed run's ERROR line can arrive after it
+                    deadline = time.monotonic() + 60
+                    while not any(log.level >= 40 for log in logs[failed.id]) and time.monotonic() < deadline:
+                        await asyncio.sleep(2)
+                        logs[failed.id] = await _run_logs(client, failed.id)
                     return arts, [(flows[r.flow_id], r) for r in runs], logs
 
             arts, runs, logs = asyncio.run(artifacts_and_runs())
@@ -220,3 +223,13 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     assert "prepare-counts-from-api" in by_key and "mine-stats-from-api" in by_key
     # plots are inlined, so they show on the artifact page (mine histogram, evaluation report)
     assert sum("data:image/png;base64," in (a.data or "") for a in arts if a.type == "markdown") >= 2
+
+
+async def _run_logs(client, run_id) -> list:
+    """Every log line of a flow run, in pages (the server returns 200 at most)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    logs: list = []
+    while page := await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), offset=len(logs)):
+        logs += page
+    return logs
