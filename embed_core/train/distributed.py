@@ -116,14 +116,29 @@ class GradientAverage:
         self._pending, self._done, self.armed = [], set(), False
 
 
+def _all_reduce(value: float, dtype: torch.dtype, op: Any) -> float:
+    """``value`` reduced over the ranks with ``op`` (one all-reduce of one number; itself alone in a
+    single process)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=dtype)
+    if torch.distributed.get_backend() == "nccl":
+        t = t.cuda()
+    torch.distributed.all_reduce(t, op=op)
+    return t.item()
+
+
 def mean_over_ranks(value: float) -> float:
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return value
-    t = torch.tensor([value], dtype=torch.float64)
-    if torch.distributed.get_backend() == "nccl":
-        t = t.cuda()
-    torch.distributed.all_reduce(t)
-    return float(t.item()) / torch.distributed.get_world_size()
+    return float(_all_reduce(value, torch.float64, torch.distributed.ReduceOp.SUM)) / torch.distributed.get_world_size()
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest of the ranks' ``value`` (``value`` itself in a single process)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    return int(_all_reduce(value, torch.int64, torch.distributed.ReduceOp.MAX))
 
 
 def broadcast_from_main(value: Any) -> Any:

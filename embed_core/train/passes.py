@@ -16,7 +16,7 @@ A *pass* is one call of the encoder on some texts of one group (queries, positiv
 forward and reduce-scatters in every backward), every rank must make the same number of passes in
 the same order, whatever its own texts hold: how many texts, how long, whether a group (hard
 negatives) is there at all, whether packing applied. Each rank plans its passes from its own data,
-then the ranks agree on the largest count in one all-reduce (``agreed_passes``), and a rank with
+then the ranks agree on the largest count in one all-reduce (``max_over_ranks``), and a rank with
 fewer passes makes the difference up with *padding passes*: the encoder on one short text, whose
 output enters the loss times zero (so its backward runs, with zero gradients). That is the only
 data-dependent decision in a step; everything else (group names, the loss's gathers) is the same
@@ -34,6 +34,7 @@ from torch import Tensor
 
 from embed_core.train.batches import TaskBatch, TextGroup
 from embed_core.train.checkpoint import rng_state, set_rng_state
+from embed_core.train.distributed import max_over_ranks
 
 
 @dataclass
@@ -86,19 +87,6 @@ def features(model: Any, group: TextGroup) -> dict[str, Tensor]:
     return group.features
 
 
-def agreed_passes(count: int) -> int:
-    """The largest pass count over the ranks (one all-reduce of one integer; ``count`` alone in a
-    single process)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
-            or torch.distributed.get_world_size() == 1:
-        return count
-    t = torch.tensor([count], dtype=torch.int64)
-    if torch.distributed.get_backend() == "nccl":
-        t = t.cuda()
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return int(t.item())
-
-
 class Passes:
     """Plans and runs a micro-batch's passes for the trainer: ``forward`` is what encodes (the model,
     or the back end's wrapper), ``collective`` whether its forwards must pair up across ranks."""
@@ -108,6 +96,7 @@ class Passes:
         self.model, self.forward, self.device, self.bf16 = model, forward, device, bf16
         self.stage, self.packing, self.collective = stage, packing, collective
         self.bucket_pass_cost = stage.bucket_pass_cost if stage.bucket_pass_cost is not None else 8192 * bf16
+        self._padding_inputs: dict[str, Tensor] | None = None
         self.tokens = self.texts = 0  # non-padding tokens and texts encoded with a graph (throughput, MFU)
 
     @property
@@ -164,13 +153,16 @@ class Passes:
             for chunk in (self.chunks(group) if self.cached else [list(range(len(group.texts)))]):
                 passes += self._split(name, feats, torch.tensor(chunk))
         if self.collective:
-            passes += [self._padding() for _ in range(agreed_passes(len(passes)) - len(passes))]
+            passes += [self._padding() for _ in range(max_over_ranks(len(passes)) - len(passes))]
         return passes
 
     def _padding(self) -> Pass:
-        feats = self.model.tokenize(["."], [None], 8)
-        packed = self.model.pack(feats) if self.packs else None
-        return Pass(None, None, packed if packed is not None else feats)
+        """A padding pass: the encoder on one short text (its inputs made once)."""
+        if self._padding_inputs is None:
+            feats = self.model.tokenize(["."], [None], 8)
+            packed = self.model.pack(feats) if self.packs else None
+            self._padding_inputs = packed if packed is not None else feats
+        return Pass(None, None, self._padding_inputs)
 
     # -- running -------------------------------------------------------------------------------
     def _autocast(self):

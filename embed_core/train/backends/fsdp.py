@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from embed_core.train import sharding
@@ -34,8 +35,6 @@ class FSDP(Backend):
     def save_state(self, directory: Path) -> dict[str, Any]:
         groups = sharding.save(directory / "sharded", self.model, self.optimizer)  # each rank its shard
         if self.rank == 0:
-            import torch
-
             torch.save({"scheduler": self.scheduler.state_dict()}, directory / "state.pt")
         return {"param_groups": groups}
 
