@@ -45,6 +45,20 @@ TINY_STAGE = {"lr": 1e-3, "warmup_steps": 1, "num_hard_negatives": 1, "query_max
               "batch_size": {"retrieval": 4, "sts": 4, "classification": 4, "nli": 4}}
 
 
+def demo_prepare_only(tmp: Path) -> Path:
+    """``tmp/demo.yaml``: the demo config with its prepare section alone, on a private copy of data/
+    (``tmp/data``), run under ``tmp/runs``; returns its path."""
+    import shutil
+
+    shutil.copytree(REPO / "data", tmp / "data")
+    demo = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
+    demo.update(data_root=str(tmp / "data"), run_root=str(tmp / "runs"))
+    for section in ("synthesize", "mine", "evaluate", "train"):
+        demo.pop(section, None)
+    (tmp / "demo.yaml").write_text(yaml.safe_dump(demo))
+    return tmp / "demo.yaml"
+
+
 def tiny_demo_config(tmp: Path, tiny_model: str | Path, run_name: str, stages: list[dict], *,
                      keep: tuple[str, ...] = ()) -> dict:
     """The demo config (a dict) on the repository's demo data, run under ``tmp/runs/<run_name>``,

@@ -8,6 +8,15 @@ import shutil
 from pathlib import Path
 
 
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _copy_tokenizer(src: Path, dest: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (src / name).exists():
+            shutil.copy(src / name, dest / name)
+
+
 def build_tiny_bert(dest: Path, dropout: float = 0.1) -> Path:
     import torch
     from transformers import BertConfig, BertModel
@@ -16,9 +25,7 @@ def build_tiny_bert(dest: Path, dropout: float = 0.1) -> Path:
 
     dest.mkdir(parents=True, exist_ok=True)
     src = Path(default_model_path())
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (src / name).exists():
-            shutil.copy(src / name, dest / name)
+    _copy_tokenizer(src, dest)
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128,
@@ -63,9 +70,7 @@ def build_tiny_decoder(dest: Path, model_type: str = "qwen3", tokenizer_dir: Pat
     kw.update(sizes)
     torch.manual_seed(0)
     AutoModel.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, dest / name)
+    _copy_tokenizer(tokenizer_dir, dest)
     return dest
 
 
@@ -86,7 +91,5 @@ def build_tiny_causal_lm(dest: Path, model_type: str = "qwen3", *, tied: bool = 
         kw["head_dim"] = 16
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, dest / name)
+    _copy_tokenizer(tokenizer_dir, dest)
     return dest

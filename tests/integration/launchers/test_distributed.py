@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers.repo import REPO
+from tests.helpers.repo import REPO, demo_prepare_only
 from tests.helpers.tiny_model import build_tiny_bert
 
 pytestmark = pytest.mark.prefect  # (so slow) the session's Prefect server
@@ -57,12 +57,7 @@ def one_process(tmp_path_factory, prefect_harness):
     """The reference: one process, global batch 8, on a tiny BERT without dropout (ranks pad their
     slices differently, so dropout masks could not match across process counts)."""
     tmp = tmp_path_factory.mktemp("one")
-    shutil.copytree(REPO / "data", tmp / "data")
-    demo = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
-    demo.update(data_root=str(tmp / "data"), run_root=str(tmp / "runs"))
-    for section in ("synthesize", "mine", "evaluate", "train"):
-        demo.pop(section, None)
-    (tmp / "demo.yaml").write_text(yaml.safe_dump(demo))
+    demo_prepare_only(tmp)
     model = build_tiny_bert(tmp / "tiny", dropout=0.0)
     from prefect.settings import PREFECT_API_URL
 

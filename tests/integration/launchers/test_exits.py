@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.helpers.procs import gone, process_tree, still_running
-from tests.helpers.repo import REPO
+from tests.helpers.repo import REPO, demo_prepare_only
 from tests.helpers.tiny_model import build_tiny_bert
 
 pytestmark = pytest.mark.prefect  # (so slow) the session's Prefect server
@@ -38,12 +38,7 @@ def _config(demo: Path, model: Path, *, steps: int, timeout_s: float) -> dict:
 def prepared(tmp_path_factory, prefect_harness):
     """The demo's prepared records and a tiny BERT; the environment of every command."""
     tmp = tmp_path_factory.mktemp("exits")
-    shutil.copytree(REPO / "data", tmp / "data")
-    demo = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
-    demo.update(data_root=str(tmp / "data"), run_root=str(tmp / "runs"))
-    for section in ("synthesize", "mine", "evaluate", "train"):
-        demo.pop(section, None)
-    (tmp / "demo.yaml").write_text(yaml.safe_dump(demo))
+    demo_prepare_only(tmp)
     from prefect.settings import PREFECT_API_URL
 
     # the session's Prefect server: each command (rank 0) skips starting a temporary one of its own
