@@ -46,6 +46,11 @@ SCHEMA_VERSION = "1.0"
 SCHEMA_VERSION_KEY = b"embedpipe.schema_version"
 
 TASKS = ("retrieval", "sts", "nli", "classification", "pair_classification", "clustering")
+# The task groups training, planning, dev evaluation and synthesis share (one place for each):
+INFONCE_TASKS = ("retrieval",)  # query, positive and hard negatives; InfoNCE over gathered passages
+CLS_TASKS = ("classification",)  # a text and its label text; negatives are the other labels
+PAIR_TASKS = ("sts", "nli", "pair_classification")  # two texts and a score
+TRAINABLE_TASKS = INFONCE_TASKS + CLS_TASKS + PAIR_TASKS
 # Tasks whose two sides are interchangeable: instructions go on both sides (BCE paper B.1.1).
 SYMMETRIC_TASKS = frozenset({"sts", "nli", "classification", "pair_classification", "clustering"})
 # Tasks whose positive_scores are the training signal and therefore required.

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from embed_core.prepare.cleaning import normalize_text
-from embed_core.schema import Record
+from embed_core.schema import PAIR_TASKS, Record
 from embed_core.synthesize.config import TargetedConfig
 
 Embed = Callable[[list[str]], np.ndarray]
-PAIR_TASKS = ("sts", "nli", "pair_classification")
 
 
 @dataclass(frozen=True)

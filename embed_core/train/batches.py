@@ -31,12 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from embed_core.schema import CLS_TASKS, INFONCE_TASKS, PAIR_TASKS
 from embed_core.train.edits import generate_positive, generate_weak_positive
 
-INFONCE_TASKS = ("retrieval",)
-CLS_TASKS = ("classification",)
-PAIR_TASKS = ("sts", "nli", "pair_classification")
-TRAINABLE_TASKS = INFONCE_TASKS + CLS_TASKS + PAIR_TASKS
 
 
 @dataclass
@@ -66,6 +63,33 @@ class TaskBatch:
     @property
     def size(self) -> int:
         return len(next(iter(self.groups.values())).texts)
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """One text group of a batch layout: at most ``per_record`` texts per record, padded to at most
+    ``max_length`` tokens."""
+
+    per_record: int
+    max_length: int
+
+
+def batch_layout(task: str, layout: str, *, num_negatives: int, num_positives: int, query_max_length: int,
+                 passage_max_length: int) -> dict[str, GroupShape]:
+    """The text groups a batch of ``task`` embeds under the loss's ``layout``, in embedding order
+    (worst case: every record has its hard negatives). ``build_batch`` fills these groups and
+    ``embedpipe plan`` sizes memory from them: the one definition of a batch's shape."""
+    ql, pl = query_max_length, passage_max_length
+    if layout == "hmcl":  # symmetric tasks compare texts of the query's kind
+        length = ql if task in PAIR_TASKS else pl
+        return {"query": GroupShape(1, ql), **{g: GroupShape(1, length) for g in ("positive", "weak", "negative")}}
+    if layout == "multi_positive":
+        groups = {"query": GroupShape(1, ql), "positive": GroupShape(num_positives, pl)}
+    elif task in PAIR_TASKS:
+        return {"a": GroupShape(1, ql), "b": GroupShape(1, ql)}
+    else:
+        groups = {"query": GroupShape(1, ql), "positive": GroupShape(1, pl)}
+    return groups | ({"negative": GroupShape(num_negatives, pl)} if num_negatives else {})
 
 
 RECORD_COLUMNS = ("task", "instruction", "query", "positives", "positive_scores", "negatives", "negative_labels",
@@ -155,19 +179,21 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
     instr = [(c["instruction"][i] or None) if use_instructions else None for i in indices]
     queries = [c["query"][i] for i in indices]
     task = records.task
+    shape = batch_layout(task, layout, num_negatives=num_negatives, num_positives=num_positives,
+                         query_max_length=query_max_length, passage_max_length=passage_max_length)
+    length = {name: g.max_length for name, g in shape.items()}
     if layout == "hmcl":
-        batch = _hmcl_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length, hmcl_levels)
+        batch = _hmcl_batch(records, indices, rng, instr, queries, length, hmcl_levels)
         batch.max_score = records.max_score
         return batch
     if layout == "multi_positive":
-        return _codiemb_ir_batch(records, indices, rng, instr, queries, query_max_length, passage_max_length,
-                                 num_positives, num_negatives)
+        return _codiemb_ir_batch(records, indices, rng, instr, queries, length, num_positives, num_negatives)
     if task in PAIR_TASKS:
         positives = [c["positives"][i][0] for i in indices]
         scores = [float(c["positive_scores"][i][0]) if c["positive_scores"][i] else 1.0 for i in indices]
         return TaskBatch(task, records.name, {
-            "a": TextGroup(queries, instr, query_max_length),
-            "b": TextGroup(positives, instr, query_max_length)}, scores=scores, max_score=records.max_score)
+            "a": TextGroup(queries, instr, length["a"]),
+            "b": TextGroup(positives, instr, length["b"])}, scores=scores, max_score=records.max_score)
 
     draws = [rng(i) for i in indices]
     picked_pos = [int(r.integers(len(c["positives"][i]))) for r, i in zip(draws, indices)]
@@ -185,10 +211,10 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
         labs = c["negative_labels"][i]
         negative_labels += [records.label_ids.get(labs[j], -1) if j < len(labs) else -1 for j in pick]
         neg_side += [side[row]] * k
-    groups = {"query": TextGroup(queries, instr, query_max_length),
-              "positive": TextGroup(positives, side, passage_max_length)}
+    groups = {"query": TextGroup(queries, instr, length["query"]),
+              "positive": TextGroup(positives, side, length["positive"])}
     if negatives:
-        groups["negative"] = TextGroup(negatives, neg_side, passage_max_length)
+        groups["negative"] = TextGroup(negatives, neg_side, length["negative"])
     batch = TaskBatch(task, records.name, groups, num_negatives=len(negatives), max_score=records.max_score)
     if task in INFONCE_TASKS:  # relevance of each drawn positive (graded BCE targets, Eq. 4)
         batch.scores = [float(c["positive_scores"][i][j]) if j < len(c["positive_scores"][i]) else 1.0
@@ -199,8 +225,8 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
     return batch
 
 
-def _hmcl_batch(records: DatasetRecords, indices: list[int], rng_of: Callable[[int], np.random.Generator], instr: list[str | None],
-                queries: list[str], query_max_length: int, passage_max_length: int,
+def _hmcl_batch(records: DatasetRecords, indices: list[int], rng_of: Callable[[int], np.random.Generator],
+                instr: list[str | None], queries: list[str], length: dict[str, int],
                 levels: tuple[float, float]) -> TaskBatch:
     c = records.cols
     task = records.task
@@ -235,17 +261,17 @@ def _hmcl_batch(records: DatasetRecords, indices: list[int], rng_of: Callable[[i
         if neg is not None:
             negatives.append(neg)
             negative_rows.append(row)
-    length = query_max_length if pair_task else passage_max_length
-    groups = {"query": TextGroup(queries, instr, query_max_length), "positive": TextGroup(positives, side, length),
-              "weak": TextGroup(weaks, side, length)}
+    groups = {"query": TextGroup(queries, instr, length["query"]),
+              "positive": TextGroup(positives, side, length["positive"]),
+              "weak": TextGroup(weaks, side, length["weak"])}
     if negatives:
-        groups["negative"] = TextGroup(negatives, [side[r] for r in negative_rows], length)
+        groups["negative"] = TextGroup(negatives, [side[r] for r in negative_rows], length["negative"])
     return TaskBatch(task, records.name, groups, num_negatives=len(negatives), layout="hmcl",
                      negative_rows=negative_rows)
 
 
-def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng_of: Callable[[int], np.random.Generator], instr: list[str | None],
-                      queries: list[str], query_max_length: int, passage_max_length: int, k_pos: int,
+def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng_of: Callable[[int], np.random.Generator],
+                      instr: list[str | None], queries: list[str], length: dict[str, int], k_pos: int,
                       k_neg: int) -> TaskBatch:
     c = records.cols
     positives: list[str] = []
@@ -259,9 +285,9 @@ def _codiemb_ir_batch(records: DatasetRecords, indices: list[int], rng_of: Calla
         neg = c["negatives"][i]
         if neg and k_neg:
             negatives += [neg[j] for j in rng.choice(len(neg), size=k_neg, replace=len(neg) < k_neg)]
-    groups = {"query": TextGroup(queries, instr, query_max_length),
-              "positive": TextGroup(positives, [None] * len(positives), passage_max_length)}
+    groups = {"query": TextGroup(queries, instr, length["query"]),
+              "positive": TextGroup(positives, [None] * len(positives), length["positive"])}
     if negatives:
-        groups["negative"] = TextGroup(negatives, [None] * len(negatives), passage_max_length)
+        groups["negative"] = TextGroup(negatives, [None] * len(negatives), length["negative"])
     return TaskBatch(records.task, records.name, groups, num_negatives=len(negatives), layout="multi_positive",
                      max_score=records.max_score)

@@ -12,6 +12,11 @@ from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.mine.config import check_remine_keys
 from embed_core.synthesize.config import TargetedConfig
 
+# A task without a batch_size entry (e.g. one a stage's `tasks` adds, or autoregembed): the
+# paper's batch of 32 (AutoRegEmbed §4.1).
+UNLISTED_BATCH = 32
+UNBOUNDED = 1 << 62
+
 
 class LoraSettings(StrictModel):
     """LoRA adapters (peft) on the base model's linear layers; the saved model has them merged, so it
@@ -214,6 +219,18 @@ class TrainStageConfig(StrictModel):
         from embed_core.losses import validate_loss_spec  # torch-heavy: only when a stage names a loss
 
         return {task: validate_loss_spec(task, spec) for task, spec in v.items()}
+
+    def batch_of(self, task: str) -> int:
+        """The batch size (per device) of ``task``: its ``batch_size`` entry, else ``UNLISTED_BATCH``."""
+        return self.batch_size.get(task, UNLISTED_BATCH)
+
+    def chunk_capacity(self, longest: int) -> int:
+        """Texts one GradCache chunk holds at most when its longest text has ``longest`` tokens:
+        ``grad_cache_chunk`` texts and, with ``grad_cache_max_tokens``, at most that many padded tokens
+        (a text over the budget is a chunk alone). Unbounded (a huge number) without GradCache."""
+        most = self.grad_cache_chunk or UNBOUNDED
+        budget = self.grad_cache_max_tokens
+        return most if budget is None else min(most, max(1, budget // max(1, longest)))
 
 
 def init_chain(stages: list[TrainStageConfig], index: int) -> list[str]:

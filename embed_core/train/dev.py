@@ -28,11 +28,10 @@ from embed_core.errors import ConfigError
 from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.evaluate.model import EvalModel
 from embed_core.model.settings import ModelSettings
+from embed_core.schema import PAIR_TASKS
 from embed_core.train.config import DevConfig, DevTaskSpec
 
 log = logging.getLogger("embedpipe.train")
-
-PAIR_TASKS = ("sts", "nli", "pair_classification")
 
 
 def materialize(spec: DevTaskSpec, run_dir: Path, work_dir: Path) -> EvalTaskSpec:

@@ -116,13 +116,13 @@ class Passes:
         padded size (texts × its longest) stays within the budget (and ``grad_cache_chunk`` texts,
         when set too): memory then follows tokens, not texts. A text over the budget is a chunk alone."""
         n = len(group.texts)
-        most, budget = self.stage.grad_cache_chunk or n, self.stage.grad_cache_max_tokens
-        if budget is None:
+        if self.stage.grad_cache_max_tokens is None:
+            most = min(n, self.stage.chunk_capacity(0))
             return [list(range(start, min(start + most, n))) for start in range(0, n, most)]
         lengths = features(self.model, group)["attention_mask"].sum(dim=1)
         chunks: list[list[int]] = []
         for i in torch.argsort(lengths, descending=True, stable=True).tolist():
-            if chunks and len(chunks[-1]) < most and (len(chunks[-1]) + 1) * int(lengths[chunks[-1][0]]) <= budget:
+            if chunks and len(chunks[-1]) < self.stage.chunk_capacity(int(lengths[chunks[-1][0]])):
                 chunks[-1].append(i)
             else:
                 chunks.append([i])

@@ -248,21 +248,14 @@ def pass_bytes(shape: ModelShape, c: Compute, texts: int, s: int) -> tuple[int, 
 
 # -- a stage's batches --------------------------------------------------------------------------------
 def task_groups(stage: TrainStageConfig, task: str, batch: int) -> list[tuple[str, int, int]]:
-    """(group, texts, max length) one rank embeds for a batch of ``task``, in embedding order
-    (``embed_core.train.batches.build_batch``; worst case: every record has its hard negatives)."""
-    from embed_core.train.batches import PAIR_TASKS
+    """(group, texts, max length) one rank embeds for a batch of ``task``, in embedding order: the
+    batch layout ``build_batch`` fills (``embed_core.train.batches.batch_layout``), worst case."""
+    from embed_core.train.batches import batch_layout
 
     layout, positives = _layout(task, json.dumps(stage.losses.get(task), sort_keys=True))
-    ql, pl, k = stage.query_max_length, stage.passage_max_length, stage.num_hard_negatives
-    if layout == "hmcl":
-        length = ql if task in PAIR_TASKS else pl
-        return [("query", batch, ql)] + [(g, batch, length) for g in ("positive", "weak", "negative")]
-    if layout == "multi_positive":
-        groups = [("query", batch, ql), ("positive", batch * positives, pl)]
-        return groups + ([("negative", batch * k, pl)] if k else [])
-    if task in PAIR_TASKS:
-        return [("a", batch, ql), ("b", batch, ql)]
-    return [("query", batch, ql), ("positive", batch, pl)] + ([("negative", batch * k, pl)] if k else [])
+    shape = batch_layout(task, layout, num_negatives=stage.num_hard_negatives, num_positives=positives,
+                         query_max_length=stage.query_max_length, passage_max_length=stage.passage_max_length)
+    return [(name, batch * g.per_record, g.max_length) for name, g in shape.items()]
 
 
 @functools.lru_cache(maxsize=None)
@@ -275,12 +268,9 @@ def _layout(task: str, spec: str) -> tuple[str, int]:
 
 
 def chunk_texts(stage: TrainStageConfig, texts: int, s: int) -> int:
-    """Texts in GradCache's largest chunk of a group (``Passes.chunks``: a text count and/or a
-    token budget, a text over the budget alone)."""
-    most = min(texts, stage.grad_cache_chunk or texts)
-    if stage.grad_cache_max_tokens is not None:
-        most = min(most, max(1, stage.grad_cache_max_tokens // s))
-    return most
+    """Texts in GradCache's largest chunk of a group of ``texts`` texts of ``s`` tokens
+    (``Passes.chunks``, through the stage's ``chunk_capacity``)."""
+    return min(texts, stage.chunk_capacity(s))
 
 
 def loss_bytes(task: str, groups: list[tuple[str, int, int]], world: int, dim: int, cached: bool) -> int:
@@ -423,7 +413,7 @@ def plan_task(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, ta
     fsdp = train.sharding == "fsdp" and world > 1
     st = states(shape, train, world, bf16)
     c = _compute(shape, train, stage, bf16, device, fsdp)
-    batch = stage.batch_size.get(task, 32)
+    batch = stage.batch_of(task)
     groups = task_groups(stage, task, batch)
     cached = stage.grad_cache_chunk is not None or stage.grad_cache_max_tokens is not None
     loss = loss_bytes(task, groups, world, shape.hidden, cached)
@@ -485,7 +475,7 @@ class Plan:
 
 def stage_tasks(stage: TrainStageConfig) -> list[str]:
     """The tasks a stage may draw batches of: its ``tasks``, else every trainable task it sizes."""
-    from embed_core.train.batches import TRAINABLE_TASKS
+    from embed_core.schema import TRAINABLE_TASKS
 
     return [t for t in (stage.tasks or list(stage.batch_size)) if t in TRAINABLE_TASKS]
 
@@ -510,7 +500,7 @@ def _searches(sp: StagePlan, shape: ModelShape, train: TrainConfig, stage: Train
     """Fill in ``fits``, the largest GradCache chunk (texts at the stage's longest length) and the
     largest batch per task (with the stage's own chunking) that peak within ``usable`` bytes."""
     sp.fits = sp.worst.peak <= usable
-    most = max(n for t in stage_tasks(stage) for _, n, _ in task_groups(stage, t, stage.batch_size.get(t, 32)))
+    most = max(n for t in stage_tasks(stage) for _, n, _ in task_groups(stage, t, stage.batch_of(t)))
 
     def chunk_fits(n: int) -> bool:
         chunked = stage.model_copy(update={"grad_cache_chunk": n, "grad_cache_max_tokens": None})

@@ -43,7 +43,8 @@ from embed_core.model.encoder import model_fingerprint, resolve_model_path
 from embed_core.model.settings import ModelSettings, read_model_settings, sentence_transformers_prompts
 from embed_core.paths import files_within
 from embed_core.plots import pyplot, to_png
-from embed_core.train.batches import INFONCE_TASKS, TRAINABLE_TASKS, DatasetRecords
+from embed_core.schema import INFONCE_TASKS, TRAINABLE_TASKS
+from embed_core.train.batches import DatasetRecords
 from embed_core.train.lineage import LINEAGE_FILE, lineage_table
 from embed_core.train.records import RECORDS_DIR, mapped_records
 from embed_core.train.distributed import barrier, init_process_group, is_main_process

@@ -43,7 +43,8 @@ from embed_core.model.packing import resolve_attention
 from embed_core.progress import Progress
 from embed_core.train import checkpoint
 from embed_core.train.backends import backend_for
-from embed_core.train.batches import INFONCE_TASKS, DatasetRecords, TaskBatch, build_batch
+from embed_core.schema import INFONCE_TASKS
+from embed_core.train.batches import DatasetRecords, TaskBatch, build_batch
 from embed_core.train.config import TrainConfig, TrainStageConfig
 from embed_core.train.distributed import broadcast_from_main, init_process_group, mean_over_ranks, wait_for_main
 from embed_core.train.lineage import Consumed, consumed_positions, replay
@@ -99,7 +100,7 @@ class Trainer:
         ret = {n for n, d in datasets.items() if d.task in INFONCE_TASKS}
         sampler = GroupedBatchSampler(
             {n: d.size for n, d in datasets.items()},
-            {n: stage.batch_size.get(d.task, 32) * self.world for n, d in datasets.items()},
+            {n: stage.batch_of(d.task) * self.world for n, d in datasets.items()},
             alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks,
             multipliers=stage.dataset_weight)
         self._init_optimization(model, sampler, checkpoint_dir)

@@ -47,7 +47,7 @@ class AutoRegEmbedTrainer(Trainer):
                                         lora=train.lora.model_dump() if train.lora else None,
                                         gradient_checkpointing=stage.gradient_checkpointing)
         self.decoder = FrozenDecoder(decoder_model, target_max_length=self.cfg.target_max_length).to(self.device)
-        batch = stage.batch_size.get("autoregembed", 32)  # the paper's batch size 32
+        batch = stage.batch_of("autoregembed")
         sampler = GroupedBatchSampler({DATASET: len(examples)}, {DATASET: batch * self.world}, seed=seed)
         self._init_optimization(model, sampler, checkpoint_dir)
 

@@ -199,3 +199,30 @@ def test_a_gpu_memory_that_is_not_a_size_is_one_line_before_the_model_is_read(tm
     result.assert_one_line_error(f"--gpu-memory must be a number of GiB above 0 and at most 1048576 "
                                  f"(got {float(gib):g})")
     assert result.out == ""
+
+
+@pytest.mark.parametrize("task, loss", [("retrieval", None), ("retrieval", {"name": "hmcl"}),
+                                        ("retrieval", {"name": "codiemb_ir", "num_positives": 3}),
+                                        ("sts", None), ("sts", {"name": "hmcl"}), ("classification", None)])
+def test_the_planner_sizes_exactly_the_groups_build_batch_fills(task, loss):
+    """The plan's groups (names, texts per rank, max lengths) are those of a real batch whose every
+    record has enough positives and negatives: the planner and the trainer share one batch layout."""
+    from embed_core.losses import loss_for
+    from embed_core.schema import Record, records_to_table
+    from embed_core.train.batches import DatasetRecords, build_batch
+    from embed_core.train.config import TrainStageConfig
+    from embed_core.train.plan import task_groups
+
+    stage = TrainStageConfig(name="s", tasks=[task], losses={task: loss} if loss else {}, num_hard_negatives=2,
+                             query_max_length=24, passage_max_length=56)
+    scored = {"positive_scores": [0.0]} if task == "sts" else {}  # hmcl: every pair a negative (worst case)
+    labelled = {"label": "a", "negatives": ["b", "c", "d"], "negative_labels": ["b", "c", "d"]} \
+        if task == "classification" else {"negatives": [f"n{j}" for j in range(4)]}
+    records = [Record(id=str(i), dataset="d", task=task, query=f"q{i}", positives=[f"p{i}", f"p{i}b", f"p{i}c"],
+                      **scored, **labelled) for i in range(6)]
+    used = loss_for(task, stage.losses.get(task))
+    batch = build_batch(DatasetRecords("d", records_to_table(records)), list(range(6)), step=0, seed=0,
+                        num_negatives=stage.num_hard_negatives, query_max_length=24, passage_max_length=56,
+                        use_instructions=False, layout=used.layout, **used.batch_options())
+    built = [(name, len(g.texts), g.max_length) for name, g in batch.groups.items()]
+    assert built == task_groups(stage, task, 6)
