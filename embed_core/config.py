@@ -67,7 +67,7 @@ class TrackingConfig(StrictModel):
                             "(evaluate) as run artifacts.")
 
 
-# Settings every ablation run gets from the ablation itself (``embed_core.ablation.row_configs``):
+# Settings every ablation run gets from the ablation itself (``embed_core.runs.ablation.row_configs``):
 # a variant setting one would be overridden silently, its row the same runs as base.
 ABLATION_SETS = {"seed": "each row runs once per seed of ablation.seeds: list the seeds there",
                  "run_name": "each run is named <run_name>-<row>-s<seed>",

@@ -1,6 +1,6 @@
 """The ablation flow: every row of the config's ``ablation`` section (the config, and each variant)
 with every seed, run end to end as a pipeline subflow in its own run directory (cache hits when
-unchanged), then the table of test scores (``embed_core.ablation``)."""
+unchanged), then the table of test scores (``embed_core.runs.ablation``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from prefect import flow
 from prefect.logging import get_run_logger
 
-from embed_core import ablation
+from embed_core.runs import ablation
 from embed_core.evaluate.run import main_scores
 from flows.failures import reports_user_errors
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, with_run_args_doc

@@ -192,7 +192,7 @@ def _watch(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
 
 
 def _status(args: argparse.Namespace, error_stream: TextIO) -> None:
-    from embed_core.status import format_status, run_status
+    from embed_core.runs.status import format_status, run_status
 
     rows = run_status(_load(args)[0], args.run_dir)
     print(json.dumps([r.as_dict() for r in rows], indent=2) if args.json else format_status(rows, args.run_dir))
@@ -221,13 +221,13 @@ def _plan(args: argparse.Namespace, error_stream: TextIO) -> None:
 
 
 def _inspect(args: argparse.Namespace, error_stream: TextIO) -> None:
-    from embed_core.inspect import inspect_path
+    from embed_core.runs.inspect import inspect_path
 
     print(inspect_path(args.path, samples=args.samples))
 
 
 def _lineage(args: argparse.Namespace, error_stream: TextIO) -> int:
-    from embed_core.lineage import answer
+    from embed_core.runs.lineage import answer
 
     report, status = answer(args.model, text=args.text, record_id=args.record_id)
     print(report)

@@ -24,7 +24,7 @@ def wall_times(results: dict[str, dict[str, Any]], total: float) -> str:
 def print_downstream(config, result: dict[str, Any]) -> None:
     """After one stage recomputed: which later stages no longer match their inputs."""
     from embed_core.stages import downstream_of
-    from embed_core.status import run_status
+    from embed_core.runs.status import run_status
 
     if result["cached"]:
         return

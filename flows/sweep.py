@@ -1,5 +1,5 @@
 """The sweep flow: the run's upstream stages (cache hits when unchanged), every variant of the swept
-train stage (``embed_core.sweep``), the winner's test evaluation, and the sweep report."""
+train stage (``embed_core.runs.sweep``), the winner's test evaluation, and the sweep report."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prefect import flow
 from prefect.task_runners import ProcessPoolTaskRunner
 
 from embed_core import stages as registry
-from embed_core import sweep
+from embed_core.runs import sweep
 from embed_core.procs import die_with_parent
 from embed_core.config import RunConfig
 from embed_core.train.stage import instance_name

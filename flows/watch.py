@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from embed_core.watch import record_sources, watch_report
+from embed_core.runs.watch import record_sources, watch_report
 from flows.failures import reports_user_errors
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
 from flows.pipeline import pipeline_flow

@@ -98,7 +98,7 @@ def _run_stage_instance(stage: Stage, ctx: StageContext, force: bool, snapshot: 
     if snapshot:
         save_config_snapshot(run_dir, ctx.config)  # after the stage stands: a failed run keeps the last good snapshot
     if ctx.config.tracking is not None:  # once per stage result: a cache hit that was logged before adds nothing
-        from embed_core.tracking import log_stage
+        from embed_core.runs.tracking import log_stage
 
         log_stage(ctx.config, run_dir, ctx.instance, manifest)
     append_history(run_dir, {"stage": ctx.instance, "cached": hit, "seconds": seconds,

@@ -10,7 +10,7 @@ from prefect.events import emit_event
 from prefect.logging import get_run_logger
 
 from embed_core.config import RunConfig
-from embed_core.watch import source_changes
+from embed_core.runs.watch import source_changes
 
 SOURCE_CHANGED_EVENT = "embedpipe.source.changed"
 

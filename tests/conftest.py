@@ -1,3 +1,4 @@
+import atexit
 import os
 import shutil
 import tempfile
@@ -18,6 +19,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # embedpipe's machine-wide cache (embeddings, file-hash memo) never reaches the user's ~/.cache from a
 # test; each test also gets its own below, so what one test encodes never changes another's counts.
 os.environ["EMBEDPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="embedpipe-cache-")
+# Both are this process's (each pytest-xdist worker has its own) and go when it ends.
+atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
+atexit.register(shutil.rmtree, os.environ["EMBEDPIPE_CACHE_DIR"], ignore_errors=True)
 
 # Property-based tests (hypothesis) draw the same examples on every run and keep no example
 # database: a failure in CI reproduces on any machine, and nothing is written into the checkout.

@@ -3,7 +3,7 @@
 One row per (optimizer step, dataset): the record positions (rows of the upstream record file
 ``<dataset>.parquet``) that the step's micro-batches of that dataset trained on, sorted int32.
 The file's schema metadata (``embedpipe.lineage``) names the upstream stage and, per dataset, its
-record file, that file's sha256 and record count, so the answer (``embed_core.lineage``) reads
+record file, that file's sha256 and record count, so the answer (``embed_core.runs.lineage``) reads
 the ids, texts and source rows from exactly the records that were trained on.
 
 The sampler draws globally: every rank draws the same dataset and the same global batch of

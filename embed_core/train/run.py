@@ -6,7 +6,7 @@ Each configured stage is its own artifact ``<run_dir>/train-<name>/``:
 * ``metrics.parquet`` — per micro-batch: step, dataset, task, loss, lr, examples, tokens, seconds,
   tokens/s, examples/s; ``loss.png`` — loss curve per task;
 * ``lineage.parquet`` — per (step, dataset) the positions of the upstream records the step consumed
-  (``embed_core.train.lineage``; asked with ``embedpipe lineage``, ``embed_core.lineage``);
+  (``embed_core.train.lineage``; asked with ``embedpipe lineage``, ``embed_core.runs.lineage``);
 * ``manifest.json`` — input fingerprint, datasets and sampling weights, timings.
 Checkpoints live in ``<run_dir>/checkpoints/<name>/`` until the stage's artifact is committed.
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from embed_core.config import parse_config
-from embed_core.lineage import chain, find_matches
+from embed_core.runs.lineage import chain, find_matches
 from embed_core.prepare.cleaning import normalize_text
 from tests.helpers.cli_run import in_process
 from tests.helpers.repo import tiny_demo_config

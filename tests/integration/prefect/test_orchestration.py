@@ -82,7 +82,7 @@ def test_cli_refuses_a_second_run_on_a_busy_run_dir(tmp_path, demo_copy):
 
 
 def test_stage_rerun_from_run_dir_marks_only_downstream_out_of_date(prefect_harness, demo_copy, tmp_path):
-    from embed_core.status import run_status
+    from embed_core.runs.status import run_status
     from flows.pipeline import pipeline_flow
 
     add_tiny_stages(demo_copy, tmp_path, evaluate=False)

@@ -70,7 +70,7 @@ def test_a_sweep_picks_the_best_dev_variant_reproducibly_and_writes_a_config_tha
 
 
 def test_a_sweep_needs_a_dev_section_on_its_stage(tiny_model, tmp_path):
-    from embed_core import sweep
+    from embed_core.runs import sweep
 
     raw = yaml.safe_load(_sweep_config(tmp_path, tiny_model, 1).read_text())
     raw["train"]["stages"][1].pop("dev")

@@ -63,7 +63,7 @@ def test_file_hashes_are_remembered_across_processes_and_forgotten_on_change(tmp
 
 def test_status_on_a_one_gigabyte_model_answers_in_under_a_second_the_second_time(tmp_path, monkeypatch):
     from embed_core.config import parse_config
-    from embed_core.status import run_status
+    from embed_core.runs.status import run_status
 
     monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "cache"))
     model = tmp_path / "big-model"

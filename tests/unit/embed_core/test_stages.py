@@ -67,7 +67,7 @@ def test_the_registry_lists_the_built_in_stages_in_pipeline_order():
 
 
 def test_a_registered_stage_appears_in_pipeline_order_status_and_the_cli(count_stage, demo_copy, tmp_path):
-    from embed_core.status import run_status
+    from embed_core.runs.status import run_status
     from flows.cli import _parser
 
     config = load_config(demo_copy)
@@ -172,7 +172,7 @@ def _with(config_path, tmp_path, name: str, **sections):
 
 
 def test_a_stage_refuses_an_upstream_output_that_differs_from_its_manifest(count_stage, demo_copy, tmp_path):
-    from embed_core.status import run_status
+    from embed_core.runs.status import run_status
 
     config, run_dir = _prepared_run(demo_copy, tmp_path)
     ctx = stages.context(config, run_dir, count_stage)

@@ -1,10 +1,10 @@
-"""Ablation rows (``embed_core.ablation``): settings changed by path, one run per row and seed
+"""Ablation rows (``embed_core.runs.ablation``): settings changed by path, one run per row and seed
 under its own name and seed, evaluated with its last stage's model; the table's mean ± spread."""
 
 import pytest
 import yaml
 
-from embed_core.ablation import report_markdown, row_configs, set_path, summary
+from embed_core.runs.ablation import report_markdown, row_configs, set_path, summary
 from embed_core.config import parse_config
 from embed_core.errors import ConfigError
 from tests.helpers.repo import REPO

@@ -1,7 +1,7 @@
 """The data-watch verdict and report, built by embed_core from the changes and the stage results
 (no Prefect server)."""
 
-from embed_core.watch import watch_report
+from embed_core.runs.watch import watch_report
 
 CHANGE = [{"source": "stsb", "change": "changed", "old": "a", "new": "b"}]
 
