@@ -47,8 +47,20 @@ def in_process(capfd, *argv) -> CliResult:
     return CliResult(rc, out, err)
 
 
+def session_server() -> dict[str, str]:
+    """``PREFECT_API_URL`` of this test session's Prefect server (the ``prefect_harness`` fixture),
+    for a child process to use instead of starting a temporary server of its own; {} without one."""
+    if "prefect" not in sys.modules:
+        return {}
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    return {"PREFECT_API_URL": url} if url else {}
+
+
 def in_subprocess(*argv, cwd: Path | None = None, env: dict | None = None, timeout: int = 300) -> CliResult:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    """The CLI as its own process; it uses the session's Prefect server where the test has one."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **session_server(), **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "flows.cli", *map(str, argv)], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     return CliResult(proc.returncode, proc.stdout, proc.stderr)

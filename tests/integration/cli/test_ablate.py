@@ -15,7 +15,7 @@ from tests.helpers.repo import tiny_demo_config
 
 
 @pytest.fixture(scope="module")
-def ablated(tmp_path_factory, tiny_model):
+def ablated(tmp_path_factory, tiny_model, prefect_harness):
     tmp = tmp_path_factory.mktemp("ablate")
     cfg = tiny_demo_config(tmp, tiny_model, "abl", [{"name": "stage1", "tasks": ["retrieval", "sts"], "steps": 3}],
                            keep=("evaluate",))
@@ -24,7 +24,7 @@ def ablated(tmp_path_factory, tiny_model):
     cfg["ablation"] = {"seeds": [1, 2], "variants": {"sts-only": {"train.stages[stage1].tasks": ["sts"]}}}
     path = tmp / "abl.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    result = in_subprocess("ablate", "--config", path, timeout=900)  # its own process: no logging state left here
+    result = in_subprocess("ablate", "--config", path, timeout=900)  # own process, session's server
     assert result.rc == 0, result.err[-3000:]
     return path, tmp / "runs"
 

@@ -33,10 +33,10 @@ def _config(tmp, tiny_model, stage2_lr=1e-3):
 
 
 @pytest.fixture(scope="module")
-def remined(tmp_path_factory, tiny_model):
+def remined(tmp_path_factory, tiny_model, prefect_harness):
     tmp = tmp_path_factory.mktemp("remine")
     path = _config(tmp, tiny_model)
-    result = in_subprocess("run", "--config", path, timeout=900)  # its own process: no logging state left here
+    result = in_subprocess("run", "--config", path, timeout=900)  # own process, session's server
     assert result.rc == 0, result.err[-3000:]
     return tmp, path, tmp / "runs/remine"
 

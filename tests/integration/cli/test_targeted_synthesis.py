@@ -35,11 +35,11 @@ def _config(tmp, tiny_model, url):
 
 
 @pytest.fixture(scope="module")
-def targeted(tmp_path_factory, tiny_model):
+def targeted(tmp_path_factory, tiny_model, prefect_harness):
     tmp = tmp_path_factory.mktemp("targeted")
     with ScriptedLLMServer() as server:
         path = _config(tmp, tiny_model, server.base_url)
-        result = in_subprocess("run", "--config", path, timeout=900)  # its own process: no logging state left here
+        result = in_subprocess("run", "--config", path, timeout=900)  # own process, session's server
         assert result.rc == 0, result.err[-3000:]
         yield path, tmp / "runs/targeted", server
 
