@@ -41,7 +41,8 @@ def _columns(spec: EvalTaskSpec) -> dict[str, str | int]:
 
 def _rows(spec: EvalTaskSpec, path: Path, display: str, root: Path, cols: dict[str, str | int]):
     for raw in read_rows(path, display, fmt=spec.format, delimiter=spec.delimiter, header=spec.header,
-                         quoting=spec.quoting, multiline=spec.multiline, required=list(cols.values()), root=root):
+                         quoting=spec.quoting, multiline=spec.multiline, required=list(cols.values()), root=root,
+                         limits=spec.limits):
         if isinstance(raw, RowError):
             raise raw
         yield raw
