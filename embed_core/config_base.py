@@ -48,22 +48,22 @@ GiB = 1 << 30
 class ReadLimits(StrictModel):
     """What a reader holds of a file at once, so a damaged or hostile file (a 2 GB line, a 500 MB
     Parquet cell, a gzip bomb) is one quarantined row or one error line instead of a MemoryError.
-    The defaults are far above real data: a text is cut to ``cleaning.max_chars`` (8,000 characters)
+    The defaults are far above real data: a text is cut to `cleaning.max_chars` (8,000 characters)
     anyway, and the largest public retrieval corpora hold documents of a few MB; deflate expands a
     file at most about 1,000-fold, so a 32 GiB bound stops only bombs (and corpora bigger than any
     one source this pipeline trains on)."""
 
-    max_line_bytes: int = Field(64 * MiB, ge=1024, description="Bytes of one line (CSV, TSV, JSONL). A longer "
+    max_line_bytes: int = Field(64 * MiB, ge=1024, description="Bytes of one line (CSV, TSV, JSONL); default 64 MiB. A longer "
                                 "line is quarantined (reason line_too_long; a CSV header line that long refuses "
                                 "the file) and skipped without being held in memory.")
-    max_record_bytes: int = Field(64 * MiB, ge=1024, description="Bytes of one record: a CSV record whose quoted "
+    max_record_bytes: int = Field(64 * MiB, ge=1024, description="Bytes of one record (default 64 MiB): a CSV record whose quoted "
                                   "fields span lines, or a Parquet row. A larger one is quarantined (reason "
                                   "record_too_long) with every line that belongs to it.")
-    max_field_bytes: int = Field(32 * MiB, ge=1024, description="Bytes (UTF-8) of one field: a CSV cell, a JSONL "
+    max_field_bytes: int = Field(32 * MiB, ge=1024, description="Bytes (UTF-8) of one field (default 32 MiB): a CSV cell, a JSONL "
                                  "string value, a Parquet text or binary cell. A row holding a larger one is "
                                  "quarantined (reason field_too_long), naming the field.")
     max_decompressed_bytes: int = Field(32 * GiB, ge=1024, description="Bytes a compressed file ('.gz', or the "
-                                        "pages of a Parquet file) may expand to. Past it the file is refused with "
+                                        "pages of a Parquet file) may expand to; default 32 GiB. Past it the file is refused with "
                                         "one error line (raise this bound for a larger source).")
 
 

@@ -471,7 +471,7 @@ def _csv_records_multiline(lines: Iterable[tuple[int, bytes | None, bytes]], dis
 def _dropped(display: str, start: int, last: int, reason: str, size: int, limits: ReadLimits) -> RowError:
     lines = f" (lines {start}-{last}, {last - start + 1} lines)" if last > start else ""
     if reason == "line_too_long":
-        return RowError(display, start, None, reason, f"record{lines} with a line of " + over_bound(
+        return RowError(display, start, None, reason, (f"record{lines} with a line of " if lines else "line of ") + over_bound(
             "max_line_bytes", None, limits.max_line_bytes))
     return RowError(display, start, None, reason, f"record{lines} of " + over_bound(
         "max_record_bytes", size, limits.max_record_bytes))
