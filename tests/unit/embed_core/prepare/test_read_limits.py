@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from embed_core.config_base import ReadLimits
 from embed_core.errors import OUT_OF_MEMORY, RowError, SourceError, user_error
 from embed_core.prepare.config import SourceSpec
-from embed_core.prepare.readers import RawRow, read_rows
+from embed_core.prepare.readers import RawRow, read_lines, read_rows
 
 TEXTS = ["plain", "two\nlines", "crlf\r\ninside", 'he said "hi"', "comma, inside",
          "", "ünïcode “quotes”", "ends with newline\n", "\r\nstarts with crlf", "a \"quote\"\nand a line"]
@@ -189,6 +191,36 @@ def test_the_bounds_are_source_options_with_defaults_far_above_real_data():
         SourceSpec.model_validate({"name": "s", "kind": "sts", "path": "s.csv", "limits": {"max_lines_bytes": 1}})
 
 
-def test_a_memory_error_is_one_line_with_advice():
+def test_a_memory_error_or_a_thread_that_cannot_start_is_one_line_with_advice():
     assert user_error(MemoryError()) == OUT_OF_MEMORY
+    assert user_error(RuntimeError("can't start new thread")) == OUT_OF_MEMORY
+    assert user_error(RuntimeError("something else")) is None
     assert "\n" not in OUT_OF_MEMORY and "ulimit" in OUT_OF_MEMORY and "max_line_bytes" in OUT_OF_MEMORY
+
+
+# No bare "\r": Python 3.11's csv writer leaves a field holding one unquoted (pandas then splits the line there).
+FIELD = st.lists(st.sampled_from(list('ab ,"\n\t') + ["\r\n", "é", "“"]), max_size=12).map("".join)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.lists(FIELD, min_size=3, max_size=3), min_size=1, max_size=8),
+       terminator=st.sampled_from(["\n", "\r\n"]), quote_all=st.booleans())
+def test_any_csv_the_csv_module_writes_reads_back_field_for_field(tmp_path, rows, terminator, quote_all):
+    """Round trip against the writer, whatever the fields hold (quotes, delimiters, CR, LF)."""
+    buffer = io.StringIO(newline="")
+    csv.writer(buffer, lineterminator=terminator, quoting=csv.QUOTE_ALL if quote_all else csv.QUOTE_MINIMAL
+               ).writerows(rows)
+    (tmp_path / "t.csv").write_text(buffer.getvalue(), encoding="utf-8", newline="")
+    got = list(read_rows(tmp_path / "t.csv", "t.csv", header=False))
+    normal = [[f.replace("\r\n", "\n") for f in row] for row in rows]
+    assert [[r.values[i] for i in range(3)] for r in got] == normal
+
+
+@pytest.mark.parametrize("sizes", [[500, 1000, 1025, 3000, 10, 1024], [1 << 20] * 3, [1023, 1025] * 700])
+def test_lines_past_the_bound_are_cut_wherever_chunks_end(tmp_path, sizes):
+    """Lines around the bound, placed so some straddle the reader's 1 MiB chunks: exactly those
+    over the bound come out as None, the others whole."""
+    lines = [bytes([97 + i % 26]) * n for i, n in enumerate(sizes)]
+    (tmp_path / "t.txt").write_bytes(b"x" * ((1 << 20) - 700) + b"\n" + b"\r\n".join(lines))
+    got = [raw for _, raw in read_lines(tmp_path / "t.txt", "t.txt", limits=ReadLimits(max_line_bytes=1024))][1:]
+    assert got == [line if len(line) <= 1024 else None for line in lines]
