@@ -324,12 +324,13 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="surrogateescape")
 
 
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # an undecodable byte, as surrogateescape decodes it
+
+
 def _bad_bytes(value: str) -> str | None:
     """Describe the first undecodable byte in ``value`` (surrogate-escaped), or None."""
-    for ch in value:
-        if "\udc80" <= ch <= "\udcff":
-            return f"non-UTF-8 byte 0x{ord(ch) - 0xDC00:02x}"
-    return None
+    found = _ESCAPED_BYTE.search(value)
+    return None if found is None else f"non-UTF-8 byte 0x{ord(found.group()) - 0xDC00:02x}"
 
 
 def column_label(column: str | int) -> str:
@@ -383,6 +384,8 @@ def _quote_open_after(line: str, delimiter: str, in_quotes: bool) -> bool:
     """Whether a quoted field is still open at the end of ``line`` (RFC 4180 as Python's csv and
     pandas read it: a quote opens a field only where the field starts; inside, ``""`` is a quote
     and an odd run of quotes closes it), given whether one was open at its start."""
+    if '"' not in line:
+        return in_quotes
     pos = 0
     while True:
         if in_quotes:
@@ -513,7 +516,8 @@ def read_delimited(path: Path, display: str, *, delimiter: str, header: bool, qu
             continue
         keys = names if names is not None else list(range(len(fields)))
         values = dict(zip(keys, fields))
-        too_long = _field_too_long(display, line, values, limits.max_field_bytes)
+        too_long = None if sum(map(len, fields)) * 4 <= limits.max_field_bytes else \
+            _field_too_long(display, line, values, limits.max_field_bytes)
         if too_long is not None:
             yield too_long
             continue
