@@ -53,18 +53,21 @@ class ReadLimits(StrictModel):
     file at most about 1,000-fold, so a 32 GiB bound stops only bombs (and corpora bigger than any
     one source this pipeline trains on)."""
 
-    max_line_bytes: int = Field(64 * MiB, ge=1024, description="Bytes of one line (CSV, TSV, JSONL); default 64 MiB. A longer "
-                                "line is quarantined (reason line_too_long; a CSV header line that long refuses "
-                                "the file) and skipped without being held in memory.")
-    max_record_bytes: int = Field(64 * MiB, ge=1024, description="Bytes of one record (default 64 MiB): a CSV record whose quoted "
-                                  "fields span lines, or a Parquet row. A larger one is quarantined (reason "
-                                  "record_too_long) with every line that belongs to it.")
-    max_field_bytes: int = Field(32 * MiB, ge=1024, description="Bytes (UTF-8) of one field (default 32 MiB): a CSV cell, a JSONL "
-                                 "string value, a Parquet text or binary cell. A row holding a larger one is "
-                                 "quarantined (reason field_too_long), naming the field.")
-    max_decompressed_bytes: int = Field(32 * GiB, ge=1024, description="Bytes a compressed file ('.gz', or the "
-                                        "pages of a Parquet file) may expand to; default 32 GiB. Past it the file is refused with "
-                                        "one error line (raise this bound for a larger source).")
+    max_line_bytes: int = Field(
+        64 * MiB, ge=1024, description="Bytes of one line (CSV, TSV, JSONL); default 64 MiB. A longer line is "
+        "quarantined (reason line_too_long; a CSV header line that long refuses the file) and skipped without "
+        "being held in memory.")
+    max_record_bytes: int = Field(
+        64 * MiB, ge=1024, description="Bytes of one record (default 64 MiB): a CSV record whose quoted fields span "
+        "lines, or a Parquet row. A larger one is quarantined (reason record_too_long) with every line that "
+        "belongs to it.")
+    max_field_bytes: int = Field(
+        32 * MiB, ge=1024, description="Bytes (UTF-8) of one field (default 32 MiB): a CSV cell, a JSONL string "
+        "value, a Parquet text or binary cell. A row holding a larger one is quarantined (reason field_too_long), "
+        "naming the field.")
+    max_decompressed_bytes: int = Field(
+        32 * GiB, ge=1024, description="Bytes a compressed file ('.gz', or the pages of a Parquet file) may expand "
+        "to; default 32 GiB. Past it the file is refused with one error line (raise this bound for a larger source).")
 
 
 class FileFormat(StrictModel):

@@ -147,7 +147,8 @@ def size_text(n: int) -> str:
 def over_bound(bound: str, size: int | None, limit: int) -> str:
     """The message part that names a bound of ``ReadLimits`` passed, and how to raise it."""
     was = f"{size_text(size)}, " if size is not None else ""
-    return f"{was}more than limits.{bound} ({size_text(limit)}); raise limits.{bound} on the source if the file really holds that"
+    return (f"{was}more than limits.{bound} ({size_text(limit)}); raise limits.{bound} in the config if the file "
+            "really holds that")
 
 
 class _ExpansionBound:
@@ -474,8 +475,8 @@ def _csv_records_multiline(lines: Iterable[tuple[int, bytes | None, bytes]], dis
 def _dropped(display: str, start: int, last: int, reason: str, size: int, limits: ReadLimits) -> RowError:
     lines = f" (lines {start}-{last}, {last - start + 1} lines)" if last > start else ""
     if reason == "line_too_long":
-        return RowError(display, start, None, reason, (f"record{lines} with a line of " if lines else "line of ") + over_bound(
-            "max_line_bytes", None, limits.max_line_bytes))
+        what = f"record{lines} with a line of " if lines else "line of "
+        return RowError(display, start, None, reason, what + over_bound("max_line_bytes", None, limits.max_line_bytes))
     return RowError(display, start, None, reason, f"record{lines} of " + over_bound(
         "max_record_bytes", size, limits.max_record_bytes))
 
