@@ -4,8 +4,8 @@
 
 "Within 30 s" is the command's own time, user + system CPU from the kernel's accounting of the
 child (``RUSAGE_CHILDREN``): on a shared 2-core machine the wall clock measures the neighbours too
-(at a load average of 12 the 2 GB CSV's run took 44 s of wall time and about 11 s of CPU). The wall clock is held
-to 120 s, so a hang still fails.
+(at a load average of 12 the 2 GB CSV's run took 44 s of wall time and about 11 s of CPU). The
+wall clock is held to 120 s, so a hang still fails.
 
 The files are generated at full size (a 2 GB single-line CSV as a sparse file: instant to write,
 read at disk-cache speed). Each command runs as its own process (``resource.RLIMIT_AS`` applies to
