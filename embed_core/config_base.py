@@ -41,6 +41,34 @@ def one_character_delimiter(v: str | None) -> str | None:
 
 FileFormatName = Literal["csv", "tsv", "delimited", "jsonl", "parquet"]
 
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class ReadLimits(StrictModel):
+    """What a reader holds of a file at once, so a damaged or hostile file (a 2 GB line, a 500 MB
+    Parquet cell, a gzip bomb) is one quarantined row or one error line instead of a MemoryError.
+    The defaults are far above real data: a text is cut to `cleaning.max_chars` (8,000 characters)
+    anyway, and the largest public retrieval corpora hold documents of a few MB; deflate expands a
+    file at most about 1,000-fold, so a 32 GiB bound stops only bombs (and corpora bigger than any
+    one source this pipeline trains on)."""
+
+    max_line_bytes: int = Field(
+        64 * MiB, ge=1024, description="Bytes of one line (CSV, TSV, JSONL); default 64 MiB. A longer line is "
+        "quarantined (reason line_too_long; a CSV header line that long refuses the file) and skipped without "
+        "being held in memory.")
+    max_record_bytes: int = Field(
+        64 * MiB, ge=1024, description="Bytes of one record (default 64 MiB): a CSV record whose quoted fields span "
+        "lines, or a Parquet row. A larger one is quarantined (reason record_too_long) with every line that "
+        "belongs to it.")
+    max_field_bytes: int = Field(
+        32 * MiB, ge=1024, description="Bytes (UTF-8) of one field (default 32 MiB): a CSV cell, a JSONL string "
+        "value, a Parquet text or binary cell. A row holding a larger one is quarantined (reason field_too_long), "
+        "naming the field.")
+    max_decompressed_bytes: int = Field(
+        32 * GiB, ge=1024, description="Bytes a compressed file ('.gz', or the pages of a Parquet file) may expand "
+        "to; default 32 GiB. Past it the file is refused with one error line (raise this bound for a larger source).")
+
 
 class FileFormat(StrictModel):
     """How a data file is read and which of its columns hold which field (prepare sources and
@@ -51,15 +79,19 @@ class FileFormat(StrictModel):
     header: bool = Field(True, description="Whether the first line names the columns.")
     quoting: Literal["auto", "none", "minimal"] = Field(
         "auto", description="CSV/TSV quoting: auto (sniffed), none (quotes are text), minimal (RFC 4180).")
-    multiline: bool = Field(False, description="CSV: quoted fields may span lines (RFC 4180). Off: a quote still open "
-                            "at the end of its line is a stray quote: prepare quarantines that line and reads the "
-                            "next line as a new row (one bad quote never swallows later rows); evaluation data "
-                            "stops with an error naming the line.")
+    multiline: bool = Field(True, description="CSV: quoted fields may span lines (RFC 4180, as pandas, Excel and "
+                            "Python's csv write them); a quote that never closes quarantines its record and every "
+                            "line after it as one row (unterminated_quote). Off: a record is one line, and a quote "
+                            "still open at the end of its line is a stray quote: prepare quarantines that line and "
+                            "reads the next line as a new row; evaluation data stops with an error naming the line.")
     columns: dict[str, str | int] = Field(
         default_factory=dict, description="Logical field -> column name (or 0-based index when header is false). "
         "A source's fields are its kind's (see Source kinds); an evaluation task's are those of the source kind "
         "its type is named after (sts: text1, text2, score; pair_classification: text1, text2, label; "
         "classification: text, label).")
+    limits: ReadLimits = Field(default_factory=ReadLimits, description="Bounds on a line, a field, a record and "
+                               "the decompressed size of the file (see ReadLimits); raise one for a file that "
+                               "really holds more.")
 
     @field_validator("delimiter")
     @classmethod

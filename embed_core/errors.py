@@ -96,6 +96,15 @@ _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQU
                 errno.ENAMETOOLONG, errno.EFBIG}
 
 
+# A MemoryError anywhere (an allocation past the machine's memory or the process's address-space
+# limit), or a thread that cannot start for the same reason: the line the CLI prints, exit 2,
+# instead of a traceback.
+OUT_OF_MEMORY = ("out of memory (MemoryError): this process could not allocate what it needed; free memory or raise "
+                 "the process's limit (ulimit -v), lower the batch sizes of the config, or lower a source's "
+                 "limits (max_line_bytes, max_field_bytes, max_record_bytes) so an oversized input is quarantined "
+                 "first; --debug shows where")
+
+
 # Recognisers of errors raised by libraries in a form of their own (torch's distributed timeouts):
 # each returns the error's one line, or None. A module registers its own where it is imported
 # (``register_user_error``), so this module imports none of them.
@@ -114,6 +123,8 @@ def user_error(exc: BaseException) -> str | None:
     as its one ERROR line and ends in a Failed state with it as the message."""
     if isinstance(exc, EmbedpipeError):
         return str(exc)
+    if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and str(exc) == "can't start new thread"):
+        return OUT_OF_MEMORY
     if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _USER_ERRNOS:
         return printable(f"{exc.filename}: {exc.strerror or exc}", 600)
     if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # a write outside a stage writer, no file named

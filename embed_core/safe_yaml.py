@@ -1,8 +1,10 @@
 """Reading a YAML file someone else may have written (a run config, a prompt template) with bounds:
 a regular file of at most ``MAX_YAML_BYTES``, UTF-8, no key twice in one mapping, and at most
-``MAX_YAML_NODES`` nodes once every alias is expanded. An alias bomb (a few lines whose aliases
-expand to billions of nodes) or ``/dev/zero`` then fails in milliseconds with one line instead of
-filling memory while the run directory is locked; a FIFO is refused instead of blocking.
+``MAX_YAML_NODES`` nodes and ``MAX_YAML_EXPANDED_BYTES`` bytes of scalars once every alias is
+expanded. An alias bomb (a few lines whose aliases expand to billions of nodes, or 90,000 aliases
+of one 3 MiB string: few nodes, gigabytes once the config is copied or serialised) or
+``/dev/zero`` then fails in milliseconds with one line instead of filling memory while the run
+directory is locked; a FIFO is refused instead of blocking.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -18,6 +20,8 @@ from embed_core.errors import ConfigError
 
 MAX_YAML_BYTES = 4 * 1024 * 1024
 MAX_YAML_NODES = 100_000
+# Scalar bytes (UTF-8) of the document with its aliases expanded: four times what the file itself may hold.
+MAX_YAML_EXPANDED_BYTES = 4 * MAX_YAML_BYTES
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -26,11 +30,15 @@ class _BoundedLoader(yaml.SafeLoader):
     document that expands (aliases counted at every use) to more than ``MAX_YAML_NODES`` nodes."""
 
     def construct_document(self, node):
-        expanded = _expanded_size(node, {})
-        if expanded > MAX_YAML_NODES:
+        if _expanded_size(node, {}, _one, MAX_YAML_NODES) > MAX_YAML_NODES:
             raise yaml.constructor.ConstructorError(
                 None, None, f"expands to more than {MAX_YAML_NODES} values once its aliases (*name) are "
                 "followed; write the values out or use fewer nested aliases", node.start_mark)
+        if _expanded_size(node, {}, _scalar_bytes, MAX_YAML_EXPANDED_BYTES) > MAX_YAML_EXPANDED_BYTES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"expands to more than {MAX_YAML_EXPANDED_BYTES // 2 ** 20} MiB of text once its aliases "
+                "(*name) are followed (each use of an alias counts its value again); write the values out or "
+                "alias less text", node.start_mark)
         return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
@@ -47,23 +55,31 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """Nodes in ``node`` with every alias expanded, computed once per distinct node (an alias is
-    the same node object as its anchor), so the count costs the file's size, not its expansion.
-    Capped just above the limit so the sum itself stays small."""
+def _one(node: yaml.Node) -> int:
+    return 1
+
+
+def _scalar_bytes(node: yaml.Node) -> int:
+    return len(node.value.encode("utf-8", "surrogatepass")) if isinstance(node, yaml.ScalarNode) else 0
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], weight: Callable[[yaml.Node], int], cap: int) -> int:
+    """The summed ``weight`` (1: nodes; scalar bytes) of ``node`` with every alias expanded,
+    computed once per distinct node (an alias is the same node object as its anchor), so the count
+    costs the file's size, not its expansion. Capped just above ``cap`` so the sum itself stays small."""
     known = sizes.get(id(node))
     if known is not None:
         return known
-    sizes[id(node)] = MAX_YAML_NODES + 1  # a node reached again while being counted: a cycle
+    sizes[id(node)] = cap + 1  # a node reached again while being counted: a cycle
     if isinstance(node, yaml.MappingNode):
         children = [child for pair in node.value for child in pair]
     elif isinstance(node, yaml.SequenceNode):
         children = list(node.value)
     else:
         children = []
-    total = 1
+    total = min(weight(node), cap + 1)
     for child in children:
-        total = min(total + _expanded_size(child, sizes), MAX_YAML_NODES + 1)
+        total = min(total + _expanded_size(child, sizes, weight, cap), cap + 1)
     sizes[id(node)] = total
     return total
 

@@ -41,7 +41,8 @@ def _columns(spec: EvalTaskSpec) -> dict[str, str | int]:
 
 def _rows(spec: EvalTaskSpec, path: Path, display: str, root: Path, cols: dict[str, str | int]):
     for raw in read_rows(path, display, fmt=spec.format, delimiter=spec.delimiter, header=spec.header,
-                         quoting=spec.quoting, multiline=spec.multiline, required=list(cols.values()), root=root):
+                         quoting=spec.quoting, multiline=spec.multiline, required=list(cols.values()), root=root,
+                         limits=spec.limits):
         if isinstance(raw, RowError):
             raise raw
         yield raw
@@ -184,12 +185,12 @@ def load_retrieval(spec: EvalTaskSpec, resolve):
     directory = resolve(spec.path)
     files = beir_files(directory, spec.path.rstrip("/"), spec.split, root_for(resolve, spec.path))
     qrels: dict[str, dict[str, int]] = {}
-    for item in read_qrels(*files["qrels"]):
+    for item in read_qrels(*files["qrels"], limits=spec.limits):
         if isinstance(item, RowError):
             raise item
         _, qid, did, score = item
         qrels.setdefault(qid, {})[did] = int(score)
-    queries, errors = read_queries(*files["queries"])
+    queries, errors = read_queries(*files["queries"], limits=spec.limits)
     if errors:
         raise errors[0]
     missing = [q for q in qrels if q not in queries]
@@ -201,7 +202,7 @@ def load_retrieval(spec: EvalTaskSpec, resolve):
         qids = qids[: spec.max_rows]
         qrels = {q: qrels[q] for q in qids}
     ids, titles, texts = [], [], []
-    for raw in read_jsonl(*files["corpus"]):
+    for raw in read_jsonl(*files["corpus"], limits=spec.limits):
         if isinstance(raw, RowError):
             raise raw
         did = raw.values.get("_id")

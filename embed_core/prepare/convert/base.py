@@ -28,6 +28,7 @@ from typing import Annotated, Any, ClassVar, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from embed_core.config_base import ReadLimits
 from embed_core.errors import RowError
 from embed_core.prepare.readers import RawRow, column_label, excerpt, read_rows, root_for
 from embed_core.schema import Record, is_blank
@@ -60,6 +61,7 @@ class SourceLike(Protocol):
     header: bool
     quoting: str
     multiline: bool
+    limits: ReadLimits
     columns: dict[str, str | int]
     task: str | None
     instruction: str
@@ -167,7 +169,8 @@ class Converter:
         spec = self.spec
         rows = read_rows(self.run.resolve(spec.path), spec.path, fmt=spec.format, delimiter=spec.delimiter,
                          header=spec.header, quoting=spec.quoting, multiline=spec.multiline,
-                         required=self.cols.required(), root=root_for(self.run.resolve, spec.path))
+                         required=self.cols.required(), root=root_for(self.run.resolve, spec.path),
+                         limits=spec.limits)
         return rows if spec.max_rows is None else _limit(rows, spec.max_rows)
 
     def texts(self) -> Iterator[str]:

@@ -17,7 +17,8 @@ from pydantic import Field
 
 from embed_core.errors import RowError, SourceError
 from embed_core.prepare.convert.base import Converter, ConverterParams, ConvertStream, Skipped, parse_score
-from embed_core.prepare.readers import confine, read_delimited, read_jsonl, root_for
+from embed_core.config_base import ReadLimits
+from embed_core.prepare.readers import DEFAULT_LIMITS, confine, read_delimited, read_jsonl, root_for
 from embed_core.schema import is_blank
 
 
@@ -38,10 +39,11 @@ def beir_files(directory: Path, display: str, split: str, root: Path | None = No
             "qrels": _find(directory, display, f"qrels/{split}.tsv", root)}
 
 
-def read_qrels(path: Path, display: str):
+def read_qrels(path: Path, display: str, limits: ReadLimits = DEFAULT_LIMITS):
     """(line, query id, doc id, score) per judgment, or RowError; header detected."""
     first = True
-    for raw in read_delimited(path, display, delimiter="\t", header=False, quoting="none", required=()):
+    for raw in read_delimited(path, display, delimiter="\t", header=False, quoting="none", required=(),
+                              limits=limits):
         if isinstance(raw, RowError):
             yield raw
             continue
@@ -62,10 +64,11 @@ def read_qrels(path: Path, display: str):
             yield err
 
 
-def read_queries(path: Path, display: str) -> tuple[dict[str, tuple[str, int]], list[RowError]]:
+def read_queries(path: Path, display: str,
+                 limits: ReadLimits = DEFAULT_LIMITS) -> tuple[dict[str, tuple[str, int]], list[RowError]]:
     queries: dict[str, tuple[str, int]] = {}
     errors: list[RowError] = []
-    for raw in read_jsonl(path, display):
+    for raw in read_jsonl(path, display, limits=limits):
         if isinstance(raw, RowError):
             errors.append(raw)
             continue
@@ -79,19 +82,21 @@ def read_queries(path: Path, display: str) -> tuple[dict[str, tuple[str, int]], 
     return queries, errors
 
 
-def beir_eval_queries(directory: Path, display: str, split: str, root: Path | None = None) -> list[str]:
+def beir_eval_queries(directory: Path, display: str, split: str, root: Path | None = None,
+                      limits: ReadLimits = DEFAULT_LIMITS) -> list[str]:
     """Texts of the queries judged in ``split`` (what contamination exclusion compares against)."""
     files = beir_files(directory, display, split, root)
-    queries, _ = read_queries(*files["queries"])
-    judged = {item[1] for item in read_qrels(*files["qrels"]) if not isinstance(item, RowError)}
+    queries, _ = read_queries(*files["queries"], limits=limits)
+    judged = {item[1] for item in read_qrels(*files["qrels"], limits=limits) if not isinstance(item, RowError)}
     return [queries[q][0] for q in judged if q in queries]
 
 
-def load_corpus(path: Path, display: str, root: Path | None = None) -> tuple[dict[str, str], list[RowError]]:
+def load_corpus(path: Path, display: str, root: Path | None = None,
+                limits: ReadLimits = DEFAULT_LIMITS) -> tuple[dict[str, str], list[RowError]]:
     """BEIR-style corpus JSONL → {doc id: "title text"} (title joined as BEIR/MTEB do)."""
     docs: dict[str, str] = {}
     errors: list[RowError] = []
-    for raw in read_jsonl(path, display, root):
+    for raw in read_jsonl(path, display, root, limits):
         if isinstance(raw, RowError):
             errors.append(raw)
             continue
@@ -135,14 +140,15 @@ class Beir(Converter):
     def texts(self):
         """The texts of the queries judged in ``split``."""
         yield from beir_eval_queries(self.run.resolve(self.spec.path), self.spec.path, self.params.split,
-                                     root_for(self.run.resolve, self.spec.path))
+                                     root_for(self.run.resolve, self.spec.path), self.spec.limits)
 
     def records(self) -> ConvertStream:
         files = self._files()
-        queries, query_errors = read_queries(*files["queries"])
+        limits = self.spec.limits
+        queries, query_errors = read_queries(*files["queries"], limits=limits)
         yield from query_errors
-        qrel_rows: list = list(read_qrels(*files["qrels"]))
-        corpus, corpus_errors = load_corpus(*files["corpus"])
+        qrel_rows: list = list(read_qrels(*files["qrels"], limits=limits))
+        corpus, corpus_errors = load_corpus(*files["corpus"], limits=limits)
         yield from corpus_errors
         judged: dict[str, list[tuple[str, float, int]]] = {}
         qrels_display = files["qrels"][1]

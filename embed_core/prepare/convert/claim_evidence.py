@@ -55,7 +55,7 @@ class ClaimEvidence(Converter):
         corpus = None
         if self.params.corpus:
             corpus, _ = load_corpus(self.run.resolve(self.params.corpus), self.params.corpus,
-                                    root_for(self.run.resolve, self.params.corpus))
+                                    root_for(self.run.resolve, self.params.corpus), self.spec.limits)
         claims: dict[str, dict[str, Any]] = {}  # claim text -> first row, positives, negatives (file order)
         for raw in rows:
             if isinstance(raw, RowError):

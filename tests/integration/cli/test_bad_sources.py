@@ -90,8 +90,9 @@ def test_an_empty_source_is_an_error_unless_allowed(tmp_path, capfd):
     assert written_refs(tmp_path, "t") == ["t.csv:2"]
 
 
-def test_a_stray_quote_costs_its_own_line_and_no_good_row(tmp_path, capfd):
-    # Line 3 opens a quote that a field three lines later closes: csv's reader would merge lines 3-6 into one record.
+def test_with_multiline_false_a_stray_quote_costs_its_own_line_and_no_good_row(tmp_path, capfd):
+    # Line 3 opens a quote that a field three lines later closes: RFC 4180 (the default, as pandas reads it)
+    # makes lines 3-6 one record; with multiline: false each line is a record of its own.
     (tmp_path / "s.csv").write_text(
         HEADER + GOOD
         + '"A stray quote opens here.,A man is playing.,4.0\n'                 # 3 stray quote
@@ -99,23 +100,23 @@ def test_a_stray_quote_costs_its_own_line_and_no_good_row(tmp_path, capfd):
         + "A child runs.,A kid is running.,3.9\n"                             # 5
         + 'Closing it here",A dog barks.,1.0\n'                                # 6 a bare quote inside a field: text
         + "A cat sleeps.,A cat is sleeping.,4.8\n")                           # 7
-    result = prepare(capfd, tmp_path, [sts("s.csv")])
+    result = prepare(capfd, tmp_path, [sts("s.csv", multiline=False)])
     assert result.rc == 0, result.err
     assert [(q["row"], q["reason"]) for q in quarantine(tmp_path)] == [(3, "stray_quote")]
     assert written_refs(tmp_path, "sts") == ["s.csv:2", "s.csv:4", "s.csv:5", "s.csv:6", "s.csv:7"]
 
 
-def test_multiline_quoted_fields_are_read_when_the_source_says_so(tmp_path, capfd):
+def test_quoted_fields_that_span_lines_are_read_with_the_defaults(tmp_path, capfd):
     (tmp_path / "s.csv").write_text(HEADER + '"Two\nlines.",One line.,3.0\n' + GOOD)
-    assert prepare(capfd, tmp_path, [sts("s.csv", multiline=True)]).rc == 0
+    assert prepare(capfd, tmp_path, [sts("s.csv")]).rc == 0
     assert written_refs(tmp_path, "sts") == ["s.csv:2", "s.csv:4"]
     rows = read_records(tmp_path / "runs/r", "prepare")["sts.parquet"].to_pylist()
     assert "Two\nlines." in {r["query"] for r in rows}
 
 
-def test_an_unterminated_quote_in_multiline_mode_is_reported_where_it_opened_with_the_lines_lost(tmp_path, capfd):
+def test_an_unterminated_quote_is_reported_where_it_opened_with_the_lines_lost(tmp_path, capfd):
     (tmp_path / "s.csv").write_text(HEADER + GOOD + '"Never closed,x,1\n' + GOOD * 3)
-    assert prepare(capfd, tmp_path, [sts("s.csv", multiline=True)]).rc == 0
+    assert prepare(capfd, tmp_path, [sts("s.csv")]).rc == 0
     (q,) = quarantine(tmp_path)
     assert (q["row"], q["reason"]) == (3, "unterminated_quote")
     assert "lines 3-6 (4 lines)" in q["message"]

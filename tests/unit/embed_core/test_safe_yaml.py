@@ -8,7 +8,7 @@ import time
 import pytest
 
 from embed_core.errors import ConfigError
-from embed_core.safe_yaml import MAX_YAML_BYTES, MAX_YAML_NODES, read_yaml
+from embed_core.safe_yaml import MAX_YAML_BYTES, MAX_YAML_EXPANDED_BYTES, MAX_YAML_NODES, read_yaml
 
 BOMB = "".join([f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)])
 
@@ -20,6 +20,18 @@ def test_an_alias_bomb_is_refused_in_milliseconds(tmp_path):
     with pytest.raises(ConfigError, match=f"{path}:.*expands to more than {MAX_YAML_NODES} values"):
         read_yaml(path)
     assert time.perf_counter() - t0 < 2
+
+
+def test_few_aliases_of_one_long_string_are_refused_by_the_bytes_they_expand_to(tmp_path):
+    # 100 values, far under the node cap, but 100 x 200 KB of text once every alias is followed
+    # (a config's copies and serialisations hold them expanded: issue 44 saw 5.4 GB from 90,000).
+    path = tmp_path / "bomb.yaml"
+    path.write_text('text: &t "' + "x" * 200_000 + '"\nmany: [' + ", ".join(["*t"] * 100) + "]\n")
+    with pytest.raises(ConfigError, match=f"{path}:1: invalid YAML: expands to more than "
+                                          f"{MAX_YAML_EXPANDED_BYTES // 2 ** 20} MiB of text once its aliases"):
+        read_yaml(path)
+    path.write_text('text: &t "' + "x" * 200_000 + '"\nmany: [' + ", ".join(["*t"] * 50) + "]\n")
+    assert len(read_yaml(path)["many"]) == 50  # 10 MB expanded: under the bound
 
 
 def test_a_few_aliases_and_merge_keys_still_load(tmp_path):

@@ -290,3 +290,16 @@ def test_a_beir_directory_with_hostile_texts_makes_hygienic_records(tmp_path, qu
         assert len(rec.positives) == (2 if usable(title) and usable(doc) and good(title + doc) else 1)
     else:
         assert not records
+
+
+def test_a_beir_directory_is_read_with_its_sources_limits(tmp_path):
+    d = tmp_path / "b"
+    (d / "qrels").mkdir(parents=True)
+    (d / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "text": "doc"}) + "\n"
+                                    + json.dumps({"_id": "d2", "text": "x" * 5000}) + "\n")
+    (d / "queries.jsonl").write_text(json.dumps({"_id": "1", "text": "a query"}) + "\n")
+    (d / "qrels/train.tsv").write_text("query-id\tcorpus-id\tscore\n1\td1\t1\n")
+    got = items(tmp_path, {"name": "b", "kind": "beir", "path": "b", "limits": {"max_line_bytes": 1024}})
+    assert [(e.file, e.row, e.reason) for e in got if isinstance(e, RowError)] == [
+        ("b/corpus.jsonl", 2, "line_too_long")]
+    assert [r.positives for r in got if isinstance(r, Record)] == [["doc"]]
