@@ -353,6 +353,26 @@ def changed_output(run_dir: Path, stage: str, manifest: dict[str, Any] | None = 
     return None
 
 
+def intact_manifest(stage_dir: Path, *, holding: str | None = None) -> dict[str, Any]:
+    """The manifest of the committed stage ``stage_dir`` when every output matches it (the judgement
+    ``embedpipe status`` calls ``damaged``, ``changed_output``) and, if given, ``holding`` is one
+    of its outputs; else an EmbedpipeError naming the file. For a reader that trusts what a stage
+    file says (where other files are, which rows were used)."""
+    stage_dir = Path(stage_dir)
+    manifest = read_manifest(stage_dir.parent, stage_dir.name)
+    if manifest is None:
+        raise EmbedpipeError(f"{stage_dir / MANIFEST}: missing or not a stage manifest (the stage was not committed, "
+                             "or the file is damaged): run the stage again with --force")
+    if holding is not None and holding not in manifest["outputs"]:
+        raise EmbedpipeError(f"{stage_dir / holding}: not an output of {stage_dir / MANIFEST} (not written by the "
+                             "stage): run the stage again with --force")
+    changed = changed_output(stage_dir.parent, stage_dir.name, manifest)
+    if changed is not None:
+        raise EmbedpipeError(f"{stage_dir / changed}: missing or changed since its manifest was written (the stage is "
+                             "damaged, as embedpipe status shows): run the stage again with --force")
+    return manifest
+
+
 def stage_is_intact(run_dir: Path, stage: str, input_fingerprint: str | None = None) -> bool:
     """True when the stage's manifest exists, every output matches its hash, and (if given) the
     manifest was produced from ``input_fingerprint``."""
