@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embed_core import __version__
-from embed_core.errors import DISK_FULL_ERRNOS, DiskFullError, EmbedpipeError
+from embed_core.errors import DiskFullError, EmbedpipeError, disk_full_errno
 from embed_core.fingerprint import sha256_file
 from embed_core.paths import files_within
 from embed_core.procs import check_parent
@@ -194,10 +194,11 @@ class StageWriter:
             for stream, _ in self._streams.values():
                 stream.discard()
             shutil.rmtree(self.staging, ignore_errors=True)
-            if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # pyarrow's names no file
-                where = exc.filename or self.staging
+            full = disk_full_errno(exc)  # pyarrow's names no file, safetensors' is no OSError
+            if full is not None:
+                where = getattr(exc, "filename", None) or self.staging
                 raise DiskFullError(f"{where}: no space left to write the {self.stage} stage "
-                                    f"({errno.errorcode.get(exc.errno, exc.errno)}: the disk is full, or a quota or "
+                                    f"({errno.errorcode.get(full, full)}: the disk is full, or a quota or "
                                     f"file-size limit is reached); nothing was committed and {self.final} is as it "
                                     "was: free space on the run directory's disk and run again") from exc
 
