@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embed_core import __version__
-from embed_core.errors import DISK_FULL_ERRNOS, DiskFullError, EmbedpipeError
+from embed_core.errors import DiskFullError, EmbedpipeError, disk_full_errno
 from embed_core.fingerprint import sha256_file
 from embed_core.paths import files_within
 from embed_core.procs import check_parent
@@ -194,10 +194,11 @@ class StageWriter:
             for stream, _ in self._streams.values():
                 stream.discard()
             shutil.rmtree(self.staging, ignore_errors=True)
-            if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # pyarrow's names no file
-                where = exc.filename or self.staging
+            full = disk_full_errno(exc)  # pyarrow's names no file, safetensors' is no OSError
+            if full is not None:
+                where = getattr(exc, "filename", None) or self.staging
                 raise DiskFullError(f"{where}: no space left to write the {self.stage} stage "
-                                    f"({errno.errorcode.get(exc.errno, exc.errno)}: the disk is full, or a quota or "
+                                    f"({errno.errorcode.get(full, full)}: the disk is full, or a quota or "
                                     f"file-size limit is reached); nothing was committed and {self.final} is as it "
                                     "was: free space on the run directory's disk and run again") from exc
 
@@ -351,6 +352,26 @@ def changed_output(run_dir: Path, stage: str, manifest: dict[str, Any] | None = 
         if path.is_symlink() or not path.is_file() or sha256_file(path) != info.get("sha256"):
             return name
     return None
+
+
+def intact_manifest(stage_dir: Path, *, holding: str | None = None) -> dict[str, Any]:
+    """The manifest of the committed stage ``stage_dir`` when every output matches it (the judgement
+    ``embedpipe status`` calls ``damaged``, ``changed_output``) and, if given, ``holding`` is one
+    of its outputs; else an EmbedpipeError naming the file. For a reader that trusts what a stage
+    file says (where other files are, which rows were used)."""
+    stage_dir = Path(stage_dir)
+    manifest = read_manifest(stage_dir.parent, stage_dir.name)
+    if manifest is None:
+        raise EmbedpipeError(f"{stage_dir / MANIFEST}: missing or not a stage manifest (the stage was not committed, "
+                             "or the file is damaged): run the stage again with --force")
+    if holding is not None and holding not in manifest["outputs"]:
+        raise EmbedpipeError(f"{stage_dir / holding}: not an output of {stage_dir / MANIFEST} (not written by the "
+                             "stage): run the stage again with --force")
+    changed = changed_output(stage_dir.parent, stage_dir.name, manifest)
+    if changed is not None:
+        raise EmbedpipeError(f"{stage_dir / changed}: missing or changed since its manifest was written (the stage is "
+                             "damaged, as embedpipe status shows): run the stage again with --force")
+    return manifest
 
 
 def stage_is_intact(run_dir: Path, stage: str, input_fingerprint: str | None = None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 from typing import Callable
 
 MAX_MESSAGE_CHARS = 600
@@ -90,6 +91,29 @@ class DiskFullError(EmbedpipeError):
     """A write failed for lack of space; what was committed before is intact."""
 
 
+# How Rust's std::io::Error shows an errno in a library's message (safetensors: "... I/O error: No
+# space left on device (os error 28)"): those libraries raise their own exception type, not OSError.
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
+
+
+def disk_full_errno(exc: BaseException | None) -> int | None:
+    """The errno (ENOSPC, EDQUOT, EFBIG) when ``exc``, or an exception it was raised from or while
+    handling, is a write that failed for lack of space: an ``OSError`` with that errno, or a
+    library's error whose message carries it as Rust formats it (safetensors); else None. The one
+    rule every writer uses to tell a full disk from a bug (``artifacts.StageWriter``,
+    ``train.checkpoint``, ``user_error``)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return exc.errno
+        found = _OS_ERROR_IN_TEXT.search(str(exc)[:2000]) if not isinstance(exc, OSError) else None
+        if found is not None and int(found.group(1)) in DISK_FULL_ERRNOS:
+            return int(found.group(1))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 # OS errors that come from the user's files or machine (permissions, a full or read-only disk, a
 # file where a directory belongs); others (e.g. a vanished file) may be bugs and keep their traceback.
 _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EISDIR, errno.ENOTDIR,
@@ -127,8 +151,9 @@ def user_error(exc: BaseException) -> str | None:
         return OUT_OF_MEMORY
     if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _USER_ERRNOS:
         return printable(f"{exc.filename}: {exc.strerror or exc}", 600)
-    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # a write outside a stage writer, no file named
-        return printable(f"no space left to write ({errno.errorcode.get(exc.errno, exc.errno)}: {exc}); what was "
+    full = disk_full_errno(exc)
+    if full is not None:  # a write outside a stage writer, no file named
+        return printable(f"no space left to write ({errno.errorcode.get(full, full)}: {exc}); what was "
                          "committed before is intact: free space on the disk and run again", 600)
     for recognise in _RECOGNISERS:
         line = recognise(exc)

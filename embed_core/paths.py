@@ -11,6 +11,7 @@ leaves it is an ``OutsideRootError`` naming the link and its target.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from embed_core.errors import EmbedpipeError
@@ -18,6 +19,37 @@ from embed_core.errors import EmbedpipeError
 
 class OutsideRootError(EmbedpipeError):
     """A path under a root resolves (through a symbolic link) to a place outside that root."""
+
+
+class NotAFileError(EmbedpipeError):
+    """A path where a file is expected is missing, a directory, or no regular file (a FIFO, a
+    device, a socket)."""
+
+
+def file_problem(path: str | Path) -> str | None:
+    """Why ``path`` (links followed) cannot be read as a file, or None when it is a regular file:
+    the one rule every reader of a file it is given applies before opening it, so a directory or a
+    FIFO there is one line naming it, not a library's ``IsADirectoryError`` (or a read that hangs)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "not found"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISDIR(mode):
+        return "is a directory, expected a file"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a FIFO, a device or a socket), expected a file"
+    return None
+
+
+def regular_file(path: str | Path, hint: str = "") -> Path:
+    """``path`` when it is a regular file (``file_problem``), else a ``NotAFileError`` naming it,
+    with ``hint`` (what to do) after the reason."""
+    problem = file_problem(path)
+    if problem is not None:
+        raise NotAFileError(f"{path}: {problem}" + (f"; {hint}" if hint else ""))
+    return Path(path)
 
 
 def resolve_within(root: str | Path, path: str | Path) -> Path:

@@ -128,16 +128,20 @@ def claim_run_dir(run_dir: str | Path) -> None:
     """Make ``run_dir`` a run directory, or check that it is one, or raise :class:`RunDirError`.
 
     A run directory is embedpipe's own: it is created (with its marker) when missing or empty, and
-    accepted when it carries the marker, or holds what only embedpipe writes (a stage manifest,
-    ``history.jsonl``, a config snapshot: a run directory of a version before the marker, which
-    then gets it). Any other folder is refused, naming it and a file in it, before anything in it
-    is touched, as git refuses to clone into a non-empty folder. In a marked directory embedpipe
-    replaces only its own entries: stage directories with a manifest, its config snapshot, and
-    leftovers named the way its writers name them (``artifacts.clean_leftovers``).
+    accepted when it carries the marker (a JSON object naming the embedpipe version that wrote it,
+    ``is_marked``), or holds what only embedpipe writes (a stage directory with a valid manifest, a
+    config snapshot with embedpipe's first line: a run directory of a version before the marker,
+    which then gets it). A file name alone proves nothing: a folder holding ``history.jsonl`` or an
+    ``.embedpipe`` that is not the marker is anybody's. Any other folder is refused, naming it and
+    a file in it, before anything in it is touched (nothing is written or deleted: the lock file
+    and the clean-up of leftovers come after this check), as git refuses to clone into a non-empty
+    folder. In a marked directory embedpipe replaces only its own entries: stage directories with a
+    manifest, its config snapshot, and leftovers named the way its writers name them
+    (``artifacts.clean_leftovers``).
     """
     run_dir = Path(run_dir)
     _make_dir(run_dir)
-    if (run_dir / MARKER).is_file():
+    if is_marked(run_dir):
         _check_snapshot_slot(run_dir)
         return
     try:
@@ -148,6 +152,7 @@ def claim_run_dir(run_dir: str | Path) -> None:
         shown = ", ".join(printable(e, 60) for e in entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise RunDirError(f"{run_dir}: not an embedpipe run directory and not empty (it holds {shown}); embedpipe "
                           "never writes into a folder of yours: pass a new or empty --run-dir / run_dir")
+    _check_snapshot_slot(run_dir)  # before the marker: a refused folder keeps no trace of the attempt
     try:
         atomic_write_bytes(run_dir / MARKER, (json.dumps({"embedpipe": __version__, "since": _now()}) + "\n").encode())
     except OSError as exc:
@@ -163,12 +168,29 @@ def _check_snapshot_slot(run_dir: Path) -> None:
                           "out of the run directory")
 
 
+def is_marked(run_dir: str | Path) -> bool:
+    """True when ``run_dir`` carries embedpipe's marker: a regular file ``.embedpipe`` holding the
+    JSON object ``claim_run_dir`` writes (the embedpipe version and when). A file of that name with
+    other content (another tool's, an empty one) does not make a folder a run directory."""
+    path = Path(run_dir) / MARKER
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as fh:
+            marker = json.loads(fh.read(4096))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and isinstance(marker.get("embedpipe"), str) and isinstance(marker.get("since"), str)
+
+
 def _written_by_embedpipe(run_dir: Path, entries: list[str]) -> bool:
-    """A run directory from before the marker: it holds a history, a config snapshot embedpipe
-    wrote, or a stage directory with a valid manifest."""
-    if HISTORY in entries or is_own_snapshot(run_dir / CONFIG_SNAPSHOT):
+    """A run directory from before the marker: it holds a config snapshot embedpipe wrote, or a
+    stage directory with a valid manifest. A ``history.jsonl`` is no proof: it is a name any tool
+    may use."""
+    if is_own_snapshot(run_dir / CONFIG_SNAPSHOT):
         return True
-    return any(read_manifest(run_dir, name) is not None for name in entries if (run_dir / name).is_dir())
+    return any(read_manifest(run_dir, name) is not None for name in entries
+               if (run_dir / name).is_dir() and not (run_dir / name).is_symlink())
 
 
 def is_own_snapshot(path: Path) -> bool:

@@ -28,7 +28,7 @@ import torch
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import sha256_file
 from embed_core.model.cpu_inference import pack_linear_layers
-from embed_core.model.files import check_model_dir
+from embed_core.model.files import MODEL_FILE_SUFFIXES, check_model_dir
 from embed_core.model.onednn import cap_onednn_primitive_cache
 from embed_core.progress import Progress
 
@@ -131,8 +131,6 @@ def model_source(name: str) -> Path:
     check_model_dir(path)
     return path
 
-
-MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".gguf")
 
 
 def model_fingerprint(name: str, pooling: str, max_length: int, bf16: bool) -> str:

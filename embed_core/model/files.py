@@ -15,6 +15,7 @@ import struct
 from pathlib import Path
 
 from embed_core.errors import EmbedpipeError
+from embed_core.paths import file_problem
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a model's config.json (real ones: a few KB)
@@ -28,6 +29,9 @@ LAYER_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 HEAD_FIELDS = ("num_attention_heads", "n_head", "num_heads", "num_key_value_heads")
 WIDTH_FIELDS = ("hidden_size", "n_embd", "d_model", "intermediate_size", "d_ff")
 DERIVED_FIELDS = ("head_dim", "d_kv", "n_inner")  # 0 (or null): derived from the others by some architectures
+# The files a loader of a model directory reads (transformers, sentence-transformers, tokenizers,
+# embedpipe's own settings), by how their names end: each must be a regular file where it is.
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".gguf")
 CONVERT_HINT = ("convert it once to safetensors (load it with transformers' from_pretrained, trusting its source, "
                 "and save_pretrained it: that writes model.safetensors)")
 
@@ -46,9 +50,10 @@ def check_model_dir(path: str | Path) -> None:
                               "config.json and the weights (or a .gguf file)")
     if not root.is_dir():
         raise ModelFilesError(f"{root}: not a model directory")
+    _check_model_files(root)
     if any(root.glob("*.gguf")):
         return
-    if not (root / "config.json").is_file():
+    if not (root / "config.json").exists():
         raise ModelFilesError(f"{root}: not a model directory (no config.json); give a Hugging Face or "
                               "sentence-transformers model directory, or 'default' for the packaged model")
     check_model_config(root / "config.json")
@@ -60,6 +65,18 @@ def check_model_dir(path: str | Path) -> None:
         raise ModelFilesError(f"{root}: no model weights (model.safetensors) in the directory")
     for shard in shards:
         check_safetensors(shard)
+
+
+def _check_model_files(root: Path) -> None:
+    """Every file a loader reads (``MODEL_FILE_SUFFIXES``), in the directory and its module
+    directories (``1_Pooling/config.json``), is a regular file (``paths.file_problem``): a directory
+    or a FIFO of that name is one line naming it, not a loader's traceback, a hang, or a file
+    silently skipped (a tokenizer.json that is a directory would leave the tokenizer to a fallback)."""
+    for path in sorted([*root.iterdir(), *(p for d in root.iterdir() if d.is_dir() for p in d.iterdir())]):
+        if path.name.endswith(MODEL_FILE_SUFFIXES):
+            problem = file_problem(path)
+            if problem is not None:
+                raise ModelFilesError(f"{path}: {problem}; copy or download the model again")
 
 
 def safetensors_files(root: Path) -> list[Path]:

@@ -135,7 +135,7 @@ def instructed(records: list[Record], embed: Embed, settings: ModelSettings | No
 def _json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a nesting too deep for the parser is as unreadable
         return None
 
 

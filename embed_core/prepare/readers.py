@@ -52,7 +52,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 from embed_core.config_base import ReadLimits
 from embed_core.errors import RowError, SourceError, printable
-from embed_core.paths import OutsideRootError, resolve_within
+from embed_core.paths import OutsideRootError, file_problem, resolve_within
 from embed_core.prepare.cleaning import UnusableText, clean_text, is_clean
 
 csv.field_size_limit(sys.maxsize)
@@ -123,10 +123,11 @@ def confine(path: Path, display: str, root: Path | None) -> Path:
 
 
 def _check_file(path: Path, display: str) -> None:
-    if not path.exists():
+    problem = file_problem(path)  # the rule every reader of a given file applies (embed_core.paths)
+    if problem == "not found":
         raise SourceError(display, None, None, "missing_file", f"file not found (resolved to {path})")
-    if path.is_dir():
-        raise SourceError(display, None, None, "not_a_file", f"is a directory, expected a file (resolved to {path})")
+    if problem is not None:
+        raise SourceError(display, None, None, "not_a_file", f"{problem} (resolved to {path})")
 
 
 def _damaged(display: str, line: int | None, exc: BaseException) -> SourceError:

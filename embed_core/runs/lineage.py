@@ -17,7 +17,14 @@ positives or negatives a step picked is not recorded. Steps after the weights a 
 
 Exit status, as ``grep``: 0 when some model of the chain trained on a match, 1 when none did (the
 text is in no record, or its records were never drawn), 2 on an error (not a trained model, no
-lineage, records changed since training).
+lineage, records changed since training, a damaged file).
+
+Nothing a stage file says is used unchecked: a stage's ``lineage.parquet`` is read only when the
+stage is intact (every output matches its manifest, the check ``embedpipe status`` calls
+``damaged``: ``artifacts.intact_manifest``), its metadata must be what training writes
+(``train.lineage.read_metadata``: the record files it names are files of the run directory, never
+a path out of it), and its columns must have their types; a released model's ``embedpipe.json``
+must name its train stage. Each failure is one line naming the file (and field).
 """
 
 from __future__ import annotations
@@ -27,15 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embed_core.artifacts import MANIFEST, model_artifact_dir
+from embed_core.artifacts import MANIFEST, intact_manifest, model_artifact_dir
+from embed_core.config_base import PATH_NAME
 from embed_core.errors import EmbedpipeError, printable
 from embed_core.fingerprint import sha256_file
+from embed_core.paths import resolve_within
 from embed_core.prepare.cleaning import normalize_text
-from embed_core.train.lineage import LINEAGE_FILE, read_metadata
+from embed_core.train.lineage import LINEAGE_FILE, LINEAGE_SCHEMA, read_metadata
 
 TEXT_FIELDS = ("query", "positives", "negatives", "weak_positives")
+MAX_SETTINGS_BYTES = 16 * 1024 * 1024  # a model's embedpipe.json (real ones: a few KB)
 
 
 @dataclass
@@ -72,12 +83,24 @@ def stage_of_model(model: str | Path) -> Path:
 
 
 def _release_stage(model: Path) -> Path | None:
-    """The run's ``train-<stage>`` directory a released model (``evaluate/model``) was copied from."""
-    try:
-        settings = json.loads((model / "embedpipe.json").read_text(encoding="utf-8"))
-        name = settings["training"]["stage"]["name"]
-    except (OSError, ValueError, KeyError, TypeError):
+    """The run's ``train-<stage>`` directory a released model (``evaluate/model``) was copied from;
+    None for a model without ``embedpipe.json``, an EmbedpipeError naming it when it is damaged."""
+    path = model / "embedpipe.json"
+    if not path.exists() and not path.is_symlink():
         return None
+    try:
+        if path.stat().st_size > MAX_SETTINGS_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes")
+        settings = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise EmbedpipeError(f"{path}: not readable as the model's settings JSON ({exc}): the model is damaged; "
+                             "copy it again or run its stages again with --force") from None
+    name = settings
+    for key in ("training", "stage", "name"):
+        name = name.get(key) if isinstance(name, dict) else None
+    if not isinstance(name, str) or not PATH_NAME.fullmatch(name):
+        raise EmbedpipeError(f"{path}: field training.stage.name is {printable(repr(name), 60)}, not a stage name: "
+                             "the model is damaged; copy it again or run its stages again with --force")
     return model.parent.parent / f"train-{name}"
 
 
@@ -88,20 +111,18 @@ def chain(stage_dir: Path) -> list[TrainedStage]:
     current: Path | None = stage_dir
     while current is not None and current.resolve() not in seen and (current / LINEAGE_FILE).is_file():
         seen.add(current.resolve())
+        manifest = intact_manifest(current, holding=LINEAGE_FILE)
         out.append(_read_stage(current))
-        manifest = json.loads((current / MANIFEST).read_text(encoding="utf-8"))
         init = manifest.get("init_model")
-        parent = model_artifact_dir(init, current.parent) if init else None
+        parent = model_artifact_dir(init, current.parent) if isinstance(init, str) and init else None
         current = parent if parent is not None and parent.parent.resolve() == current.parent.resolve() else None
     return out
 
 
 def _read_stage(stage_dir: Path) -> TrainedStage:
     path = stage_dir / LINEAGE_FILE
-    table = pq.read_table(path)
-    metadata = read_metadata(table.schema)
-    if metadata is None:
-        raise EmbedpipeError(f"{path}: no lineage metadata (not a lineage file)")
+    table = _read_parquet(path, "lineage file", LINEAGE_SCHEMA.names, LINEAGE_SCHEMA)
+    metadata = read_metadata(table.schema, path)
     steps = {}
     datasets = table.column("dataset").to_pylist()
     step_col = table.column("step").to_numpy()
@@ -114,15 +135,33 @@ def _read_stage(stage_dir: Path) -> TrainedStage:
     return TrainedStage(stage_dir.name, stage_dir, metadata, steps)
 
 
+def _read_parquet(path: Path, what: str, columns: list[str], types: pa.Schema | None = None) -> pa.Table:
+    """``columns`` of the Parquet file ``path`` (with their types in ``types``, if given); one
+    EmbedpipeError naming the file (and the column) when it is cut off, not Parquet or lacks one."""
+    try:
+        found = pq.read_schema(path)
+        for name in columns:
+            index = found.get_field_index(name)
+            if index < 0:
+                raise EmbedpipeError(f"{path}: no column {name!r}: not a {what}, or a damaged one")
+            if types is not None and found.field(index).type != types.field(name).type:
+                raise EmbedpipeError(f"{path}: column {name!r} is {found.field(index).type}, not "
+                                     f"{types.field(name).type}: not a {what}, or a damaged one")
+        return pq.read_table(path, columns=columns)
+    except (OSError, pa.ArrowException) as exc:  # cut off, not Parquet, a directory
+        raise EmbedpipeError(f"{path}: not readable as a {what} ({printable(exc, 200)}): the file is damaged") from None
+
+
 def _records(stage: TrainedStage, dataset: str, cache: dict[Path, object]):
-    """The upstream record file ``stage`` trained ``dataset`` on, checked against the hash it had then."""
+    """The upstream record file ``stage`` trained ``dataset`` on, inside the run directory and
+    checked against the hash it had then."""
     info = stage.metadata["datasets"][dataset]
-    path = stage.directory.parent / stage.metadata["upstream"] / info["file"]
+    path = resolve_within(stage.directory.parent, Path(stage.metadata["upstream"]) / info["file"])
     if path not in cache:
         if not path.is_file() or (info.get("sha256") and sha256_file(path) != info["sha256"]):
             raise EmbedpipeError(f"{path}: missing or changed since {stage.name} trained on it: the records it "
                                  "trained on are gone (retrain the stage to answer for the current records)")
-        cache[path] = pq.read_table(path, columns=["id", "source_ref", *TEXT_FIELDS])
+        cache[path] = _read_parquet(path, "record file", ["id", "source_ref", *TEXT_FIELDS])
     return cache[path]
 
 

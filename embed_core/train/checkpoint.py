@@ -8,6 +8,7 @@ unpickled into code.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embed_core.errors import CheckpointError, ConfigError, printable
+from embed_core.errors import CheckpointError, ConfigError, DiskFullError, disk_full_errno, printable
 from embed_core.train.distributed import barrier
 
 PREFIX = "step-"
@@ -43,6 +44,12 @@ def checkpoint_write(tmp: Path, complete: list[Path]) -> Iterator[None]:
         except OSError:
             free = "free space unknown"
         last = complete[-1].name if complete else "none yet"
+        full = disk_full_errno(exc)
+        if full is not None:
+            raise DiskFullError(f"{tmp}: no space left to write the checkpoint ({errno.errorcode.get(full, full)}: the "
+                                f"disk is full, or a quota or file-size limit is reached; {free} once it was removed); "
+                                f"the last complete checkpoint ({last}) is kept and a rerun resumes from it: free "
+                                "space on the run directory's disk and run again") from exc
         raise CheckpointError(f"{tmp}: writing the checkpoint failed ({printable(exc, 120)}; {free}: a full disk?); "
                               f"the last complete checkpoint ({last}) is kept and a rerun resumes from it") from exc
 
@@ -67,6 +74,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_plain(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file: a write that fails for lack of space is then an
+    ``OSError`` with its errno (ENOSPC), which ``torch.save`` to a path reports as a RuntimeError
+    with none (``disk_full_errno`` tells it from a bug)."""
+    with open(path, "wb") as fh:
+        torch.save(obj, fh)
 
 
 def load_plain(path: Path, **kwargs: Any) -> Any:
@@ -101,13 +116,14 @@ def save(trainer: Any) -> Path:
     barrier()
     with checkpoint_write(tmp, complete(directory)):
         extra = trainer.backend.save_state(tmp)
-        torch.save(rng_state(), tmp / f"rng-{rank}.pt")
+        save_plain(rng_state(), tmp / f"rng-{rank}.pt")
     barrier()
     if rank == 0:
-        (tmp / "trainer_state.json").write_text(json.dumps({
-            "step": step, "stage": trainer.stage.model_dump(mode="json"), "seed": trainer.seed, "world": trainer.world,
-            "sampler": trainer.batches.sampler_state(), "metrics": trainer.metrics, "dev": trainer.dev_rows,
-            "best": trainer.best, **extra}, default=_json_default))
+        with checkpoint_write(tmp, complete(directory)):
+            (tmp / "trainer_state.json").write_text(json.dumps({
+                "step": step, "stage": trainer.stage.model_dump(mode="json"), "seed": trainer.seed,
+                "world": trainer.world, "sampler": trainer.batches.sampler_state(), "metrics": trainer.metrics,
+                "dev": trainer.dev_rows, "best": trainer.best, **extra}, default=_json_default))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)  # a checkpoint is visible only once complete

@@ -23,13 +23,43 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from embed_core.errors import EmbedpipeError, printable
 from embed_core.train.sampling import GroupedBatchSampler
 
 LINEAGE_FILE = "lineage.parquet"
 METADATA_KEY = b"embedpipe.lineage"
 LINEAGE_SCHEMA = pa.schema([("step", pa.int32()), ("dataset", pa.dictionary(pa.int16(), pa.string())),
                             ("positions", pa.list_(pa.int32()))])
+
+MAX_METADATA_BYTES = 16 * 1024 * 1024
+FILE_NAME = r"[A-Za-z0-9][^/\\\x00]{0,250}"  # one path component in the run directory, never '..' or hidden
+
+
+class DatasetLineage(BaseModel):
+    """The upstream record file one dataset of the stage was drawn from."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    file: str = Field(pattern=rf"^{FILE_NAME}\.parquet$", description="Record file name in the upstream stage directory.")
+    sha256: str | None = Field(pattern=r"^[0-9a-f]{64}$", description="Its SHA-256 when the stage trained on it.")
+    records: int = Field(ge=0, description="Its record count then.")
+
+
+class LineageMetadata(BaseModel):
+    """The ``embedpipe.lineage`` schema metadata of a lineage file (written by ``_lineage`` in
+    ``embed_core.train.run``); read back only through ``read_metadata``, which refuses anything else."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    upstream: str = Field(pattern=rf"^{FILE_NAME}$", description="Stage directory of the run holding the record files.")
+    datasets: dict[str, DatasetLineage] = Field(description="Per dataset, the record file its positions are rows of.")
+    steps: int = Field(ge=0, description="Optimizer steps the stage ran.")
+    model_step: int = Field(ge=0, description="The step whose weights the stage kept.")
+    grad_accum: int = Field(ge=1, description="Micro-batches per optimizer step.")
+    processes: int = Field(ge=1, description="Processes that trained the stage.")
+
 
 # (optimizer step counted from 1, dataset, global record positions consumed)
 Consumed = tuple[int, str, np.ndarray]
@@ -72,7 +102,22 @@ def lineage_table(consumed: list[Consumed], metadata: dict[str, Any]) -> pa.Tabl
         pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32()))], schema=schema)
 
 
-def read_metadata(schema: pa.Schema) -> dict[str, Any] | None:
-    """The ``embedpipe.lineage`` metadata of a lineage file's schema, or None."""
+def read_metadata(schema: pa.Schema, path: object = LINEAGE_FILE) -> dict[str, Any]:
+    """The ``embedpipe.lineage`` metadata of the lineage file ``path`` (its schema ``schema``),
+    checked against ``LineageMetadata``; an EmbedpipeError naming the file and the field otherwise
+    (the file names other files to read: nothing it says is used unchecked)."""
     raw = (schema.metadata or {}).get(METADATA_KEY)
-    return json.loads(raw) if raw else None
+    if not raw:
+        raise EmbedpipeError(f"{path}: no lineage metadata (not a lineage file)")
+    if len(raw) > MAX_METADATA_BYTES:
+        raise EmbedpipeError(f"{path}: lineage metadata of {len(raw)} bytes, more than a lineage file has "
+                             f"({MAX_METADATA_BYTES}): the file is damaged")
+    try:
+        return LineageMetadata.model_validate(json.loads(raw)).model_dump()
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        if isinstance(exc, ValidationError):
+            err = exc.errors()[0]
+            where = ".".join(map(str, err["loc"])) or "(top level)"
+            raise EmbedpipeError(f"{path}: lineage metadata field {printable(where, 80)}: {err['msg']}: "
+                                 "the file is damaged") from None
+        raise EmbedpipeError(f"{path}: lineage metadata is not JSON ({exc}): the file is damaged") from None

@@ -41,7 +41,7 @@ from embed_core.losses import loss_for
 from embed_core.model.card import card_facts, describe_loss, write_card
 from embed_core.model.encoder import model_fingerprint, resolve_model_path
 from embed_core.model.settings import ModelSettings, read_model_settings, sentence_transformers_prompts
-from embed_core.paths import files_within
+from embed_core.paths import file_problem, files_within
 from embed_core.plots import pyplot, to_png
 from embed_core.schema import INFONCE_TASKS, TRAINABLE_TASKS
 from embed_core.train.batches import DatasetRecords
@@ -332,7 +332,7 @@ def _checkpoint_dir(run_dir: Path, stage: TrainStageConfig, fingerprint: Fingerp
     ckpt_dir = run_dir / "checkpoints" / stage.name
     marker = ckpt_dir / "input_fingerprint"
     if is_main_process():
-        if ckpt_dir.exists() and (not marker.exists() or marker.read_text() != fingerprint.key):
+        if ckpt_dir.exists() and (file_problem(marker) is not None or marker.read_text() != fingerprint.key):
             shutil.rmtree(ckpt_dir)  # checkpoints of other inputs must never be resumed
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         marker.write_text(fingerprint.key)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from embed_core.train.checkpoint import load_plain
+from embed_core.train.checkpoint import load_plain, save_plain
 from embed_core.train.telemetry import total_norm
 
 
@@ -88,7 +88,7 @@ class Backend:
         """Write the model, optimizer and scheduler state into a checkpoint directory (every rank
         calls it); returns plain data for the checkpoint's ``trainer_state.json``."""
         if self.rank == 0:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            save_plain({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict()}, directory / "state.pt")
         return {}
 
@@ -100,7 +100,11 @@ class Backend:
 
     def save_weights(self, path: Path) -> None:
         """The model's weights alone (the best dev step's), by the ranks that evaluate."""
-        torch.save(self.model.state_dict(), path.with_suffix(".tmp"))
+        try:
+            save_plain(self.model.state_dict(), path.with_suffix(".tmp"))
+        except BaseException:
+            path.with_suffix(".tmp").unlink(missing_ok=True)  # a full disk gets its space back
+            raise
         path.with_suffix(".tmp").replace(path)
 
     def load_weights(self, path: Path) -> None:

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from embed_core.train import sharding
 from embed_core.train.backends.base import Backend
-from embed_core.train.checkpoint import load_plain
+from embed_core.train.checkpoint import load_plain, save_plain
 
 
 class FSDP(Backend):
@@ -35,7 +35,7 @@ class FSDP(Backend):
     def save_state(self, directory: Path) -> dict[str, Any]:
         groups = sharding.save(directory / "sharded", self.model, self.optimizer)  # each rank its shard
         if self.rank == 0:
-            torch.save({"scheduler": self.scheduler.state_dict()}, directory / "state.pt")
+            save_plain({"scheduler": self.scheduler.state_dict()}, directory / "state.pt")
         return {"param_groups": groups}
 
     def load_state(self, directory: Path, meta: dict[str, Any]) -> None:

@@ -86,8 +86,20 @@ def _header_without_shape(tiny_model, tmp_path):
     return model, "model.safetensors: tensor '"
 
 
-BAD_CONFIGS = [_config_not_json, _zero_heads, _absurd_layers, _header_without_shape]
-BAD_CONFIG_IDS = ["config-not-json", "zero-heads", "1e15-layers", "header-without-shape"]
+def _a_directory_as(name):
+    """A model whose ``name`` is a directory where a loader expects a file."""
+    def make(tiny_model, tmp_path):
+        model = _copy(tiny_model, tmp_path / f"dir-{name}")
+        (model / name).unlink()
+        (model / name).mkdir()
+        return model, f"{name}: is a directory, expected a file"
+    return make
+
+
+BAD_CONFIGS = [_config_not_json, _zero_heads, _absurd_layers, _header_without_shape,
+               *map(_a_directory_as, ["config.json", "model.safetensors", "tokenizer.json"])]
+BAD_CONFIG_IDS = ["config-not-json", "zero-heads", "1e15-layers", "header-without-shape", "config-json-a-directory",
+                  "weights-a-directory", "tokenizer-json-a-directory"]
 
 
 @pytest.mark.parametrize("make", [_not_a_model, _truncated, _pickle_only, _a_file, *BAD_CONFIGS],

@@ -1,13 +1,16 @@
 """``embedpipe lineage``: a trained text is found with its steps, dataset, field and source row,
 through the chain of models (stage2 from stage1); a text never drawn or in no record is a clear
-"not trained on" with exit 1 (as grep); a directory that is no trained model is one error line."""
+"not trained on" with exit 1 (as grep); a directory that is no trained model, or a damaged or
+tampered stage file, is one error line naming the file."""
 
 import json
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
 
 from embed_core.config import parse_config
+from embed_core.fingerprint import sha256_file
 from embed_core.runs.lineage import chain, find_matches
 from embed_core.prepare.cleaning import normalize_text
 from tests.helpers.cli_run import in_process
@@ -94,3 +97,96 @@ def test_a_directory_that_is_not_a_trained_model_is_one_error_line_naming_it(tra
     (tmp_path / "old/manifest.json").write_text(json.dumps({"outputs": {}}))
     result = in_process(capfd, "lineage", tmp_path / "old/model", "--id", "x/1")
     result.assert_one_line_error(str(tmp_path / "old"), "no lineage.parquet")
+
+
+def _copy(trained, tmp_path):
+    """A copy of the run to damage (the module's run stays as trained)."""
+    shutil.copytree(trained, tmp_path / "run", symlinks=True)
+    return tmp_path / "run"
+
+
+def _rewrite_lineage(run_dir, table, *, rehash: bool) -> None:
+    """Replace train-stage2's lineage file; ``rehash``: and its hash in the manifest, so the stage
+    looks intact and only the file's own content can give it away."""
+    path = run_dir / "train-stage2/lineage.parquet"
+    if isinstance(table, bytes):
+        path.write_bytes(table)
+    else:
+        pq.write_table(table, path)
+    if rehash:
+        manifest = json.loads((run_dir / "train-stage2/manifest.json").read_text())
+        manifest["outputs"]["lineage.parquet"]["sha256"] = sha256_file(path, remember=False)
+        (run_dir / "train-stage2/manifest.json").write_text(json.dumps(manifest))
+
+
+def _with_metadata(table, **changes):
+    metadata = json.loads(table.schema.metadata[b"embedpipe.lineage"])
+    return table.replace_schema_metadata({b"embedpipe.lineage": json.dumps({**metadata, **changes}).encode()})
+
+
+@pytest.mark.parametrize("rehash", [False, True])
+def test_lineage_metadata_naming_records_outside_the_run_directory_is_refused(trained, capfd, tmp_path, rehash):
+    run_dir = _copy(trained, tmp_path)
+    table = pq.read_table(run_dir / "train-stage2/lineage.parquet")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    metadata = json.loads(table.schema.metadata[b"embedpipe.lineage"])
+    for dataset in metadata["datasets"]:
+        shutil.copy(run_dir / "prepare" / f"{dataset}.parquet", outside / f"{dataset}.parquet")
+    record = _record(run_dir, "scifact", 0)
+    _rewrite_lineage(run_dir, _with_metadata(table, upstream="../../elsewhere"), rehash=rehash)
+    result = in_process(capfd, "lineage", run_dir / "train-stage2/model", "--id", record["id"])
+    if rehash:  # the stage looks intact: the metadata itself is refused
+        result.assert_one_line_error(str(run_dir / "train-stage2/lineage.parquet"), "field upstream", "damaged")
+    else:  # what embedpipe status calls damaged
+        result.assert_one_line_error(str(run_dir / "train-stage2/lineage.parquet"),
+                                     "changed since its manifest was written")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing column", "metadata not JSON", "metadata field",
+                                    "not in the manifest"])
+def test_a_damaged_lineage_file_is_one_line_naming_it(trained, capfd, tmp_path, damage):
+    run_dir = _copy(trained, tmp_path)
+    path = run_dir / "train-stage2/lineage.parquet"
+    table = pq.read_table(path)
+    if damage == "truncated":
+        _rewrite_lineage(run_dir, path.read_bytes()[:path.stat().st_size // 2], rehash=True)
+        expected = "not readable as a lineage file"
+    elif damage == "missing column":
+        _rewrite_lineage(run_dir, table.drop_columns(["positions"]), rehash=True)
+        expected = "no column 'positions'"
+    elif damage == "metadata not JSON":
+        _rewrite_lineage(run_dir, table.replace_schema_metadata({b"embedpipe.lineage": b"{x"}), rehash=True)
+        expected = "lineage metadata is not JSON"
+    elif damage == "metadata field":
+        _rewrite_lineage(run_dir, _with_metadata(table, model_step="3"), rehash=True)
+        expected = "lineage metadata field model_step"
+    else:
+        manifest = json.loads((run_dir / "train-stage2/manifest.json").read_text())
+        del manifest["outputs"]["lineage.parquet"]
+        (run_dir / "train-stage2/manifest.json").write_text(json.dumps(manifest))
+        expected = "not an output of"
+    in_process(capfd, "lineage", run_dir / "train-stage2/model", "--id", "x/1").assert_one_line_error(str(path), expected)
+
+
+def test_a_damaged_stage_manifest_is_one_line_naming_it(trained, capfd, tmp_path):
+    run_dir = _copy(trained, tmp_path)
+    (run_dir / "train-stage2/manifest.json").write_text('{"outputs": ')
+    in_process(capfd, "lineage", run_dir / "train-stage2", "--id", "x/1").assert_one_line_error(
+        str(run_dir / "train-stage2/manifest.json"), "not a stage manifest")
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ('{"training": ', "not readable as the model's settings JSON"), ("[" * 100_000, "not readable"),
+    ('{"training": [1]}', "field training.stage.name"), ('{"training": {"stage": {"name": "../x"}}}', "'../x'")])
+def test_a_released_model_with_a_damaged_embedpipe_json_is_one_line_naming_it(trained, capfd, tmp_path, settings,
+                                                                              expected):
+    run_dir = _copy(trained, tmp_path)
+    shutil.copytree(run_dir / "train-stage2/model", run_dir / "evaluate/model")
+    (run_dir / "evaluate/manifest.json").write_text("{}")
+    record = _record(run_dir, "scifact", 0)
+    found = in_process(capfd, "lineage", run_dir / "evaluate/model", "--id", record["id"])
+    assert found.rc in (0, 1) and ("models: train-stage2" in found.out or "of train-stage2" in found.out), found.err
+    (run_dir / "evaluate/model/embedpipe.json").write_text(settings)
+    in_process(capfd, "lineage", run_dir / "evaluate/model", "--id", record["id"]).assert_one_line_error(
+        str(run_dir / "evaluate/model/embedpipe.json"), expected)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from embed_core.rundir import claim_run_dir
 from tests.helpers.cli_run import STS_SOURCE, in_process, write_config, write_sts_data
 
 
@@ -79,9 +80,21 @@ def test_a_new_run_dir_is_marked_and_used_again(data, capfd, prefect_harness):
 def test_a_config_yaml_the_user_put_into_a_run_dir_stops_the_run_before_it_starts(data, capfd):
     run_dir = data / "run"
     run_dir.mkdir()
-    (run_dir / ".embedpipe").write_text("{}\n")  # a run directory ...
+    claim_run_dir(run_dir)  # a run directory ...
     (run_dir / "config.yaml").write_text("# my own config\nrun_name: other\n")  # ... holding a file of the user's
     in_process(capfd, "prepare", "--config", write_config(data, [STS_SOURCE]), "--run-dir", run_dir
                ).assert_one_line_error(f"{run_dir / 'config.yaml'}: not a config snapshot embedpipe wrote")
     assert (run_dir / "config.yaml").read_text() == "# my own config\nrun_name: other\n"
     assert not (run_dir / "prepare").exists()
+
+
+def test_a_users_folder_holding_a_history_jsonl_is_refused_and_its_temporary_files_are_kept(data, capfd):
+    folder = users_folder(data)
+    (folder / "history.jsonl").write_text('{"stage": "prepare"}\n')  # a name any tool may use
+    (folder / ".notes.abcd1234.tmp").write_text("unsaved work")  # named as embedpipe names its temporary files
+    (folder / ".prepare.staging-1234abcd").mkdir()  # ... and its staging directories
+    (folder / ".prepare.staging-1234abcd" / "keep.txt").write_text("keep")
+    before = snapshot(folder)
+    in_process(capfd, "prepare", "--config", write_config(data, [STS_SOURCE]), "--run-dir", folder
+               ).assert_one_line_error(str(folder), "not an embedpipe run directory")
+    assert snapshot(folder) == before

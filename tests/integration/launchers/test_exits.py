@@ -94,6 +94,24 @@ def test_a_successful_fsdp_run_under_torchrun_exits_0_on_every_rank(prepared, tm
     assert (tmp_path / "run" / "train-ret" / "model").is_dir()
 
 
+def test_a_directory_where_a_model_file_belongs_is_one_line_under_torchrun(prepared, tmp_path):
+    tmp, model, env = prepared
+    broken = shutil.copytree(model, tmp_path / "model")
+    (broken / "tokenizer.json").unlink()
+    (broken / "tokenizer.json").mkdir()  # was silently skipped: the tokenizer came from a fallback
+    command = _train_command(prepared, tmp_path, ["-m", "flows.cli"], steps=1, timeout_s=60)
+    cfg = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    cfg["train"]["base_model"] = str(broken)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("embedpipe: error: ")]
+    assert lines == [f"embedpipe: error: {broken / 'tokenizer.json'}: is a directory, expected a file; copy or "
+                     "download the model again"], proc.stderr[-3000:]
+    assert "IsADirectoryError" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "run" / "train-ret").exists()
+
+
 def test_a_rank_stalled_before_a_collective_fails_the_command_within_the_timeout_with_one_line(prepared, tmp_path):
     launcher, _, stalled_at = _start_stalled(prepared, tmp_path, timeout_s=15)
     try:

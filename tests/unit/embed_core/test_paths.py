@@ -2,7 +2,7 @@
 
 import pytest
 
-from embed_core.paths import OutsideRootError, files_within, resolve_within
+from embed_core.paths import NotAFileError, OutsideRootError, file_problem, files_within, regular_file, resolve_within
 
 
 @pytest.fixture
@@ -48,3 +48,18 @@ def test_a_root_that_is_itself_a_link_is_fine(tree, tmp_path):
 
 def test_a_missing_root_has_no_files(tmp_path):
     assert files_within(tmp_path / "nope") == []
+
+
+def test_only_a_regular_file_passes_the_file_rule_anything_else_is_one_line_naming_it(tmp_path):
+    import os
+
+    (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "d.json").mkdir()
+    os.mkfifo(tmp_path / "pipe.csv")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "f.txt")
+    assert regular_file(tmp_path / "f.txt") == tmp_path / "f.txt" and file_problem(tmp_path / "link.txt") is None
+    assert file_problem(tmp_path / "d.json") == "is a directory, expected a file"
+    assert file_problem(tmp_path / "pipe.csv").startswith("is not a regular file (a FIFO")
+    assert file_problem(tmp_path / "gone.txt") == "not found"
+    with pytest.raises(NotAFileError, match=f"^{tmp_path / 'd.json'}: is a directory, expected a file; copy it$"):
+        regular_file(tmp_path / "d.json", "copy it")

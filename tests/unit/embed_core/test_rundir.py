@@ -6,7 +6,7 @@ import pytest
 
 from embed_core.artifacts import StageWriter, clean_leftovers
 from embed_core.errors import EmbedpipeError
-from embed_core.rundir import MARKER, RunDirError, claim_run_dir, is_own_snapshot, run_dir_lock
+from embed_core.rundir import MARKER, RunDirError, claim_run_dir, is_marked, is_own_snapshot, run_dir_lock
 
 
 def test_a_folder_with_a_file_of_someone_else_is_not_claimed(tmp_path):
@@ -29,15 +29,37 @@ def test_a_stage_directory_with_a_valid_manifest_makes_a_folder_a_run_directory(
     assert (tmp_path / MARKER).is_file()
 
 
-@pytest.mark.parametrize("left", ["history", "snapshot"])
-def test_a_history_or_a_config_snapshot_of_an_earlier_version_makes_a_folder_a_run_directory(tmp_path, left):
-    if left == "history":
-        (tmp_path / "history.jsonl").write_text('{"stage": "prepare"}\n')
-    else:
-        (tmp_path / "config.yaml").write_text("# Written by embedpipe: the config of this run directory's latest "
-                                              "run.\nrun_name: r\n")
+def test_a_config_snapshot_of_an_earlier_version_makes_a_folder_a_run_directory(tmp_path):
+    (tmp_path / "config.yaml").write_text("# Written by embedpipe: the config of this run directory's latest "
+                                          "run.\nrun_name: r\n")
     claim_run_dir(tmp_path)
-    assert (tmp_path / MARKER).is_file()
+    assert is_marked(tmp_path)
+
+
+@pytest.mark.parametrize("marker", [None, "", "{}\n", "not json", '{"embedpipe": 1, "since": 2}'])
+def test_a_history_file_or_a_marker_without_embedpipes_content_does_not_make_a_folder_a_run_directory(tmp_path,
+                                                                                                       marker):
+    (tmp_path / "history.jsonl").write_text('{"stage": "prepare"}\n')
+    (tmp_path / ".notes.abcd1234.tmp").write_text("unsaved work")
+    if marker is not None:
+        (tmp_path / MARKER).write_text(marker)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(RunDirError, match="not an embedpipe run directory"):
+        claim_run_dir(tmp_path)
+    with pytest.raises(RunDirError, match="not an embedpipe run directory"):
+        with run_dir_lock(tmp_path):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / MARKER).read_text() == marker if marker is not None else not (tmp_path / MARKER).exists()
+
+
+def test_a_folder_of_an_earlier_version_holding_a_users_config_yaml_is_refused_without_a_marker(tmp_path):
+    with StageWriter(tmp_path, "prepare") as writer:
+        writer.commit({"input_fingerprint": "abc"})
+    (tmp_path / "config.yaml").write_text("mine: true\n")
+    with pytest.raises(RunDirError, match="not a config snapshot embedpipe wrote"):
+        claim_run_dir(tmp_path)
+    assert not (tmp_path / MARKER).exists()
 
 
 def test_an_empty_or_marked_folder_is_claimed_and_stays_claimed(tmp_path):

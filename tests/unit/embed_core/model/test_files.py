@@ -124,3 +124,18 @@ def test_a_safetensors_header_without_a_shape_is_one_line_naming_the_tensor(tmp_
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
     with pytest.raises(ModelFilesError, match=r"noshape.safetensors: tensor 'w': shape None is not a list of sizes"):
         check_safetensors(path)
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "vocab.txt", "weights.gguf", "1_Pooling/config.json"])
+def test_a_directory_or_fifo_named_as_a_file_a_loader_reads_is_refused_naming_it(tmp_path, tiny_model, name):
+    import os
+
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    (model / name).unlink(missing_ok=True)
+    (model / name).mkdir(parents=True)
+    with pytest.raises(ModelFilesError, match=f"{model / name}: is a directory, expected a file"):
+        check_model_dir(model)
+    (model / name).rmdir()
+    os.mkfifo(model / name)  # a read would wait for a writer forever
+    with pytest.raises(ModelFilesError, match=f"{model / name}: is not a regular file"):
+        check_model_dir(model)

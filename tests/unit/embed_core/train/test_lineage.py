@@ -109,7 +109,8 @@ def test_the_lineage_file_keeps_its_metadata_and_one_row_per_step_and_dataset(tm
     import pyarrow.parquet as pq
 
     consumed = [(1, "a", np.array([4, 2])), (1, "a", np.array([9])), (1, "b", np.array([0])), (2, "a", np.array([7]))]
-    table = lineage_table(consumed, {"upstream": "prepare", "datasets": {"a": {"file": "a.parquet"}}})
+    table = lineage_table(consumed, {"upstream": "prepare", "datasets": {"a": {"file": "a.parquet", "sha256": None,
+                                     "records": 10}}, "steps": 2, "model_step": 2, "grad_accum": 1, "processes": 1})
     pq.write_table(table, tmp_path / "l.parquet", compression="zstd")
     back = pq.read_table(tmp_path / "l.parquet")
     assert back.to_pylist() == [{"step": 1, "dataset": "a", "positions": [2, 4, 9]},
