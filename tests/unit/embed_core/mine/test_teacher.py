@@ -1,0 +1,65 @@
+"""The mining teacher (embed_core.mine.teacher): rescoring drops a planted false negative and keeps
+the other candidates, its scores are the records' scores, a cross-encoder scores raw logits and
+scores each pair once."""
+
+import numpy as np
+import pytest
+
+from embed_core.config import parse_config
+from embed_core.mine.miner import mine_records
+from embed_core.mine.run import _cached_embed
+from embed_core.mine.teacher import teacher_scorer
+from embed_core.schema import Record
+from tests.helpers.tiny_model import build_tiny_cross_encoder
+
+
+def unit(*xs):
+    v = np.array(xs, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+def _config(teacher: dict, **mine):
+    return parse_config({"prepare": {"sources": [{"name": "d", "kind": "beir", "path": "unused"}]},
+                         "embedding_cache": {"machine_wide": False},
+                         "mine": {"teacher": teacher, "range_min": 0, "range_max": 5, "num_negatives": 3,
+                                  "relative_margin": None, **mine}})
+
+
+QUERY = "the quick brown fox jumps over"
+POSITIVE = f"{QUERY} the lazy dog"
+PLANTED = f"{QUERY} a fence"  # another text, but the teacher reads 8 tokens: to it, the positive's equal
+OTHERS = ["an apple a day keeps", "the slow brown cat sleeps under", "rain falls on the green hills"]
+
+
+def test_teacher_rescoring_drops_a_planted_false_negative_and_keeps_the_others(tiny_model, tmp_path):
+    config = _config({"path": str(tiny_model), "kind": "embedder", "max_length": 8, "margin": 1e-4})
+    # the mining model ranks the planted text first (it is no duplicate of the positive to it)
+    vecs = {QUERY: unit(1, 0, 0), POSITIVE: unit(0.9, 0.4, 0), PLANTED: unit(0.8, 0.6, 0),
+            **{t: unit(0.7 - 0.1 * i, 0, 0.7) for i, t in enumerate(OTHERS)}}
+    records = [Record(id="d:0", dataset="d", task="retrieval", query=QUERY, positives=[POSITIVE], source_ref="f:0")]
+    teacher = teacher_scorer(config, tmp_path, config.mine, records, _cached_embed)
+    embed = lambda texts: np.stack([vecs[t] for t in texts])  # noqa: E731
+    plain, _ = mine_records(records, embed, config.mine, [POSITIVE, PLANTED, *OTHERS], seed=0)
+    assert plain[0].negatives == [PLANTED, *OTHERS[:2]]
+    out, stats = mine_records(records, embed, config.mine, [POSITIVE, PLANTED, *OTHERS], seed=0, teacher=teacher)
+    assert out[0].negatives == OTHERS and stats.teacher_dropped == 1 and PLANTED[:40] in stats.teacher_dropped_examples[0]
+    expected = teacher([(QUERY, t) for t in [POSITIVE, *OTHERS]])
+    assert out[0].positive_scores == pytest.approx([expected[0]], abs=1e-6)
+    assert out[0].negative_scores == pytest.approx(list(expected[1:]), abs=1e-6)
+    assert max(out[0].negative_scores) < out[0].positive_scores[0] - 1e-4
+
+
+def test_a_cross_encoder_teacher_scores_raw_logits_and_scores_each_pair_once(tmp_path):
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    model = build_tiny_cross_encoder(tmp_path / "ce")
+    config = _config({"path": str(model), "kind": "cross_encoder", "max_length": 32})
+    pairs = [(QUERY, POSITIVE), (QUERY, OTHERS[0]), ("another query", OTHERS[1])]
+    scores = teacher_scorer(config, tmp_path / "run", config.mine, [], _cached_embed)(pairs)
+    direct = CrossEncoder(str(model), max_length=32, device="cpu").predict(pairs, activation_fn=torch.nn.Identity())
+    assert scores == pytest.approx(direct, abs=1e-5)
+    again = teacher_scorer(config, tmp_path / "run", config.mine, [], _cached_embed)
+    assert again(pairs[::-1]) == pytest.approx(scores[::-1], abs=1e-6)  # from the cache: no model loaded
+    (shard,) = tmp_path.glob("run/cache/embeddings/*-pairs-float32/shard-*.keys.npy")  # one write, three pairs
+    assert len(np.load(shard)) == 3
