@@ -11,6 +11,10 @@ window is NV-Retriever's order and the one sentence-transformers' ``mine_hard_ne
 both select the same negatives. The first ``num_negatives`` of the window (or a seeded random
 sample) are appended with their scores in ``negative_scores``.
 Records that end with fewer are reported, never silently padded unless ``pad_random`` is set.
+With ``mine.teacher`` a stronger model rescores each query chunk's window candidates in one batched
+call (``embed_core.mine.teacher``): those it scores at or above the record's lowest positive (less
+``teacher.margin``) are dropped before the negatives are chosen, and the record keeps the teacher's
+scores of its positives and negatives (the distillation losses' targets).
 """
 
 from __future__ import annotations
