@@ -10,7 +10,7 @@ dropped from Z_i, as if it were not in the batch) when
 
       s(q_i, d_j) > s(q_i, d_i+) + m
 
-  Qwen3-Embedding's and GTE's improved contrastive loss (Zhang et al. 2025 §3.1; Li et al. 2023)
+  Qwen3-Embedding's and GTE's improved contrastive loss (Zhang et al. 2025; Li et al. 2023)
   with m = 0.1; sentence-transformers' ``GISTEmbedLoss`` applies the same rule with a guide model's
   scores (not offered here: the rule uses the trained model's own cosine scores).
 
