@@ -9,7 +9,8 @@ classes. M(t_i, x) is 0 when x has t_i's class label (it would be a false negati
 so in-batch texts of the same class never push each other apart. Labels of negatives come from the
 record's ``negative_labels``; a negative without a label is never masked by label. M is also 0 for
 a false negative (``embed_core.losses.false_negatives``): a candidate whose text equals t_i+ or t_i,
-and, with ``false_negative_margin`` m, one with s(t_i, ·) > s(t_i, t_i+) + m.
+with ``false_negative_margin`` m, one with s(t_i, ·) > s(t_i, t_i+) + m; with a ``guide_model`` g, one
+with g(t_i, ·) > g(t_i, t_i+) − m_g.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def classification_infonce(t: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, 
     [m, d], with neg_labels [n, k] or [m] (-1 = unknown, never masked). Every negative in the batch
     is in every text's denominator unless it has the text's class (own and other rows' negatives
     are treated alike in Eq. 3, so rows may contribute different numbers of negatives);
-    false_negatives: the masks by text and margin."""
+    false_negatives: the masks by text, margin and guide model."""
     n, d = t.shape
     neg_flat = neg.reshape(-1, d)
     pos_score = (t * pos).sum(-1, keepdim=True)  # [n, 1]
@@ -42,9 +43,13 @@ def classification_infonce(t: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, 
         own = torch.cat([eye.new_zeros(n, neg_flat.size(0)), eye], dim=1)
         by_text = fn.ids("query") is not None
         cand = torch.cat([fn.ids("negative"), fn.ids("query")]) if by_text else None
+        guide = None
+        if fn.guide("query") is not None:
+            gt, gp, gn = fn.guide("query"), fn.guide("positive"), fn.guide("negative")
+            guide = (torch.cat([gt @ gn.T, gt @ gt.T], dim=1), (gt * gp).sum(-1, keepdim=True))
         label_mask = label_mask | fn.mask(scores, pos_score, cand, own | label_mask,
                                           fn.ids("positive")[:, None] if by_text else None,
-                                          fn.ids("query") if by_text else None)[:, 0]
+                                          fn.ids("query") if by_text else None, guide)[:, 0]
     logits = torch.cat([pos_score, scores.masked_fill(label_mask, float("-inf"))], dim=1) / tau
     return F.cross_entropy(logits, torch.zeros(n, dtype=torch.long, device=t.device))
 

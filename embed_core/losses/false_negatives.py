@@ -11,19 +11,26 @@ dropped from Z_i, as if it were not in the batch) when
       s(q_i, d_j) > s(q_i, d_i+) + m
 
   Qwen3-Embedding's and GTE's improved contrastive loss (Zhang et al. 2025; Li et al. 2023)
-  with m = 0.1; sentence-transformers' ``GISTEmbedLoss`` applies the same rule with a guide model's
-  scores (not offered here: the rule uses the trained model's own cosine scores).
+  with m = 0.1;
+* or a frozen guide model g scores it above the positive, less a margin m_g (``guide_model``,
+  ``guide_margin``; sentence-transformers' ``GISTEmbedLoss``, Solatorio 2024, absolute margin):
+
+      g(q_i, d_j) > g(q_i, d_i+) − m_g
+
+  The guide encodes the batch's texts (as they are, without instructions) in every micro-batch,
+  on the trainer's device, without gradients; its embeddings are gathered like the trained ones.
 
 The query's own positive is never masked. The counts of masked (query, candidate) pairs go into the
-step's metrics (``masked_duplicates``, ``masked_margin``; a pair masked for both reasons counts as a
-duplicate).
+step's metrics (``masked_duplicates``, ``masked_margin``, ``masked_guide``; a pair masked for
+several reasons counts once, under the first of these).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import Field
@@ -45,12 +52,28 @@ class FalseNegativeParams(LossParams):
     false_negative_margin: float | None = Field(
         None, description="Also leave out the candidates d with s(q, d) > s(q, d+) + margin (cosine scores; "
                           "Qwen3-Embedding and GTE use 0.1; counted as masked_margin). None: off.")
+    guide_model: str | None = Field(
+        None, description="A local embedding model directory (or 'default') that judges the candidates, as "
+                          "sentence-transformers' GISTEmbedLoss: one it scores above the positive, less "
+                          "guide_margin, is left out (counted as masked_guide). It encodes the batch's texts "
+                          "every micro-batch, frozen. None: off.")
+    guide_pooling: Literal["mean", "cls", "last_token"] = Field("mean", description="Pooling of the guide model.")
+    guide_margin: float = Field(0.0, ge=0, description="m_g: the guide leaves out a candidate d with "
+                                                       "g(q, d) > g(q, d+) − m_g.")
 
 
 def text_ids(texts: Sequence[str]) -> Tensor:
     """One int64 per text: the first 8 bytes of its BLAKE2b hash (equal texts, equal ids)."""
     return torch.tensor([int.from_bytes(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
                                         "little", signed=True) for t in texts], dtype=torch.long)
+
+
+@functools.cache
+def guide_encoder(path: str, pooling: str):
+    """The guide model, loaded once per process (``embed_core.model.encoder.Encoder``)."""
+    from embed_core.model.encoder import Encoder
+
+    return Encoder(path, pooling=pooling, max_length=512)
 
 
 class FalseNegatives:
@@ -61,7 +84,8 @@ class FalseNegatives:
                  device: torch.device):
         self.margin = params.false_negative_margin
         self.ctx, self.gathered, self.device = ctx, gathered, device
-        self.duplicates = self.above_margin = 0
+        self.duplicates = self.above_margin = self.above_guide = 0
+        self.guide_margin = params.guide_margin
         groups = batch.groups
         # a batch that carries no texts (a loss called outside the trainer) is masked by score only;
         # every rank's batch has the same groups, so the ranks' collectives stay in step
@@ -72,23 +96,36 @@ class FalseNegatives:
                 ids = text_ids(groups[name].texts) if name in groups else torch.zeros(0, dtype=torch.long)
                 ids = ids.to(device)  # collectives (nccl) want the embeddings' device
                 self._ids[name] = ctx.gather(ids) if gathered else ids
+        self._guide: dict[str, Tensor] = {}
+        if params.guide_model is not None and "query" in groups and "positive" in groups:
+            encoder = guide_encoder(params.guide_model, params.guide_pooling)
+            for name in ("query", "positive", "negative"):
+                texts = groups[name].texts if name in groups else []
+                emb = torch.from_numpy(encoder.encode(texts)) if texts else torch.zeros(0, encoder.dim)
+                emb = emb.to(device=device, dtype=torch.float32)
+                self._guide[name] = ctx.gather(emb) if gathered else emb
 
     @property
     def active(self) -> bool:
-        return self.by_text or self.margin is not None
+        return self.by_text or self.margin is not None or bool(self._guide)
 
     def ids(self, name: str) -> Tensor | None:
         """The (gathered) text ids of group ``name``, or None when texts are not compared."""
         return self._ids.get(name)
 
+    def guide(self, name: str) -> Tensor | None:
+        """The guide model's (gathered) embeddings of group ``name``, or None without a guide."""
+        return self._guide.get(name)
+
     def mask(self, scores: Tensor, pos_scores: Tensor, cand_ids: Tensor | None, own: Tensor | None = None,
-             pos_ids: Tensor | None = None, query_ids: Tensor | None = None) -> Tensor:
+             pos_ids: Tensor | None = None, query_ids: Tensor | None = None,
+             guide: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """``[n, K, m]``: True where candidate j leaves the denominator of query i's term k.
 
         scores: ``[n, m]`` cosine scores of the candidates; pos_scores: ``[n, K]`` the query's
         positives' scores (one term each); cand_ids ``[m]``, pos_ids ``[n, K]``, query_ids ``[n]``:
         text ids (None: not compared); own: ``[n, m]`` the query's own positives and itself, never
-        masked here (the loss handles them)."""
+        masked here (the loss handles them); guide: the guide model's (scores, pos_scores), same shapes."""
         n, m = scores.shape
         keep = ~own if own is not None else torch.ones(n, m, dtype=torch.bool, device=scores.device)
         dup = torch.zeros(n, m, dtype=torch.bool, device=scores.device)
@@ -100,16 +137,23 @@ class FalseNegatives:
             dup &= keep
         out = dup[:, None, :].expand(n, pos_scores.size(1), m)
         self.duplicates += int(dup.sum())
+        counted = dup
         if self.margin is not None:
             above = (scores[:, None, :] > pos_scores[:, :, None] + self.margin) & keep[:, None, :]
-            self.above_margin += int((above.any(1) & ~dup).sum())
+            self.above_margin += int((above.any(1) & ~counted).sum())
+            counted, out = counted | above.any(1), out | above
+        if guide is not None:
+            g_scores, g_pos = guide
+            above = (g_scores[:, None, :] > g_pos[:, :, None] - self.guide_margin) & keep[:, None, :]
+            self.above_guide += int((above.any(1) & ~counted).sum())
             out = out | above
         return out
 
     def record(self) -> None:
         """Add this call's counts to the context (summed over ranks when the loss is rank-local)."""
-        counts = torch.tensor([float(self.duplicates), float(self.above_margin)], device=self.device)
+        counts = torch.tensor([float(self.duplicates), float(self.above_margin), float(self.above_guide)],
+                              device=self.device)
         if not self.gathered:
-            counts = self.ctx.gather(counts.view(1, 2)).sum(0)
-        self.ctx.count("masked_duplicates", int(counts[0]))
-        self.ctx.count("masked_margin", int(counts[1]))
+            counts = self.ctx.gather(counts.view(1, 3)).sum(0)
+        for name, value in zip(("masked_duplicates", "masked_margin", "masked_guide"), counts.tolist()):
+            self.ctx.count(name, int(value))

@@ -7,8 +7,9 @@ s is cosine similarity (inputs are L2-normalised). The negatives d_j− of query
 query's positive (in-batch) and every hard negative in the batch, its own and the others'; the
 query–query term (after gte) treats every other query as a negative. QZhou §6.3: τ = 0.02,
 4 hard negatives per query. M (M') is 0 for a false negative and 1 otherwise
-(``embed_core.losses.false_negatives``): a candidate whose text equals q_i's positive or q_i itself,
-and, with ``false_negative_margin`` m, one with s(q_i, ·) > s(q_i, d_i+) + m (Qwen3-Embedding, GTE).
+(``embed_core.losses.false_negatives``): a candidate whose text equals q_i's positive or q_i itself;
+with ``false_negative_margin`` m, one with s(q_i, ·) > s(q_i, d_i+) + m (Qwen3-Embedding, GTE); with
+a ``guide_model`` g, one with g(q_i, ·) > g(q_i, d_i+) − m_g (GISTEmbed).
 """
 
 from __future__ import annotations
@@ -22,34 +23,42 @@ from embed_core.losses.base import Loss, LossContext
 from embed_core.losses.false_negatives import FalseNegativeParams, FalseNegatives
 
 
+def _columns(q: Tensor, pos: Tensor, neg: Tensor | None, query_negatives: bool) -> Tensor:
+    """Cosine scores of each query with its candidates: every positive, every hard negative and,
+    with the query–query term, every query ([n, n + m (+ n)]; column i is query i's positive)."""
+    parts = [pos] if neg is None or neg.numel() == 0 else [pos, neg.reshape(-1, neg.size(-1))]
+    if query_negatives and q.size(0) > 1:
+        parts.append(q)
+    return q @ torch.cat(parts, dim=0).T
+
+
 def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02,
             query_negatives: bool = True, false_negatives: FalseNegatives | None = None) -> Tensor:
     """q, pos: [n, d]; neg: the batch's hard negatives, [n, k, d] or flat [m, d] (rows may
     contribute different numbers: every negative is in every query's denominator), or None;
-    false_negatives: the masks (text ids of the query, positive and negative groups, in this
-    order of rows). Returns the mean loss over queries."""
+    false_negatives: the masks (text ids and guide embeddings of the query, positive and negative
+    groups, rows in this order). Returns the mean loss over queries."""
     n = q.size(0)
-    docs = pos if neg is None or neg.numel() == 0 else torch.cat([pos, neg.reshape(-1, neg.size(-1))], dim=0)
-    scores = q @ docs.T  # [n, n + n*k]; column i is query i's positive
+    scores = _columns(q, pos, neg, query_negatives)
+    qq = query_negatives and n > 1
     eye = torch.eye(n, dtype=torch.bool, device=q.device)
-    own = torch.cat([eye, eye.new_zeros(n, docs.size(0) - n)], dim=1)
-    fn = false_negatives
-    ids = None
-    if fn is not None and fn.ids("query") is not None:
-        ids = {g: fn.ids(g) for g in ("query", "positive", "negative")}
-        cand = torch.cat([ids["positive"], ids["negative"]]) if docs.size(0) > n else ids["positive"]
-    if query_negatives and n > 1:
-        scores = torch.cat([scores, q @ q.T], dim=1)
-        own = torch.cat([own, eye], dim=1)  # j ≠ i
-        if ids is not None:
-            cand = torch.cat([cand, ids["query"]])
+    own = torch.zeros_like(scores, dtype=torch.bool)
+    own[:, :n] = eye  # column i of the documents is the target
+    if qq:
+        own[:, -n:] = eye  # j ≠ i
     drop = own.clone()
-    drop[:, :n] = False  # column i of the documents is the target
+    drop[:, :n] = False
+    fn = false_negatives
     if fn is not None and fn.active:
-        pos_scores = scores[:, :n].diagonal()[:, None]
-        drop |= fn.mask(scores, pos_scores, cand if ids is not None else None, own,
-                        ids["positive"][:, None] if ids is not None else None,
-                        ids["query"] if ids is not None else None)[:, 0]
+        cand = pos_ids = query_ids = guide = None
+        if fn.ids("query") is not None:
+            query_ids, pos_ids = fn.ids("query"), fn.ids("positive")
+            cand = torch.cat([pos_ids, fn.ids("negative")] + ([query_ids] if qq else []))
+            pos_ids = pos_ids[:, None]
+        if fn.guide("query") is not None:
+            g = _columns(fn.guide("query"), fn.guide("positive"), fn.guide("negative"), query_negatives)
+            guide = (g, g[:, :n].diagonal()[:, None])
+        drop |= fn.mask(scores, scores[:, :n].diagonal()[:, None], cand, own, pos_ids, query_ids, guide)[:, 0]
     logits = (scores / tau).masked_fill(drop, float("-inf"))
     return F.cross_entropy(logits, torch.arange(n, device=q.device))
 

@@ -13,7 +13,8 @@ over c is kept and the mean is over queries (N). The authors' code differs (one 
 of every other query per term, mean over c); the paper's form is implemented. τ = 0.02 (the
 authors' scripts; the paper does not state it). False negatives leave Z_i (Z_ic with the margin)
 (``embed_core.losses.false_negatives``): a candidate whose text equals one of q_i's positives or q_i,
-and, with ``false_negative_margin`` m, for the term of d_ic+ one with cos(q_i, ·) > cos(q_i, d_ic+) + m.
+with ``false_negative_margin`` m, for the term of d_ic+ one with cos(q_i, ·) > cos(q_i, d_ic+) + m; with
+a ``guide_model`` g, for that term one with g(q_i, ·) > g(q_i, d_ic+) − m_g.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from embed_core.losses.false_negatives import FalseNegativeParams, FalseNegative
 def multi_positive_infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02,
                            false_negatives: FalseNegatives | None = None) -> Tensor:
     """q: [N, d]; pos: [N, K+, d]; neg: [N, K−, d] or flat [M, d] (the batch's hard negatives) or None;
-    false_negatives: the masks by text and margin."""
+    false_negatives: the masks by text, margin and guide model."""
     n, kp, d = pos.shape
     pos_flat = pos.reshape(n * kp, d)
     owner = torch.arange(n, device=q.device).repeat_interleave(kp)  # query each positive belongs to
@@ -45,8 +46,13 @@ def multi_positive_infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *,
     if fn is not None and fn.active:
         ids = fn.ids("positive")
         cand = None if ids is None else torch.cat([ids, fn.ids("negative")]) if has_neg else ids
+        guide = None
+        if fn.guide("query") is not None:
+            gq, gp, gn = fn.guide("query"), fn.guide("positive"), fn.guide("negative")
+            g = gq @ torch.cat([gp, gn] if has_neg else [gp]).T
+            guide = (g, g[:, :n * kp][own[:, :n * kp]].view(n, kp))
         drop = drop | fn.mask(scores, own_scores, cand, own, None if ids is None else ids.view(n, kp),
-                              fn.ids("query"))
+                              fn.ids("query"), guide)
     cands = (scores / tau)[:, None, :].expand(n, kp, scores.size(1)).masked_fill(drop, float("-inf"))
     s = (own_scores / tau)[:, :, None]
     # −log(e^s / (e^s + Z_ic)): the term's own score is in the sum, so it is never empty

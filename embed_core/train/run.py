@@ -291,7 +291,8 @@ METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("datas
                            ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64()),
                            ("grad_norm", pa.float64()), ("peak_memory_mb", pa.float64()), ("mfu", pa.float64()),
                            # false negatives the loss left out (embed_core.losses.false_negatives)
-                           ("masked_duplicates", pa.int64()), ("masked_margin", pa.int64())])
+                           ("masked_duplicates", pa.int64()), ("masked_margin", pa.int64()),
+                           ("masked_guide", pa.int64())])
 
 
 def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstream: str, resume: bool = False,

@@ -43,7 +43,7 @@ def test_a_hard_negative_that_duplicates_a_positive_is_left_out_of_that_querys_d
     l1 = _nll(0.8, [0.6, 0.6, 1.0, 0.0], tau)
     l2 = _nll(0.8, [0.6, 0.0, 0.0], tau)
     assert float(got) == pytest.approx((l1 + l2) / 2, rel=1e-9)
-    assert ctx.counts == {"masked_duplicates": 1, "masked_margin": 0}
+    assert ctx.counts == {"masked_duplicates": 1, "masked_margin": 0, "masked_guide": 0}
 
 
 def test_two_queries_with_the_same_positive_do_not_push_it_away_from_each_other():
@@ -73,7 +73,7 @@ def test_the_margin_rule_masks_exactly_the_candidates_above_the_positive_plus_ma
     l1 = _nll(0.6, [0.6, 0.0], tau)
     l2 = _nll(0.8, [0.8, 0.0, 0.6], tau)
     assert float(got) == pytest.approx((l1 + l2) / 2, rel=1e-9)
-    assert ctx.counts == {"masked_duplicates": 0, "masked_margin": 3}
+    assert ctx.counts == {"masked_duplicates": 0, "masked_margin": 3, "masked_guide": 0}
 
 
 def test_classification_leaves_out_another_class_text_equal_to_the_positive():
@@ -111,3 +111,32 @@ def test_multi_positive_leaves_out_another_querys_positive_equal_to_one_of_its_o
         total += sum(_nll(dot(q[i], pos[i][c]), others, tau) for c in range(2))
     assert float(got) == pytest.approx(total / 2, rel=1e-6)
     assert ctx.counts["masked_duplicates"] == 2
+
+
+def test_a_guide_model_leaves_out_exactly_the_candidates_it_scores_above_the_positive(tiny_model):
+    from embed_core.losses.false_negatives import guide_encoder
+
+    tau = 0.5
+    texts = {"query": ["a cat on a mat", "stock prices fell"], "positive": ["a kitten sleeping", "markets dropped"],
+             "negative": ["a cat on a mat", "the weather is fine", "shares went down today"]}  # a copy of query 1
+    g = {name: torch.from_numpy(guide_encoder(str(tiny_model), "mean").encode(ts)).double()
+         for name, ts in texts.items()}
+    # the trained model's embeddings: anything (here random); only the guide decides what is left out
+    emb = {name: torch.nn.functional.normalize(torch.randn(len(ts), 4, dtype=torch.float64, generator=torch.Generator()
+                                                           .manual_seed(i)), dim=-1)
+           for i, (name, ts) in enumerate(texts.items())}
+    loss = InfoNCE(InfoNCE.Params(tau=tau, query_negatives=False, mask_duplicate_texts=False,
+                                  guide_model=str(tiny_model)))
+    ctx = LossContext()
+    got = loss(emb, _batch(**texts), ctx)
+    docs = torch.cat([emb["positive"], emb["negative"]])
+    g_docs = torch.cat([g["positive"], g["negative"]])
+    expected, masked = 0.0, 0
+    for i in range(2):
+        s, gs = emb["query"][i] @ docs.T, g["query"][i] @ g_docs.T
+        keep = [j for j in range(5) if j != i and not gs[j] > gs[i]]
+        masked += 4 - len(keep)
+        expected += _nll(float(s[i]), [float(s[j]) for j in keep], tau) / 2
+    assert masked >= 1  # query 1's own text among the negatives: the guide scores it 1, above any positive
+    assert float(got) == pytest.approx(expected, rel=1e-6)
+    assert ctx.counts == {"masked_duplicates": 0, "masked_margin": 0, "masked_guide": masked}
