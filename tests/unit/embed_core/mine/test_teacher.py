@@ -63,3 +63,52 @@ def test_a_cross_encoder_teacher_scores_raw_logits_and_scores_each_pair_once(tmp
     assert again(pairs[::-1]) == pytest.approx(scores[::-1], abs=1e-6)  # from the cache: no model loaded
     (shard,) = tmp_path.glob("run/cache/embeddings/*-pairs-float32/shard-*.keys.npy")  # one write, three pairs
     assert len(np.load(shard)) == 3
+
+
+@pytest.mark.slow  # runs prepare and mine on real records, then a training step: make test, not make test-fast
+def test_the_mine_stage_keeps_a_teachers_scores_and_listwise_kl_trains_on_them(tiny_model, tmp_path):
+    import math
+
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from embed_core.artifacts import read_records
+    from embed_core.mine.run import run_mine
+    from embed_core.prepare.run import run_prepare
+    from embed_core.schema import table_to_records
+    from embed_core.stages import records_upstream
+    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.config import TrainConfig, TrainStageConfig
+    from embed_core.train.trainer import Trainer
+    from tests.helpers.repo import REPO
+
+    ce = build_tiny_cross_encoder(tmp_path / "ce")
+    config = parse_config({"data_root": str(REPO / "data"), "embedding_cache": {"machine_wide": False},
+                           "prepare": {"sources": [{"name": "flag", "kind": "flagembedding",
+                                                    "path": "flagembedding/msmarco.jsonl"}]},
+                           "mine": {"model": str(tiny_model), "max_length": 32, "range_min": 0, "range_max": 30,
+                                    "only_missing": False, "relative_margin": None, "tasks": ["retrieval"],
+                                    "teacher": {"path": str(ce), "kind": "cross_encoder", "max_length": 64}}})
+    run_dir = tmp_path / "run"
+    run_prepare(config, run_dir)
+    manifest = run_mine(config, run_dir, upstream=records_upstream(config, "mine"))
+    assert manifest["teacher"]["kind"] == "cross_encoder" and manifest["teacher"]["fingerprint"]
+    records = table_to_records(read_records(run_dir, "mine")["flag.parquet"])
+    model = CrossEncoder(str(ce), max_length=64, device="cpu")
+    r = records[0]
+    logits = model.predict([(r.query, t) for t in (*r.positives, *r.negatives)], activation_fn=torch.nn.Identity())
+    assert [*r.positive_scores, *r.negative_scores] == pytest.approx(list(logits), abs=1e-4)
+    before = table_to_records(read_records(run_dir, records_upstream(config, "mine"))["flag.parquet"])
+    mined = [sc for x, old in zip(records, before) for sc in x.negative_scores[len(old.negatives):]
+             if sc >= min(x.positive_scores)]
+    assert sum(len(x.negatives) - len(old.negatives) for x, old in zip(records, before)) > 0
+    assert mined == []  # no mined negative at or above its record's lowest positive, to the teacher
+
+    stage = TrainStageConfig(name="kd", steps=1, batch_size={"retrieval": 4}, num_hard_negatives=2, warmup_steps=0,
+                             query_max_length=32, passage_max_length=32,
+                             losses={"retrieval": {"name": "listwise_kl", "infonce_weight": 0.5}})
+    cfg = TrainConfig(base_model=str(tiny_model), max_length=32, precision="fp32", stages=[stage])
+    trainer = Trainer(cfg, stage, {"flag": DatasetRecords("flag", read_records(run_dir, "mine")["flag.parquet"])},
+                      init_model=str(tiny_model), checkpoint_dir=tmp_path / "kd", seed=0, log=lambda _: None)
+    (row,) = trainer.train_step()
+    assert math.isfinite(row["loss"]) and row["loss"] > 0
