@@ -89,21 +89,34 @@ class FalseNegatives:
         groups = batch.groups
         # a batch that carries no texts (a loss called outside the trainer) is masked by score only;
         # every rank's batch has the same groups, so the ranks' collectives stay in step
-        self.by_text = params.mask_duplicate_texts and "query" in groups and "positive" in groups
-        self._ids: dict[str, Tensor] = {}
-        if self.by_text:
-            for name in ("query", "positive", "negative"):
-                ids = text_ids(groups[name].texts) if name in groups else torch.zeros(0, dtype=torch.long)
-                ids = ids.to(device)  # collectives (nccl) want the embeddings' device
-                self._ids[name] = ctx.gather(ids) if gathered else ids
+        texts = "query" in groups and "positive" in groups
+        self.by_text = params.mask_duplicate_texts and texts
+        # computed once per batch (a loss applied several times to one batch, e.g. at several
+        # Matryoshka dimensions, neither hashes, encodes nor gathers them again)
+        self._ids = self._once(batch, ("ids", gathered), lambda: self._gathered(
+            lambda ts: text_ids(ts), lambda: torch.zeros(0, dtype=torch.long), groups)) if self.by_text else {}
         self._guide: dict[str, Tensor] = {}
-        if params.guide_model is not None and "query" in groups and "positive" in groups:
+        if params.guide_model is not None and texts:
             encoder = guide_encoder(params.guide_model, params.guide_pooling)
-            for name in ("query", "positive", "negative"):
-                texts = groups[name].texts if name in groups else []
-                emb = torch.from_numpy(encoder.encode(texts)) if texts else torch.zeros(0, encoder.dim)
-                emb = emb.to(device=device, dtype=torch.float32)
-                self._guide[name] = ctx.gather(emb) if gathered else emb
+            self._guide = self._once(batch, ("guide", gathered, params.guide_model, params.guide_pooling),
+                                     lambda: self._gathered(lambda ts: torch.from_numpy(encoder.encode(ts)).float(),
+                                                            lambda: torch.zeros(0, encoder.dim), groups))
+
+    @staticmethod
+    def _once(batch: "TaskBatch", key: tuple, make) -> dict[str, Tensor]:
+        derived = batch.derived
+        if key not in derived:
+            derived[key] = make()
+        return derived[key]
+
+    def _gathered(self, of_texts, empty, groups) -> dict[str, Tensor]:
+        """``of_texts(texts)`` of the query, positive and negative groups, on the embeddings' device
+        (collectives such as nccl want it), gathered across ranks where the loss gathers."""
+        out = {}
+        for name in ("query", "positive", "negative"):
+            value = (of_texts(groups[name].texts) if name in groups and groups[name].texts else empty()).to(self.device)
+            out[name] = self.ctx.gather(value) if self.gathered else value
+        return out
 
     @property
     def active(self) -> bool:

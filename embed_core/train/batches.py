@@ -64,6 +64,8 @@ class TaskBatch:
     positive_scores: list[float] = field(default_factory=list)
     negative_scores: list[float] = field(default_factory=list)
     max_score: float = 1.0  # highest score in the dataset (R of the graded targets)
+    # what a loss derives once from the batch's texts (text ids, a guide model's embeddings), by key
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
     # the dataset positions of the whole micro-batch, all ranks' slices (lineage); set by the trainer
     positions: np.ndarray | None = field(default=None, repr=False, compare=False)
 
