@@ -13,14 +13,16 @@ A loss declares
 and one call: ``loss(embeddings, batch, context) -> scalar``, a pure function of the L2-normalised
 embeddings of the batch's text groups. ``context`` carries what is not in the batch: the step
 (warm-ups) and ``gather`` (all-gather with gradients across ranks; identity on one process), so
-a loss decides itself which of its inputs cross devices. Adding a loss is one new file with a
-subclass of ``Loss`` (found by ``embed_core.losses.registry``) and its hand-computed test.
+a loss decides itself which of its inputs cross devices; ``count`` adds to the figures the step's
+metrics row carries (e.g. the false negatives masked, ``embed_core.losses.false_negatives``).
+Adding a loss is one new file with a subclass of ``Loss`` (found by ``embed_core.losses.registry``)
+and its hand-computed test.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -39,6 +41,11 @@ class LossContext:
     step: int = 0
     warmup_steps: int = 0
     gather: Callable[[Tensor], Tensor] = lambda x: x  # rows of every rank, in rank order (sizes may differ)
+    counts: dict[str, int] = field(default_factory=dict)  # figures for the step's metrics row (``count``)
+
+    def count(self, name: str, value: int) -> None:
+        """Add ``value`` to the metric ``name`` of this micro-batch (the same on every rank)."""
+        self.counts[name] = self.counts.get(name, 0) + value
 
     def gather_negatives(self, emb: dict[str, Tensor]) -> Tensor:
         """The batch's hard negatives of every rank, flat ``[m, d]`` (empty when there are none):

@@ -38,6 +38,26 @@ class IndexConfig(StrictModel):
         return self
 
 
+class TeacherConfig(StrictModel):
+    """A stronger model that rescores the mined candidates (``embed_core.mine.teacher``): the window's
+    candidates it scores at or above the record's lowest positive are dropped as false negatives, and
+    its scores of every positive and negative are kept in ``positive_scores`` / ``negative_scores``
+    (the targets of the ``margin_mse`` and ``listwise_kl`` losses)."""
+
+    path: str = Field(description="Local model directory: a sentence-transformers CrossEncoder (kind cross_encoder, "
+                                  "scored as raw logits) or any embedding model the mine stage can encode with, "
+                                  "'default' included (kind embedder, scored by cosine).")
+    kind: Literal["cross_encoder", "embedder"] = Field(description="How the teacher scores a (query, text) pair: "
+                                                                  "jointly (cross_encoder) or by the cosine of "
+                                                                  "their embeddings (embedder).")
+    pooling: Literal["mean", "cls", "last_token"] = Field("mean", description="kind embedder: pooling of its token "
+                                                                              "states.")
+    max_length: int = Field(512, ge=8, description="Tokens per pair (cross_encoder) or per text (embedder).")
+    batch_size: int = Field(32, ge=1, description="Pairs (cross_encoder) or texts (embedder) per batch.")
+    margin: float = Field(0.0, ge=0, description="Drop a candidate whose teacher score is at least the lowest "
+                                                 "positive's minus this margin (0: at or above the positive).")
+
+
 class MineConfig(StrictModel):
     """Hard-negative mining (QZhou §6.1: ranks 10–30; NV-Retriever TopK-PercPos positive-aware filter)."""
 
@@ -70,6 +90,9 @@ class MineConfig(StrictModel):
                                                        description="Precision of the embedding cache on disk.")
     engine: EngineConfig = Field(default_factory=EngineConfig,
                                  description="Where the pool and the queries are encoded: local or a Ray cluster.")
+    teacher: TeacherConfig | None = Field(None, description="Rescore the mined candidates with a stronger model: "
+                                          "drops the ones it rates as relevant as the positive and keeps its scores "
+                                          "for distillation (cross-encoder teachers run locally). None: off.")
 
     @field_validator("range_max")
     @classmethod

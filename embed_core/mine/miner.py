@@ -11,6 +11,10 @@ window is NV-Retriever's order and the one sentence-transformers' ``mine_hard_ne
 both select the same negatives. The first ``num_negatives`` of the window (or a seeded random
 sample) are appended with their scores in ``negative_scores``.
 Records that end with fewer are reported, never silently padded unless ``pad_random`` is set.
+With ``mine.teacher`` a stronger model rescores each query chunk's window candidates in one batched
+call (``embed_core.mine.teacher``): those it scores at or above the record's lowest positive (less
+``teacher.margin``) are dropped before the negatives are chosen, and the record keeps the teacher's
+scores of its positives and negatives (the distillation losses' targets).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import Record
 
 Embed = Callable[[list[str]], np.ndarray]
+PairScorer = Callable[[list[tuple[str, str]]], np.ndarray]  # (query, text) pairs -> a teacher's scores
+Scores = Callable[[str, str], float]  # (query, text) -> its score (one chunk's, looked up)
 
 
 @dataclass
@@ -46,6 +52,8 @@ class MineStats:
     positive_scores: list[float] = field(default_factory=list)
     kept_scores: list[float] = field(default_factory=list)
     filtered_scores: list[float] = field(default_factory=list)  # in the window, removed by the margin
+    teacher_dropped: int = 0  # window candidates the teacher scored at or above the positive
+    teacher_dropped_examples: list[str] = field(default_factory=list)
     index: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
@@ -54,7 +62,8 @@ class MineStats:
 
         return {"queries": self.queries, "negatives_added": self.negatives_added, "too_few": self.too_few,
                 "too_few_examples": self.too_few_examples, "padded": self.padded, "index": self.index,
-                "filtered_by_margin": len(self.filtered_scores), "positive_score": q(self.positive_scores),
+                "filtered_by_margin": len(self.filtered_scores), "dropped_by_teacher": self.teacher_dropped,
+                "dropped_by_teacher_examples": self.teacher_dropped_examples, "positive_score": q(self.positive_scores),
                 "kept_score": q(self.kept_scores), "filtered_score": q(self.filtered_scores)}
 
 
@@ -242,11 +251,11 @@ class _Miner:
             out.append((int(j), score))
         return out
 
-    def choose(self, survivors: list[tuple[int, float]], qv: np.ndarray, seen: set[int],
+    def choose(self, kept: list[tuple[int, float]], qv: np.ndarray, seen: set[int],
                positives_norm: set[int]) -> list[tuple[int, float]]:
-        """The window's negatives (top or seeded sample), padded with random pool texts if asked."""
+        """The negatives of the window's candidates ``kept`` (top or seeded sample), padded with
+        random pool texts if asked."""
         cfg, rng = self.cfg, self.rng
-        kept = survivors[cfg.range_min:cfg.range_max]
         chosen = kept[: cfg.num_negatives] if cfg.sampling == "top" else rng.sample(kept, min(len(kept), cfg.num_negatives))
         need = cfg.num_negatives - len(chosen)
         if need > 0 and cfg.pad_random:
@@ -258,16 +267,31 @@ class _Miner:
             self.stats.padded += len(fill)
         return chosen
 
-    def mine_one(self, rec: Record, qv: np.ndarray, scores, ids, budget: int,
-                 pos_vecs: dict[str, np.ndarray], old_neg_vecs: dict[str, np.ndarray]) -> Record:
-        """``rec`` with its mined negatives (and the scores of all its negatives) added."""
-        stats, num = self.stats, self.cfg.num_negatives
+    def window(self, rec: Record, qv: np.ndarray, scores, ids, budget: int,
+               pos_vecs: dict[str, np.ndarray]) -> "Pending":
+        """``rec``'s candidates that pass the rules, in the rank window (before any teacher)."""
         pos_scores = [float(qv @ pos_vecs[p]) for p in rec.positives]
-        stats.positive_scores.extend(pos_scores)
+        self.stats.positive_scores.extend(pos_scores)
         positives_norm = {normalized_key(p) for p in rec.positives}
         seen = {normalized_key(rec.query), *(normalized_key(n) for n in rec.negatives)}
         survivors = self.survivors(rec, scores, ids, min(pos_scores), budget, seen, positives_norm)
-        chosen = self.choose(survivors, qv, seen, positives_norm)
+        return Pending(rec, qv, seen, positives_norm, survivors[self.cfg.range_min:self.cfg.range_max])
+
+    def mine_one(self, p: "Pending", old_neg_vecs: dict[str, np.ndarray], teacher: "Scores | None" = None) -> Record:
+        """``p.rec`` with its mined negatives (and the scores of all its negatives) added; with
+        ``teacher`` ((query, text) -> score, ``embed_core.mine.teacher``) the window's candidates it
+        scores at or above the lowest positive (less ``teacher.margin``) are dropped first, and the
+        record's scores are the teacher's."""
+        stats, num, rec = self.stats, self.cfg.num_negatives, p.rec
+        kept = p.kept
+        if teacher is not None:
+            floor = min(teacher(rec.query, t) for t in rec.positives) - self.cfg.teacher.margin
+            dropped = [(j, sc) for j, sc in kept if teacher(rec.query, self.pool[j]) >= floor]
+            stats.teacher_dropped += len(dropped)
+            stats.teacher_dropped_examples += [f"{rec.id}: {self.pool[j][:60]!r}" for j, _ in dropped][
+                :max(0, 5 - len(stats.teacher_dropped_examples))]
+            kept = [c for c in kept if c not in dropped]
+        chosen = self.choose(kept, p.qv, p.seen, p.positives_norm)
         if len(chosen) < num:
             stats.too_few += 1
             if len(stats.too_few_examples) < 5:
@@ -275,23 +299,39 @@ class _Miner:
         stats.queries += 1
         stats.negatives_added += len(chosen)
         stats.kept_scores.extend(score for _, score in chosen)
-        old_scores = list(rec.negative_scores) or [float(qv @ old_neg_vecs[t]) for t in rec.negatives]
+        old_scores = list(rec.negative_scores) or [float(p.qv @ old_neg_vecs[t]) for t in rec.negatives]
         new_labels = list(rec.negative_labels)
         if rec.task == "classification":
             new_labels += [sorted(self.labels[self.pool[j]])[0] for j, _ in chosen]
-        return replace(rec, negatives=[*rec.negatives, *(self.pool[j] for j, _ in chosen)],
-                       negative_scores=[*old_scores, *(round(sc, 6) for _, sc in chosen)],
-                       negative_labels=new_labels)
+        out = replace(rec, negatives=[*rec.negatives, *(self.pool[j] for j, _ in chosen)],
+                      negative_scores=[*old_scores, *(round(sc, 6) for _, sc in chosen)],
+                      negative_labels=new_labels)
+        if teacher is not None:  # the teacher's scores replace the mining model's (distillation targets)
+            out = replace(out, positive_scores=[round(teacher(rec.query, t), 6) for t in out.positives],
+                          negative_scores=[round(teacher(rec.query, t), 6) for t in out.negatives])
+        return out
+
+
+@dataclass
+class Pending:
+    """A record between its window (``_Miner.window``) and its negatives (``_Miner.mine_one``)."""
+
+    rec: Record
+    qv: np.ndarray
+    seen: set[int]
+    positives_norm: set[int]
+    kept: list[tuple[int, float]]  # (pool id, score) of the window's candidates
 
 
 def mine_records(records: list[Record], embed: Embed, cfg: MineConfig, corpus: list[str] | None = None,
-                 index_dir: Path | None = None, *, seed: int,
-                 settings: ModelSettings | None = None) -> tuple[list[Record], MineStats]:
+                 index_dir: Path | None = None, *, seed: int, settings: ModelSettings | None = None,
+                 teacher: "PairScorer | None" = None) -> tuple[list[Record], MineStats]:
     """Return ``records`` with mined negatives added to the eligible ones, and the statistics.
     ``index_dir``: where an ``on_disk`` index keeps its files (the caller removes them); ``seed``:
     the run's seed (index training sample, random sampling and padding); ``settings``: the mining
     model's (``read_model_settings``), so a model trained with instructions mines with them
-    (``instructed``)."""
+    (``instructed``); ``teacher``: scores (query, text) pairs (``cfg.teacher``'s model,
+    ``embed_core.mine.teacher``)."""
     stats = MineStats()
     todo = [i for i, r in enumerate(records) if eligible(r, cfg)]
     if not todo:
@@ -318,7 +358,25 @@ def mine_records(records: list[Record], embed: Embed, cfg: MineConfig, corpus: l
     for start in range(0, len(todo), cfg.query_chunk_size):
         chunk = todo[start:start + cfg.query_chunk_size]
         scores, ids = index.search(query_vecs[start:start + len(chunk)], k)
-        for row, rec_i in enumerate(chunk):
-            out[rec_i] = miner.mine_one(records[rec_i], query_vecs[start + row], scores[row], ids[row], budget,
-                                        pos_vecs, old_neg_vecs)
+        pending = [miner.window(records[rec_i], query_vecs[start + row], scores[row], ids[row], budget, pos_vecs)
+                   for row, rec_i in enumerate(chunk)]
+        scored = teacher_scores(teacher, pending, pool) if teacher is not None else None
+        for rec_i, p in zip(chunk, pending):
+            out[rec_i] = miner.mine_one(p, old_neg_vecs, scored)
     return out, stats
+
+
+def teacher_scores(teacher: "PairScorer", pending: list[Pending], pool: list[str]) -> "Scores":
+    """(query, text) -> the teacher's score, for every pair the chunk's records may keep (their
+    positives, current negatives and window candidates), scored in one batched call; a pair asked
+    for later (a random pad) is scored then."""
+    pairs = list(dict.fromkeys((p.rec.query, t) for p in pending
+                               for t in (*p.rec.positives, *p.rec.negatives, *(pool[j] for j, _ in p.kept))))
+    known = dict(zip(pairs, (float(x) for x in teacher(pairs))))
+
+    def score(query: str, text: str) -> float:
+        if (query, text) not in known:
+            known[(query, text)] = float(teacher([(query, text)])[0])
+        return known[(query, text)]
+
+    return score

@@ -27,6 +27,7 @@ from embed_core.engine import engine_session, ray_encode
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mine.miner import eligible, mine_records
+from embed_core.mine.teacher import teacher_fingerprint, teacher_scorer
 from embed_core.mine.stage import NAME as STAGE
 from embed_core.model.embedding_cache import LazyCachedEmbed, open_cache
 from embed_core.model.encoder import model_dim, model_fingerprint, model_source, uses_bf16
@@ -103,7 +104,10 @@ def mining_fingerprint(config: RunConfig, run_dir: str | Path, cfg: MineConfig, 
     up = read_manifest(Path(run_dir), upstream)  # synthesize's records when it runs, else prepare's
     if up is None:
         raise EmbedpipeError(f"{Path(run_dir) / upstream}: no manifest.json — run the {upstream} stage first")
-    model_fp = model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, uses_bf16(cfg.precision, _encode_device(cfg)))
+    bf16 = uses_bf16(cfg.precision, _encode_device(cfg))
+    model_fp = model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, bf16)
+    # a teacher's weights are part of the key too (only when there is one: older keys stay valid)
+    teacher = {"teacher": teacher_fingerprint(cfg.teacher, bf16)} if cfg.teacher is not None else {}
     corpora = {}
     for ds, path in cfg.corpora.items():
         d = config.resolve(path)
@@ -112,7 +116,8 @@ def mining_fingerprint(config: RunConfig, run_dir: str | Path, cfg: MineConfig, 
     return Fingerprint.of(instance, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in up["outputs"].items()},
         "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine: the same negatives
-        "model": model_fp, "corpora": corpora, "seed": config.seed}, details={"model_fingerprint": model_fp})
+        "model": model_fp, "corpora": corpora, "seed": config.seed, **teacher},
+        details={"model_fingerprint": model_fp, **teacher})
 
 
 def _corpus_texts(config: RunConfig, path: str) -> list[str]:
@@ -175,8 +180,10 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
                 t_ds = time.perf_counter()
                 corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
                 index_dir = writer.scratch / f"index-{dataset}" if cfg.index.on_disk else None
+                teacher = (teacher_scorer(config, run_dir, cfg, records, _cached_embed)
+                           if cfg.teacher is not None else None)
                 mined, stats = mine_records(records, embed, cfg, corpus, index_dir=index_dir, seed=config.seed,
-                                            settings=settings)
+                                            settings=settings, teacher=teacher)
                 if index_dir is not None:  # the on-disk index's files, no longer needed
                     shutil.rmtree(index_dir, ignore_errors=True)
                 out_tables[name] = records_to_table(mined)
@@ -184,6 +191,9 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
                 per_dataset.append({"dataset": dataset, "records": len(records), "mined": True,
                                     "pool": "corpus" if corpus is not None else "dataset texts",
                                     "seconds": round(time.perf_counter() - t_ds, 2), **summary})
+                if stats.teacher_dropped:
+                    log.info("mine %s: the teacher dropped %d candidates as false negatives, e.g. %s", dataset,
+                             stats.teacher_dropped, "; ".join(stats.teacher_dropped_examples))
                 if stats.too_few:
                     log.warning("mine %s: %d records got fewer than %d negatives, e.g. %s", dataset, stats.too_few,
                                 cfg.num_negatives, ", ".join(stats.too_few_examples))
@@ -207,6 +217,8 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
                       "max_length": cfg.max_length, "precision": cfg.precision,
                       "instructions": settings.use_instructions},
             "settings": cfg.model_dump(mode="json"),
+            **({"teacher": {**cfg.teacher.model_dump(mode="json"),
+                            "fingerprint": fingerprint.details.get("teacher")}} if cfg.teacher is not None else {}),
             "counts": {"datasets": per_dataset,
                        "texts_encoded": embed.cache.encoded_texts if embed.cache else 0,
                        "cache_size": len(embed.cache) if embed.cache else None},

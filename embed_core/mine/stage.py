@@ -22,7 +22,8 @@ def format_counts(manifest: dict[str, Any]) -> str:
 
 
 def report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
-    rows = [{k: d.get(k) for k in ("dataset", "records", "mined", "negatives_added", "too_few", "filtered_by_margin")}
+    rows = [{k: d.get(k) for k in ("dataset", "records", "mined", "negatives_added", "too_few", "filtered_by_margin",
+                                   "dropped_by_teacher")}
             | {"index": (d.get("index") or {}).get("type"), "positive_p50": (d.get("positive_score") or {}).get("p50"),
                "kept_p50": (d.get("kept_score") or {}).get("p50")} for d in manifest["counts"]["datasets"]]
     plot = "![score histogram](score_hist.png)" if "score_hist.png" in manifest.get("outputs", {}) else ""

@@ -25,6 +25,7 @@ the texts one process does with the same global batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -56,7 +57,15 @@ class TaskBatch:
     negative_labels: list[int] = field(default_factory=list)  # one per flat negative
     layout: str = "standard"
     negative_rows: list[int] = field(default_factory=list)  # hmcl: rows whose hard negative is in "negative"
+    # retrieval, standard layout: the row each flat negative belongs to, and the stored scores of the
+    # drawn positive and of each negative (a teacher's, ``mine.teacher``; NaN where none is stored):
+    # the distillation losses' targets
+    negative_owners: list[int] = field(default_factory=list)
+    positive_scores: list[float] = field(default_factory=list)
+    negative_scores: list[float] = field(default_factory=list)
     max_score: float = 1.0  # highest score in the dataset (R of the graded targets)
+    # what a loss derives once from the batch's texts (text ids, a guide model's embeddings), by key
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
     # the dataset positions of the whole micro-batch, all ranks' slices (lineage); set by the trainer
     positions: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -92,8 +101,8 @@ def batch_layout(task: str, layout: str, *, num_negatives: int, num_positives: i
     return groups | ({"negative": GroupShape(num_negatives, pl)} if num_negatives else {})
 
 
-RECORD_COLUMNS = ("task", "instruction", "query", "positives", "positive_scores", "negatives", "negative_labels",
-                  "weak_positives", "label")
+RECORD_COLUMNS = ("task", "instruction", "query", "positives", "positive_scores", "negatives", "negative_scores",
+                  "negative_labels", "weak_positives", "label")
 
 
 class ArrowColumn(Sequence):
@@ -200,6 +209,8 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
     positives = [c["positives"][i][j] for i, j in zip(indices, picked_pos)]
     negatives: list[str] = []
     negative_labels: list[int] = []
+    owners: list[int] = []
+    negative_scores: list[float] = []
     side = instr if task in CLS_TASKS else [None] * len(indices)  # documents get no instruction
     neg_side: list[str | None] = []
     for row, i in enumerate(indices):
@@ -210,6 +221,9 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
         negatives += [c["negatives"][i][j] for j in pick]
         labs = c["negative_labels"][i]
         negative_labels += [records.label_ids.get(labs[j], -1) if j < len(labs) else -1 for j in pick]
+        stored = c["negative_scores"][i]
+        negative_scores += [float(stored[j]) if j < len(stored) else math.nan for j in pick]
+        owners += [row] * k
         neg_side += [side[row]] * k
     groups = {"query": TextGroup(queries, instr, length["query"]),
               "positive": TextGroup(positives, side, length["positive"])}
@@ -217,8 +231,10 @@ def build_batch(records: DatasetRecords, indices: list[int], *, step: int, seed:
         groups["negative"] = TextGroup(negatives, neg_side, length["negative"])
     batch = TaskBatch(task, records.name, groups, num_negatives=len(negatives), max_score=records.max_score)
     if task in INFONCE_TASKS:  # relevance of each drawn positive (graded BCE targets, Eq. 4)
-        batch.scores = [float(c["positive_scores"][i][j]) if j < len(c["positive_scores"][i]) else 1.0
-                        for i, j in zip(indices, picked_pos)]
+        stored = [c["positive_scores"][i] for i in indices]
+        batch.positive_scores = [float(s[j]) if j < len(s) else math.nan for s, j in zip(stored, picked_pos)]
+        batch.scores = [1.0 if math.isnan(x) else x for x in batch.positive_scores]
+        batch.negative_owners, batch.negative_scores = owners, negative_scores
     if task in CLS_TASKS:
         batch.labels = [records.label_ids.get(c["label"][i], -2) for i in indices]  # -2 never equals a negative's -1
         batch.negative_labels = negative_labels

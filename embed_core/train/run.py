@@ -289,7 +289,10 @@ DEV_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("task", p
 METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("dataset", pa.string()), ("task", pa.string()),
                            ("loss", pa.float64()), ("examples", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
                            ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64()),
-                           ("grad_norm", pa.float64()), ("peak_memory_mb", pa.float64()), ("mfu", pa.float64())])
+                           ("grad_norm", pa.float64()), ("peak_memory_mb", pa.float64()), ("mfu", pa.float64()),
+                           # false negatives the loss left out (embed_core.losses.false_negatives)
+                           ("masked_duplicates", pa.int64()), ("masked_margin", pa.int64()),
+                           ("masked_guide", pa.int64())])
 
 
 def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstream: str, resume: bool = False,

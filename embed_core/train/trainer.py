@@ -172,6 +172,7 @@ class Trainer:
 
     def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
         ctx = LossContext(step=self.step, warmup_steps=self.stage.warmup_steps, gather=self._gather)
+        self.loss_counts = ctx.counts  # what the loss counted (false negatives masked): the step's row
         return self.losses[batch.task](emb, batch, ctx)
 
     def _forward_backward(self, batch: TaskBatch, scale: float, last: bool = True) -> float:
@@ -209,10 +210,11 @@ class Trainer:
         for micro in range(s.grad_accum):
             batch = self.batches.get(self.step * s.grad_accum + micro)
             self.consumed.append((self.step + 1, batch.dataset, batch.positions))
+            self.loss_counts: dict[str, int] = {}
             value = mean_over_ranks(self._forward_backward(batch, self.backend.loss_scale(),
                                                            last=micro == s.grad_accum - 1))
             rows.append({"dataset": batch.dataset, "task": batch.task, "loss": value, "examples": batch.size,
-                         "tokens": self.passes.tokens, "texts": self.passes.texts})
+                         "tokens": self.passes.tokens, "texts": self.passes.texts, **self.loss_counts})
             self.backend.micro_batch_done()
         self._optimizer_step()
         return self._record_step(rows, t0)

@@ -93,3 +93,20 @@ def build_tiny_causal_lm(dest: Path, model_type: str = "qwen3", *, tied: bool = 
     AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
     _copy_tokenizer(tokenizer_dir, dest)
     return dest
+
+
+def build_tiny_cross_encoder(dest: Path) -> Path:
+    """A tiny randomly initialised BERT with a one-logit classification head (a cross-encoder's
+    shape: sentence-transformers' ``CrossEncoder`` loads it), with the packaged tokenizer."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from embed_core.model.encoder import default_model_path
+
+    dest.mkdir(parents=True, exist_ok=True)
+    _copy_tokenizer(Path(default_model_path()), dest)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(dest)
+    return dest

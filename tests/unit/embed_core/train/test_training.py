@@ -582,3 +582,22 @@ def test_grad_cache_chunks_of_a_token_budget_give_the_full_batch_gradients_and_s
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4), name
+
+
+def test_a_step_row_counts_the_false_negatives_its_loss_left_out(tiny_model, tmp_path):
+    from embed_core.schema import Record, records_to_table
+    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.config import TrainConfig, TrainStageConfig
+    from embed_core.train.trainer import Trainer
+
+    # queries 0 and 1 share their positive (2 masked pairs); query 2's hard negative copies query 3's positive (1)
+    texts = [("q0", "shared doc", []), ("q1", "shared doc", []), ("q2", "p2", ["p3"]), ("q3", "p3", [])]
+    recs = [Record(id=f"d:{i}", dataset="d", task="retrieval", query=q, positives=[p], negatives=n,
+                   source_ref=f"d:{i}") for i, (q, p, n) in enumerate(texts)]
+    stage = TrainStageConfig(name="fn", steps=1, batch_size={"retrieval": 4}, num_hard_negatives=1, warmup_steps=0,
+                             query_max_length=16, passage_max_length=16)
+    cfg = TrainConfig(base_model=str(tiny_model), max_length=16, precision="fp32", stages=[stage])
+    trainer = Trainer(cfg, stage, {"d": DatasetRecords("d", records_to_table(recs))}, init_model=str(tiny_model),
+                      checkpoint_dir=tmp_path / "fn", seed=0, log=lambda _: None)
+    (row,) = trainer.train_step()
+    assert row["masked_duplicates"] == 3 and row["masked_margin"] == 0
