@@ -37,6 +37,7 @@ from torch import Tensor
 
 from embed_core.errors import ConfigError
 from embed_core.losses import Loss, LossContext, loss_for
+from embed_core.losses.matryoshka import Matryoshka
 from embed_core.model.embedder import Embedder
 from embed_core.model.encoder import uses_bf16
 from embed_core.model.packing import resolve_attention
@@ -97,6 +98,7 @@ class Trainer:
             # e.g. HMCL's pair-type head: a submodule, so the optimizer, checkpoints and DeepSpeed
             # carry it; Embedder.save writes only the encoder, so the saved model does not
             model.loss_heads = torch.nn.ModuleDict(heads)
+        self.matryoshka = matryoshka_settings(train, stage, model.dim)
         ret = {n for n, d in datasets.items() if d.task in INFONCE_TASKS}
         sampler = GroupedBatchSampler(
             {n: d.size for n, d in datasets.items()},
@@ -172,7 +174,8 @@ class Trainer:
 
     def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
         ctx = LossContext(step=self.step, warmup_steps=self.stage.warmup_steps, gather=self._gather)
-        return self.losses[batch.task](emb, batch, ctx)
+        loss = self.losses[batch.task]
+        return (Matryoshka(loss, *self.matryoshka) if self.matryoshka else loss)(emb, batch, ctx)
 
     def _forward_backward(self, batch: TaskBatch, scale: float, last: bool = True) -> float:
         """Loss and gradients of one micro-batch (``embed_core.train.passes``); ``last``: the step's
@@ -337,6 +340,20 @@ class Trainer:
                 path = self._best_path(self.step)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.backend.save_weights(path)
+
+
+def matryoshka_settings(train: TrainConfig, stage: TrainStageConfig, hidden: int) -> tuple[list[int], list[float]] | None:
+    """(dims, weights) of the stage's Matryoshka loss, or None; a dimension above the model's
+    embedding size is refused here, where the size is known."""
+    mrl = train.matryoshka_of(stage)
+    if mrl is None:
+        return None
+    where = "stages[" + stage.name + "].matryoshka" if stage.matryoshka is not None else "matryoshka"
+    too_big = [d for d in mrl.dims if d > hidden]
+    if too_big:
+        raise ConfigError(f"train.{where}.dims: {too_big} above the model's embedding size {hidden} "
+                          f"(dims must be at most {hidden})")
+    return list(mrl.dims), list(mrl.weights)
 
 
 def _telemetry_line(row: dict[str, Any]) -> str:
