@@ -584,6 +584,7 @@ def test_grad_cache_chunks_of_a_token_budget_give_the_full_batch_gradients_and_s
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4), name
 
 
+@pytest.mark.slow  # trains and evaluates a stage: make test, not make test-fast
 def test_matryoshka_training_on_the_grad_cache_path_records_its_dims_in_the_model_and_its_card(prepared, tiny_model):
     """The Matryoshka loss on GradCache's cached embeddings gives the uncached gradients, and a stage
     trained with it records the dims in embedpipe.json, the card facts and the card."""
@@ -623,3 +624,20 @@ def test_matryoshka_training_on_the_grad_cache_path_records_its_dims_in_the_mode
     assert read_card_facts(model_dir)["matryoshka"]["dims"] == [32, 16, 8]
     card = (model_dir / "README.md").read_text()
     assert "## Matryoshka dimensions" in card and "truncate_dim=8" in card
+
+    # the evaluate stage scores the trained dims by default and puts them in the released card
+    from embed_core.evaluate.run import run_evaluate
+
+    (tmp / "sts.csv").write_text("sentence1,sentence2,score\n" + "\n".join(
+        f"{a},{b},{x}" for a, b, x in [("A cat sleeps.", "A cat is sleeping.", 4.8), ("A man cooks.", "A dog runs.", 0.4),
+                                       ("Kids play.", "Children are playing.", 4.5), ("It rains.", "The sun shines.", 1.0)]))
+    cfg["evaluate"] = {"models": ["trained"], "base_model": str(tiny_model),
+                       "tasks": [{"name": "LocalSTS", "type": "sts", "path": str(tmp / "sts.csv")}]}
+    run_evaluate(parse_config(cfg), run_dir)
+    sizes = pq.read_table(run_dir / "evaluate/sizes.parquet").to_pylist()
+    assert [(r["model"], r["dim"], r["precision"]) for r in sizes] == [("mrl", d, "float32") for d in (32, 16, 8)]
+    released = (run_dir / "evaluate/model/README.md").read_text()
+    row = next(line for line in released.splitlines() if line.startswith("| LocalSTS | cosine_spearman |") and
+               line.count("|") == 6)
+    assert "| task | metric | 32 dims | 16 dims | 8 dims |" in released
+    assert row == "| LocalSTS | cosine_spearman | " + " | ".join(f"{100 * r['value']:.2f}" for r in sizes) + " |"
