@@ -41,6 +41,7 @@ from mteb.models.abs_encoder import AbsEncoder
 from embed_core.errors import ConfigError
 
 QUANTIZED = ("int8", "ubinary")
+QUERY_CHUNK = 256  # queries scored against the whole corpus at once
 
 
 def bytes_per_vector(dim: int, precision: str) -> int:
@@ -101,37 +102,46 @@ class QuantizedIndex:
     def clear(self) -> None:
         self.docs, self.idxs = [], []
 
-    def scores(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """(first-stage scores ``[queries, documents]``, the documents' rescoring vectors or None)."""
+    def _prepared(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(the corpus's first-stage vectors, its int8 ranges or None, its rescoring vectors or None)."""
         docs = np.concatenate(self.docs)
         if self.precision == "float32":
-            return queries @ docs.T, None
+            return docs, None, None
         ranges = int8_ranges(docs) if self.precision == "int8" else None
-        first = quantized(queries, self.precision, ranges) @ quantized(docs, self.precision, ranges).T
-        return first, (rescoring_vectors(docs, self.precision, ranges) if self.rescore_multiplier else None)
+        rescore = rescoring_vectors(docs, self.precision, ranges) if self.rescore_multiplier else None
+        return quantized(docs, self.precision, ranges), ranges, rescore
 
     def search(self, embeddings, top_k: int, similarity_fn: Callable | None = None, top_ranked=None,
                query_idx_to_id: dict[int, str] | None = None) -> tuple[list[list[float]], list[list[int]]]:
         queries = np.asarray(embeddings, dtype=np.float32)
-        first, rescore = self.scores(queries)
+        docs, ranges, rescore = self._prepared()
+        coded = quantized(queries, self.precision, ranges)
         position = {doc: i for i, doc in enumerate(self.idxs)}
         values, indices = [], []
-        for qi in range(len(queries)):
-            pool = np.arange(first.shape[1]) if top_ranked is None else \
-                np.array([position[d] for d in top_ranked.get(query_idx_to_id[qi], [])], dtype=np.int64)
-            k = min(top_k * (self.rescore_multiplier if rescore is not None else 1), len(pool))
-            order = pool[np.argsort(-first[qi, pool], kind="stable")[:k]]
-            score = first[qi, order]
-            if rescore is not None:
-                score = rescore[order] @ queries[qi]
-                keep = np.argsort(-score, kind="stable")[:top_k]
-                order, score = order[keep], score[keep]
-            if top_ranked is not None:  # reranking: positions in the query's candidate list
-                local = {int(p): i for i, p in enumerate(pool)}
-                order = np.array([local[int(p)] for p in order], dtype=np.int64)
-            values.append([float(s) for s in score])
-            indices.append([int(i) for i in order])
+        for start in range(0, len(queries), QUERY_CHUNK):  # memory: a chunk of queries × the corpus
+            first = coded[start:start + QUERY_CHUNK] @ docs.T
+            for qi in range(start, min(start + QUERY_CHUNK, len(queries))):
+                pool = np.arange(len(docs)) if top_ranked is None else \
+                    np.array([position[d] for d in top_ranked.get(query_idx_to_id[qi], [])], dtype=np.int64)
+                order, score = self._ranked(first[qi - start], pool, top_k, rescore, queries[qi])
+                if top_ranked is not None:  # reranking: positions in the query's candidate list
+                    local = {int(p): i for i, p in enumerate(pool)}
+                    order = np.array([local[int(p)] for p in order], dtype=np.int64)
+                values.append([float(x) for x in score])
+                indices.append([int(i) for i in order])
         return values, indices
+
+    def _ranked(self, first: np.ndarray, pool: np.ndarray, top_k: int, rescore: np.ndarray | None,
+                query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One query's best ``top_k`` documents of ``pool`` and their scores: by the first-stage score,
+        or top_k × multiplier candidates rescored with the float32 query."""
+        k = min(top_k * (self.rescore_multiplier if rescore is not None else 1), len(pool))
+        order = pool[np.argsort(-first[pool], kind="stable")[:k]]
+        if rescore is None:
+            return order, first[order]
+        score = rescore[order] @ query
+        keep = np.argsort(-score, kind="stable")[:top_k]
+        return order[keep], score[keep]
 
 
 class SizedModel(AbsEncoder):

@@ -90,3 +90,30 @@ def test_evaluation_at_sizes_and_precisions_gives_a_table_per_task_with_bytes_pe
     assert (run_dir / "evaluate/plots/sizes.png").exists()
     md = compare_runs([run_dir], tmp_path / "cmp").read_text()
     assert "### LocalRetrieval (ndcg_at_10)" in md and "| ev/base | 16 | " in md and "(16 B)" in md
+
+
+def test_binary_search_with_rescoring_returns_what_sentence_transformers_semantic_search_faiss_returns():
+    pytest.importorskip("faiss")
+    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
+
+    rng = np.random.default_rng(0)
+    corpus = rng.normal(size=(200, 64)).astype(np.float32)
+    corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
+    queries = rng.normal(size=(5, 64)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    theirs, _ = semantic_search_faiss(queries, corpus_embeddings=quantize_embeddings(corpus, "ubinary"),
+                                      corpus_precision="ubinary", top_k=5, rescore=True, rescore_multiplier=4)
+    index = QuantizedIndex("ubinary", rescore_multiplier=4)
+    index.add_documents(corpus, [str(i) for i in range(200)])
+    scores, order = index.search(queries, top_k=5)
+    assert order == [[hit["corpus_id"] for hit in hits] for hits in theirs]
+    assert np.allclose(scores, [[hit["score"] for hit in hits] for hits in theirs], atol=1e-5)
+
+
+def test_reranking_a_candidate_list_returns_positions_in_that_list():
+    index = QuantizedIndex("ubinary", rescore_multiplier=2)
+    index.add_documents(np.array([[1.0, 1.0], [-1.0, -1.0], [1.0, -1.0]], dtype=np.float32), ["a", "b", "c"])
+    scores, order = index.search(np.array([[0.9, 0.1]], dtype=np.float32), top_k=2, top_ranked={"q": ["b", "a"]},
+                                 query_idx_to_id={0: "q"})
+    # only b and a compete: a (bits 11) scores 0.9 + 0.1 against the float query, b (00) 0
+    assert order == [[1, 0]] and scores[0] == pytest.approx([1.0, 0.0])
