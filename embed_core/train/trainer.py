@@ -2,7 +2,8 @@
 
 One optimizer step = ``grad_accum`` micro-batches, each drawn by the grouped sampler from one
 dataset; the batch's task picks its loss (``embed_core.losses``: QZhou's InfoNCE, CLS InfoNCE or
-CoSENT unless the stage names another per task). AdamW with weight decay (not on biases /
+CoSENT unless the stage names another per task; with ``train.matryoshka`` it is summed over the
+embedding's prefix dimensions, ``embed_core.losses.matryoshka``). AdamW with weight decay (not on biases /
 LayerNorm), linear warm-up then cosine / linear decay, gradient clipping, bf16 autocast on CUDA and
 on CPUs with native bf16, optional gradient checkpointing and GradCache.
 
