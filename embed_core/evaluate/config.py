@@ -11,6 +11,7 @@ from embed_core.config_base import FileFormat, StrictModel, check_path_name
 from embed_core.model.config import EngineConfig
 
 EvalTaskType = Literal["sts", "retrieval", "classification", "pair_classification"]
+EvalPrecision = Literal["float32", "int8", "ubinary"]
 
 
 class EvalTaskSpec(FileFormat):
@@ -65,6 +66,19 @@ class EvaluateConfig(StrictModel):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Where the task texts are encoded "
                                  "(local, or Ray Data actors); not part of the stage's key: any engine gives the "
                                  "same scores.")
+    dims: list[int] | None = Field(None, description="Also score every task with the embeddings cut to these sizes "
+                                   "(first d coordinates, normalised again; each at most the model's size, checked "
+                                   "per model); None = the model's trained Matryoshka dims (embedpipe.json), if any; "
+                                   "[] = the full size only. Gives the sizes table (sizes.parquet, the report, the "
+                                   "card, compare).")
+    precisions: list[EvalPrecision] = Field(default_factory=lambda: ["float32"], min_length=1, description=(
+        "Precisions each size is scored at: float32; int8 (sentence-transformers' quantize_embeddings, ranges "
+        "calibrated on the task's corpus embeddings); ubinary (one bit per dimension, sign > 0). How each task type "
+        "scores them: docs/stages.md, 'Sizes and precisions'."))
+    rescore_multiplier: int | None = Field(None, ge=1, description="Retrieval at int8 / ubinary: also score a search "
+                                           "that takes top_k × this many candidates by the quantized vectors and "
+                                           "rescores them with the float32 query against the quantized document "
+                                           "(sentence-transformers' semantic_search_* rescore); None = no rescored rows.")
     geometry: GeometryConfig | None = Field(None, description="Token-embedding geometry of every evaluated model "
                                             "(CoDiEmb §4) on the sentences of an STS task; omitted = not computed.")
     push_to_hub: bool = Field(False, description="Upload the released model ({run_dir}/evaluate/model: weights, "
@@ -77,6 +91,17 @@ class EvaluateConfig(StrictModel):
     def _hub_target(self) -> "EvaluateConfig":
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("push_to_hub needs hub_model_id (e.g. my-org/my-embedder)")
+        return self
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "EvaluateConfig":
+        if self.dims is not None:
+            if any(d <= 0 for d in self.dims):
+                raise ValueError(f"dims must be positive (got {self.dims})")
+            if len(set(self.dims)) != len(self.dims):
+                raise ValueError(f"dims has a repeated size (got {self.dims})")
+        if len(set(self.precisions)) != len(self.precisions):
+            raise ValueError(f"precisions has a repeated precision (got {self.precisions})")
         return self
 
     @model_validator(mode="after")

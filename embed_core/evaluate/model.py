@@ -56,6 +56,7 @@ class EvalModel(AbsEncoder):
         self.cache = EmbeddingCache(Path(cache_root), self.fingerprint, self.dim, dtype="float32",
                                     max_bytes=cache_max_bytes)
         self._encoder: Encoder | None = None
+        self.recorded: list[np.ndarray] | None = None  # a list: every encode's output is kept (sizes' int8 ranges)
         self.model_prompts = self.settings.prompts or None
         self.mteb_model_meta = ModelMeta.create_empty(overwrites=dict(
             name=f"embedpipe/{label}", revision=self.fingerprint, embed_dim=self.dim,
@@ -113,4 +114,7 @@ class EvalModel(AbsEncoder):
 
     def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str,
                prompt_type: PromptType | None = None, **kwargs: Any) -> np.ndarray:
-        return self.cache.get_or_encode(self.model_inputs(inputs, task_metadata, prompt_type), self._encode_texts)
+        out = self.cache.get_or_encode(self.model_inputs(inputs, task_metadata, prompt_type), self._encode_texts)
+        if self.recorded is not None:
+            self.recorded.append(np.asarray(out))
+        return out

@@ -2,10 +2,13 @@
 
 * ``scores.png`` — main score per task, one bar per model (base first, then trained stages);
 * ``deltas.png`` — per-task change of each other model against the first (the base);
+* ``sizes.png`` — main score against bytes per vector, per task, when the run scored sizes and
+  precisions (``embed_core.evaluate.sizes``; the tables are in the report too);
 * ``loss_curves.png`` — training loss per step when the run has train-stage metrics
   (``<run_dir>/train-<stage>/metrics.parquet`` with ``step`` and ``loss`` columns).
 
-``compare_runs`` puts several runs' (or result files') main scores side by side.
+``compare_runs`` puts several runs' (or result files') main scores side by side, and their sizes
+tables (``sizes.parquet`` beside the results) with the same columns.
 """
 
 from __future__ import annotations
@@ -118,8 +121,53 @@ def geometry_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def build_report(table: pa.Table, *, run_dir: Path, title: str,
-                 geometry: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, bytes]]:
+def _variant(r: dict[str, Any]) -> str:
+    return r["precision"] + (f" rescored ×{r['rescore']}" if r.get("rescore") else "")
+
+
+def sizes_tables(rows: list[dict[str, Any]]) -> str:
+    """One table per task: the main score by embedding size (rows, per model) × precision (columns),
+    each cell with the bytes one vector takes."""
+    lines = ["## Scores by embedding size and precision", "",
+             "Main score × 100 with the embeddings cut to d dimensions (normalised again) and stored as float32, "
+             "int8 or binary (ubinary), and in brackets the bytes one vector takes; how each is computed: "
+             "docs/stages.md, 'Sizes and precisions'."]
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        columns = list(dict.fromkeys(_variant(r) for r in mine))
+        cell = {(r["model"], r["dim"], _variant(r)): r for r in mine}
+        lines += ["", f"### {task} ({mine[0]['metric']})", "", "| model | dims | " + " | ".join(columns) + " |",
+                  "|---|---:|" + "---:|" * len(columns)]
+        for model, dim in dict.fromkeys((r["model"], r["dim"]) for r in mine):
+            lines.append(f"| {model} | {dim} | " + " | ".join(
+                f"{100 * c['value']:.2f} ({c['bytes_per_vector']} B)" if (c := cell.get((model, dim, v))) else "–"
+                for v in columns) + " |")
+    return "\n".join(lines)
+
+
+def sizes_plot(rows: list[dict[str, Any]]) -> bytes:
+    """Main score against bytes per vector (log scale), a panel per task, a line per model and precision."""
+    plt = _plt()
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        mine = [r for r in rows if r["task"] == task]
+        for model, variant in dict.fromkeys((r["model"], _variant(r)) for r in mine):
+            line = sorted((r["bytes_per_vector"], 100 * r["value"], r["dim"]) for r in mine
+                          if r["model"] == model and _variant(r) == variant)
+            ax.plot([b for b, _, _ in line], [v for _, v, _ in line], marker="o", linewidth=1, label=f"{model} {variant}")
+            for b, v, d in line:
+                ax.annotate(str(d), (b, v), fontsize=6, textcoords="offset points", xytext=(2, 2))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes per vector")
+        ax.set_ylabel(f"{mine[0]['metric']} × 100")
+        ax.set_title(task, fontsize=10)
+        ax.legend(fontsize=6)
+    return _png(fig)
+
+
+def build_report(table: pa.Table, *, run_dir: Path, title: str, geometry: list[dict[str, Any]] | None = None,
+                 sizes: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, bytes]]:
     rows = table.to_pylist()
     models, tasks, values = main_table(rows)
     metric_of = {r["task"]: r["metric"] for r in rows if r["main"]}
@@ -138,6 +186,9 @@ def build_report(table: pa.Table, *, run_dir: Path, title: str,
     md += [f"- **{m}**: `{paths[m]}` (fingerprint `{fps[m]}`)" for m in models]
     if geometry:
         md += ["", geometry_table(geometry)]
+    if sizes:
+        plots["sizes.png"] = sizes_plot(sizes)
+        md += ["", sizes_tables(sizes)]
     md += ["", "## Plots", ""]
     md += [f"![{name}](plots/{name})" for name in plots]
     return "\n".join(md) + "\n", plots
@@ -147,6 +198,7 @@ def compare_runs(sources: list[str | Path], out_dir: str | Path) -> Path:
     """Side-by-side main scores of several runs (run dirs or results.parquet files), labelled
     ``<run>/<model>``; writes ``compare.md`` and ``compare.png`` into ``out_dir``."""
     rows: list[dict[str, Any]] = []
+    sizes: list[dict[str, Any]] = []
     for src in sources:
         path = Path(src)
         results = path if path.suffix == ".parquet" else path / "evaluate" / "results.parquet"
@@ -155,16 +207,21 @@ def compare_runs(sources: list[str | Path], out_dir: str | Path) -> Path:
         run = results.parent.parent.name if results.parent.name == "evaluate" else results.stem
         for r in _read_results(results):
             rows.append({**r, "model": f"{run}/{r['model']}"})
+        sized = results.parent / SIZES_FILE  # the evaluate stage's sizes table beside its results, if any
+        sizes += [{**r, "model": f"{run}/{r['model']}"} for r in (pq.read_table(sized).to_pylist() if sized.is_file() else [])]
     models, tasks, values = main_table(rows)
     metric_of = {r["task"]: r["metric"] for r in rows if r["main"]}
     out = _compare_dir(Path(out_dir))
     atomic_write_bytes(out / "compare.png", _bars(models, tasks, values, "main score per task"))
     md = COMPARE_TITLE + "\n\n" + markdown_table(models, tasks, values, metric_of) + "\n\n![compare](compare.png)\n"
+    if sizes:
+        md += "\n" + sizes_tables(sizes) + "\n"
     atomic_write_bytes(out / "compare.md", md.encode("utf-8"))
     return out / "compare.md"
 
 
 COMPARE_TITLE = "# embedpipe comparison"
+SIZES_FILE = "sizes.parquet"  # embed_core.evaluate.run.SIZES
 RESULT_COLUMNS = ("model", "task", "metric", "value", "main")
 
 

@@ -6,6 +6,9 @@ Writes ``<run_dir>/evaluate/``:
 * ``results/embedpipe__<model label>/<model fingerprint>/`` — mteb's own result cache layout
   (``<task>.json``, ``model_meta.json``, ``run_settings.jsonl``): ``mteb.ResultCache(<run_dir>/evaluate)
   .load_results(require_model_meta=True)`` and mteb's tooling read it;
+* ``sizes.parquet`` — with ``evaluate.dims`` / ``precisions`` (or a model's trained Matryoshka dims): one row per
+  (model, task, dim, precision, rescore) with the main score and the bytes per vector
+  (``embed_core.evaluate.sizes``);
 * ``report.md`` and ``plots/*.png`` (see ``embed_core.evaluate.report``);
 * ``model/`` — the release: the run's final trained model (hard links to the train stage's files)
   with its model card (README.md) completed by the evaluation table, ready for
@@ -55,6 +58,12 @@ RESULT_SCHEMA = pa.schema([
     ("model", pa.string()), ("model_path", pa.string()), ("fingerprint", pa.string()),
     ("task", pa.string()), ("task_type", pa.string()), ("split", pa.string()), ("subset", pa.string()),
     ("metric", pa.string()), ("value", pa.float64()), ("main", pa.bool_()),
+])
+SIZES = "sizes.parquet"  # scores by embedding size and precision (embed_core.evaluate.sizes); report.SIZES_FILE
+SIZE_SCHEMA = pa.schema([
+    ("model", pa.string()), ("task", pa.string()), ("task_type", pa.string()), ("metric", pa.string()),
+    ("dim", pa.int64()), ("precision", pa.string()), ("rescore", pa.int64()), ("bytes_per_vector", pa.int64()),
+    ("value", pa.float64()),
 ])
 
 
@@ -187,35 +196,64 @@ def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str)
 
 def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: RunConfig, run_dir: Path):
     """Run mteb on ``specs`` for one model; returns (result rows, mteb TaskResults, the model's mteb
-    ModelMeta, stats)."""
+    ModelMeta, stats, rows of the sizes table (empty without evaluate.dims / precisions to score))."""
     import mteb
 
     from embed_core.evaluate.model import EvalModel
+    from embed_core.evaluate.sizes import sizes_of
     from embed_core.evaluate.tasks import build_task
 
     cfg = _cfg(config)
     root, max_bytes = cache_location(path, run_dir, config.embedding_cache)
     model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size, precision=cfg.precision,
                       cache_max_bytes=max_bytes, engine=cfg.engine)
+    sizes = sizes_of(cfg.dims, model.settings.matryoshka_dims, model.dim, label)
+    scored_sizes = len(sizes) > 1 or list(cfg.precisions) != ["float32"]
     rows: list[dict[str, Any]] = []
+    size_rows: list[dict[str, Any]] = []
     task_results: list[Any] = []
     seconds: dict[str, float] = {}
     for spec in specs:
         t0 = time.perf_counter()
         task = build_task(spec, config.resolve, seed=config.seed)
+        model.recorded = [] if scored_sizes else None
         result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
         for task_result in result.task_results:
             rows += _scalar_rows(task_result, task.metadata, label, path, model.fingerprint)
             task_results.append(task_result)
+        main = [r for r in rows if r["task"] == spec.name and r["main"]]
+        if scored_sizes and main:
+            size_rows += _size_rows(model, task, main[0], sizes, cfg)
+        model.recorded = None
         seconds[spec.name] = round(time.perf_counter() - t0, 2)
-        main = [r["value"] for r in rows if r["task"] == spec.name and r["main"]]
         log.info("evaluate %s on %s: %s = %.4f (%.1f s)", label, spec.name, task.metadata.main_score,
-                 main[0] if main else float("nan"), seconds[spec.name])
+                 main[0]["value"] if main else float("nan"), seconds[spec.name])
     stats = {"label": label, "path": path, "fingerprint": model.fingerprint,
              "settings": {"pooling": model.settings.pooling, "max_length": model.settings.max_length,
                           "use_instructions": model.settings.use_instructions, "source": model.settings.source},
              "texts_encoded": model.texts_encoded, "cache_size": len(model.cache), "seconds": seconds}
-    return rows, task_results, model.mteb_model_meta, stats
+    return rows, task_results, model.mteb_model_meta, stats, size_rows
+
+
+def _size_rows(model, task, main: dict[str, Any], sizes: list[int], cfg: EvaluateConfig) -> list[dict[str, Any]]:
+    """The sizes table's rows of one model and task (``embed_core.evaluate.sizes``): the full float32
+    row is the task's main score, every other variant is scored again on the same embeddings."""
+    import numpy as np
+
+    from embed_core.evaluate.sizes import bytes_per_vector, score_variant, variants
+
+    recorded = np.concatenate(model.recorded) if model.recorded else None
+    out = []
+    for variant in variants(sizes, list(cfg.precisions), cfg.rescore_multiplier, task.metadata.type == "Retrieval"):
+        dim, precision, rescore = variant
+        value = main["value"] if variant == (sizes[0], "float32", 0) else \
+            check_main_score(main["task"], main["metric"], score_variant(model, task, variant, recorded))
+        out.append({"model": main["model"], "task": main["task"], "task_type": main["task_type"],
+                    "metric": main["metric"], "dim": dim, "precision": precision, "rescore": rescore,
+                    "bytes_per_vector": bytes_per_vector(dim, precision), "value": value})
+        log.info("evaluate %s on %s at %d dims, %s%s: %.4f", main["model"], main["task"], dim, precision,
+                 f" rescored ×{rescore}" if rescore else "", value)
+    return out
 
 
 MTEB_RESULTS = "results"  # mteb's ResultCache keeps results under <cache_path>/results/
@@ -231,6 +269,13 @@ def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
     files = {name: resolve_within(stage_dir, name).read_bytes() for name in names
              if Path(name).parts[0] == MTEB_RESULTS}
     return rows, files
+
+
+def _previous_sizes(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of the current evaluate artifact's sizes table (if intact and it has one)."""
+    if not stage_is_intact(run_dir, STAGE) or SIZES not in read_manifest(run_dir, STAGE)["outputs"]:
+        return []
+    return pq.read_table(resolve_within(run_dir / STAGE, SIZES)).to_pylist()
 
 
 def _carried(files: dict[str, bytes], metas: dict[str, Any], task_names: set[str]) -> dict[str, bytes]:
@@ -283,13 +328,16 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
     evaluated = set(resolved)
     task_names = {s.name for s in specs}
     rows = [r for r in old_rows if not (r["model"] in evaluated and r["task"] in task_names)]
+    # the sizes table accumulates like the results: re-evaluated (model, task) pairs are replaced
+    size_rows = [r for r in _previous_sizes(run_dir) if not (r["model"] in evaluated and r["task"] in task_names)]
     model_stats = []
     new_results: list[tuple[Any, Any]] = []
     metas: dict[str, Any] = {}
     with engine_session(cfg.engine):  # engine: ray starts (and stops) a local Ray instance once for all models
         for label, path in resolved.items():
-            new_rows, task_results, metas[label], stats = evaluate_model(label, path, specs, config, run_dir)
+            new_rows, task_results, metas[label], stats, new_sizes = evaluate_model(label, path, specs, config, run_dir)
             rows += new_rows
+            size_rows += new_sizes
             new_results += [(metas[label], r) for r in task_results]
             model_stats.append(stats)
     files = _carried(old_files, metas, task_names)
@@ -300,7 +348,7 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
     if geometry and previous_geo.exists():  # like the scores: other models' rows stay
         geometry = [g for g in pq.read_table(previous_geo).to_pylist() if g["model"] not in evaluated] + geometry
     report_md, plots = build_report(table, run_dir=run_dir, title=f"embedpipe evaluation: {config.run_name}",
-                                    geometry=geometry)
+                                    geometry=geometry, sizes=size_rows)
     with StageWriter(run_dir, STAGE) as writer:
         writer.write_table(RESULTS, table, kind="results")
         for name, blob in sorted(files.items()):
@@ -314,7 +362,9 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
         writer.write_file("report.md", report_md.encode(), kind="report")
         if geometry:
             writer.write_table(GEOMETRY, pa.Table.from_pylist(geometry), kind="geometry")
-        release = _write_release(writer, run_dir, rows, config)
+        if size_rows:
+            writer.write_table(SIZES, pa.Table.from_pylist(size_rows, schema=SIZE_SCHEMA), kind="results")
+        release = _write_release(writer, run_dir, rows, config, size_rows)
         manifest = writer.commit({
             "run_name": config.run_name,
             "input_fingerprint": fingerprint.key,
@@ -357,7 +407,7 @@ _REWRITTEN = ("README.md", CARD_FACTS)
 
 
 def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]],
-                   config: RunConfig) -> dict[str, Any] | None:
+                   config: RunConfig, size_rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """Stage ``model/``: the last trained model of the run, if it has scores, with its card rendered
     again with the evaluation table (its scores next to the base model's). Files are hard links
     (artifacts are never modified in place, so sharing inodes is safe), copies across filesystems."""
@@ -381,7 +431,8 @@ def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]
         except OSError:
             shutil.copy2(path, target / rel)
     scores = [r for r in rows if r["main"] and r["model"] in (label, "base")]
-    write_card(target, facts, sentence_transformers_prompts(read_model_settings(source)), scores)
+    dim_scores = [r for r in size_rows or [] if r["model"] == label and r["precision"] == "float32"]
+    write_card(target, facts, sentence_transformers_prompts(read_model_settings(source)), scores, dim_scores)
     writer.register_tree(RELEASE, kind="model")
     return {"model": label, "source": str(source), "path": RELEASE}
 

@@ -23,18 +23,23 @@ CARD_FACTS = "embedpipe_card.yaml"
 
 
 def card_facts(*, run_name: str, config_hash: str, base_model: str, init_model: str, stage: dict[str, Any],
-               datasets: dict[str, dict[str, Any]], losses: dict[str, str], counts: dict[str, Any]) -> dict[str, Any]:
-    """What a card states about a trained model (plain data, stored in ``embedpipe.json``)."""
-    return {"run_name": run_name, "config_hash": config_hash, "pipeline_version": __version__,
-            "base_model": base_model, "init_model": init_model, "stage": stage, "datasets": datasets,
-            "losses": losses, "counts": counts}
+               datasets: dict[str, dict[str, Any]], losses: dict[str, str], counts: dict[str, Any],
+               matryoshka: Any = None) -> dict[str, Any]:
+    """What a card states about a trained model (plain data, stored in ``embedpipe.json``);
+    ``matryoshka``: the stage's ``MatryoshkaConfig`` (its trained prefix dimensions), or None."""
+    facts = {"run_name": run_name, "config_hash": config_hash, "pipeline_version": __version__,
+             "base_model": base_model, "init_model": init_model, "stage": stage, "datasets": datasets,
+             "losses": losses, "counts": counts}
+    if matryoshka is not None:
+        facts["matryoshka"] = {"dims": list(matryoshka.dims), "weights": list(matryoshka.weights)}
+    return facts
 
 
 def write_card(model_dir: Path, facts: dict[str, Any], prompts: dict[str, str],
-               scores: list[dict[str, Any]] | None = None) -> None:
+               scores: list[dict[str, Any]] | None = None, dim_scores: list[dict[str, Any]] | None = None) -> None:
     """``README.md`` and the facts it was made from, in ``model_dir``."""
     (model_dir / CARD_FACTS).write_text(yaml.safe_dump(facts, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    (model_dir / "README.md").write_text(render_card(facts, prompts, scores), encoding="utf-8")
+    (model_dir / "README.md").write_text(render_card(facts, prompts, scores, dim_scores), encoding="utf-8")
 
 
 def read_card_facts(model_dir: Path) -> dict[str, Any] | None:
@@ -52,9 +57,12 @@ _STAGE_SETTINGS = ("steps", "lr", "warmup_steps", "batch_size", "num_hard_negati
                    "alternate_tasks")
 
 
-def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dict[str, Any]] | None = None) -> str:
+def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dict[str, Any]] | None = None,
+                dim_scores: list[dict[str, Any]] | None = None) -> str:
     """The card's markdown. ``scores``: main-score rows of the evaluate stage (model, task, metric,
-    value), for this model and, for comparison, the base model."""
+    value), for this model and, for comparison, the base model; ``dim_scores``: this model's
+    float32 main scores by embedding dimension (task, metric, dim, value) from the evaluate stage's
+    size and precision table."""
     meta = {
         "library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity",
         "tags": ["sentence-transformers", "feature-extraction", "sentence-similarity", "embedpipe"],
@@ -73,6 +81,7 @@ def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dic
     else:
         lines += ["embeddings = model.encode([\"…\"])"]
     lines += ["```", ""]
+    lines += matryoshka_section(facts.get("matryoshka"), dim_scores)
     if prompts:
         lines += ["Prompts (the instructions the model was trained with; `prompt_name=<dataset>` encodes like the "
                   "evaluation did):", "", "| prompt name | prompt |", "|---|---|"]
@@ -113,3 +122,34 @@ def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dic
     lines += ["", "## Provenance", "", f"- run: `{facts['run_name']}`, config hash `{facts['config_hash'][:16]}`",
               f"- pipeline: embedpipe {facts['pipeline_version']}", ""]
     return "\n".join(lines)
+
+
+def matryoshka_section(mrl: dict[str, Any] | None, dim_scores: list[dict[str, Any]] | None) -> list[str]:
+    """The card's lines on the trained Matryoshka dimensions: how to cut the embedding and, once
+    evaluated, the main score of each task at each dimension."""
+    if not mrl:
+        return []
+    dims = [int(d) for d in mrl["dims"]]
+    lines = ["## Matryoshka dimensions", "",
+             "Trained with a Matryoshka loss (every task's loss at each of these prefix dimensions, weights "
+             f"{', '.join(f'{w:g}' for w in mrl['weights'])}): the first d coordinates of an embedding are an "
+             f"embedding themselves for d in {', '.join(map(str, dims))}. The model returns the full size by default; "
+             "cut it with sentence-transformers' `truncate_dim`:", "", "```python",
+             f"model = SentenceTransformer(\"path/to/this/model\", truncate_dim={dims[-1]})",
+             f"embeddings = model.encode([\"…\"])  # {dims[-1]} dimensions",
+             "```", "", "Cosine similarity needs no re-normalisation of a cut embedding; for a dot-product index pass "
+             "`normalize_embeddings=True` to `encode`.", ""]
+    if dim_scores:
+        shown = sorted({int(r["dim"]) for r in dim_scores}, reverse=True)
+        lines += ["| task | metric | " + " | ".join(f"{d} dims" for d in shown) + " |",
+                  "|---|---|" + "---:|" * len(shown)]
+        for task in dict.fromkeys(r["task"] for r in dim_scores):
+            row = {int(r["dim"]): r for r in dim_scores if r["task"] == task}
+            metric = next(iter(row.values()))["metric"]
+            lines.append(f"| {task} | {metric} | " + " | ".join(
+                f"{100 * row[d]['value']:.2f}" if d in row else "–" for d in shown) + " |")
+        lines += ["", "Main scores (× 100, float32) of the run's evaluate stage with the embedding cut to each size "
+                  "and normalised again.", ""]
+    else:
+        lines += ["Scores per dimension: not evaluated yet (the evaluate stage scores the trained dimensions).", ""]
+    return lines

@@ -3,7 +3,8 @@
 Read, in order of precedence, from
 1. ``embedpipe.json`` (written by the train stage): ``pooling``, ``max_length``, ``instruction_template``,
    ``instructions`` (dataset/task name -> instruction), ``task_instructions`` (task type ->
-   instruction) and ``use_instructions``;
+   instruction), ``use_instructions`` and ``matryoshka`` (the trained prefix dimensions and their
+   weights, when the model was trained with ``train.matryoshka``);
 2. sentence-transformers files: ``1_Pooling/config.json`` (pooling), ``sentence_bert_config.json``
    (``max_seq_length``), ``config_sentence_transformers.json`` (``prompts``);
 3. defaults (mean pooling, 512 tokens, no instructions).
@@ -40,6 +41,7 @@ class ModelSettings:
     compress_tokens: int = 0  # pooling "compress" (AutoRegEmbed): k compression tokens
     instructions_fixed: bool = False  # the method's own task_instructions win over task prompts (AutoRegEmbed)
     retrieval_datasets: list[str] = field(default_factory=list)  # names in `instructions` of retrieval data
+    matryoshka_dims: list[int] = field(default_factory=list)  # prefix dimensions trained (Matryoshka), descending
     source: str = "defaults"
 
     def format(self, instruction: str | None, text: str) -> str:
@@ -151,7 +153,8 @@ def read_model_settings(path: str | Path) -> ModelSettings:
             task_instructions=dict(own.get("task_instructions", {})),
             compress_tokens=int(own.get("compress_tokens", 0)),
             instructions_fixed=bool(own.get("instructions_fixed", False)),
-            retrieval_datasets=list(own.get("retrieval_datasets", [])), source=SETTINGS_FILE)
+            retrieval_datasets=list(own.get("retrieval_datasets", [])),
+            matryoshka_dims=[int(d) for d in (own.get("matryoshka") or {}).get("dims", [])], source=SETTINGS_FILE)
     settings = ModelSettings()
     pooling = _json(root / "1_Pooling" / "config.json")
     if pooling is not None:

@@ -110,6 +110,38 @@ class MergeSpec(StrictModel):
     weight: float = Field(0.5, gt=0, lt=1, description="Its share of the average (0.5: the plain mean).")
 
 
+class MatryoshkaConfig(StrictModel):
+    """Matryoshka representation learning (Kusupati et al. 2022; sentence-transformers'
+    ``MatryoshkaLoss``): every task's loss is applied to the embeddings cut to each of ``dims``
+    (their first d coordinates, L2-normalised again) and the weighted sum is trained, so a prefix
+    of the embedding is an embedding itself. The encoder passes run once (the loss is on
+    embeddings): GradCache and FSDP work unchanged. Like sentence-transformers, only the listed
+    dimensions are trained: list the model's full size to keep training it."""
+
+    dims: list[int] = Field(min_length=1, description="Prefix dimensions the loss is applied at (e.g. [384, 256, "
+                            "128, 64]); each positive, at most the model's hidden size (checked when the model is "
+                            "loaded), no repeats; kept in descending order.")
+    weights: list[float] | None = Field(None, description="Weight of each dimension's loss, in the order of dims as "
+                                        "written (each ≥ 0); None = 1 for every dimension.")
+
+    @model_validator(mode="after")
+    def _dims_and_weights(self) -> "MatryoshkaConfig":
+        if any(d <= 0 for d in self.dims):
+            raise ValueError(f"matryoshka.dims must be positive (got {self.dims})")
+        if len(set(self.dims)) != len(self.dims):
+            raise ValueError(f"matryoshka.dims has a repeated dimension (got {self.dims})")
+        weights = self.weights if self.weights is not None else [1.0] * len(self.dims)
+        if len(weights) != len(self.dims):
+            raise ValueError(f"matryoshka.weights needs one weight per dimension ({len(self.dims)} dims, "
+                             f"{len(weights)} weights)")
+        if any(w < 0 for w in weights):
+            raise ValueError(f"matryoshka.weights must be >= 0 (got {weights})")
+        pairs = sorted(zip(self.dims, weights), key=lambda p: -p[0])  # descending, each weight with its dim
+        object.__setattr__(self, "dims", [d for d, _ in pairs])
+        object.__setattr__(self, "weights", [w for _, w in pairs])
+        return self
+
+
 class TrainStageConfig(StrictModel):
     """One training stage. Defaults are QZhou §6.3's where it states them (τ 0.02, 4 hard negatives,
     weight decay 0.01, warm-up 300, lr 3e-5 / 2e-5, batch 256 for InfoNCE data and 768 for CoSENT
@@ -187,6 +219,8 @@ class TrainStageConfig(StrictModel):
                                     "through a last STS stage. None = this stage's weights.")
     dev: DevConfig | None = Field(None, description="Dev evaluation during training and best-model selection; "
                                   "None = train to the last step.")
+    matryoshka: MatryoshkaConfig | None = Field(None, description="Matryoshka training of this stage (every task's "
+                                                "loss at each prefix dimension); None = train.matryoshka (all stages).")
 
     @model_validator(mode="before")
     @classmethod
@@ -317,6 +351,8 @@ class TrainConfig(StrictModel):
     work_pool: str | None = Field(None, description="Prefect work pool whose deployment of the train flow runs the "
                                   "training stages when the pipeline runs as a deployment (e.g. gpu); None = in "
                                   "the pipeline's own process. The run directory must be on storage both pools mount.")
+    matryoshka: MatryoshkaConfig | None = Field(None, description="Matryoshka training for every contrastive stage "
+                                                "that sets none itself; None = no Matryoshka loss.")
     autoregembed: AutoRegEmbedConfig = Field(default_factory=AutoRegEmbedConfig, description="Settings of the AutoRegEmbed modes (stages with mode autoregembed_*).")
     stages: list[TrainStageConfig] = Field(min_length=1, description="Training stages, run in order (QZhou: retrieval only, then all tasks).")
 
@@ -357,6 +393,21 @@ class TrainConfig(StrictModel):
                 "is a later stage, and the chain loops" if chain[-1] in chain[:-1] else "is a later stage")
             raise ValueError(f"{where} {what} ({' → '.join(chain)}): a stage starts from an earlier stage's model, "
                              "'base', or by default the previous stage's; reorder the stages or name an earlier one")
+        return v
+
+    def matryoshka_of(self, stage: TrainStageConfig) -> MatryoshkaConfig | None:
+        """The Matryoshka settings ``stage`` trains with: its own, else the section's (contrastive stages)."""
+        if stage.mode != "contrastive":
+            return None
+        return stage.matryoshka if stage.matryoshka is not None else self.matryoshka
+
+    @field_validator("stages")
+    @classmethod
+    def _matryoshka_contrastive(cls, v: list[TrainStageConfig]) -> list[TrainStageConfig]:
+        for stage in v:
+            if stage.matryoshka is not None and stage.mode != "contrastive":
+                raise ValueError(f"stages[{stage.name}].matryoshka: Matryoshka training is for contrastive stages, "
+                                 f"not {stage.mode}")
         return v
 
     def _zero_stage(self) -> int | None:

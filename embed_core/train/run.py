@@ -387,6 +387,9 @@ def _save_model(config: RunConfig, stage: TrainStageConfig, datasets: dict[str, 
     training = {"training": {"run_name": config.run_name, "stage": stage.model_dump(mode="json"),
                              "train": cfg.model_dump(mode="json", exclude={"stages"}), "init_model": init,
                              "seed": config.seed}}
+    mrl = cfg.matryoshka_of(stage)
+    if mrl is not None:  # the trained prefix dimensions: a user may cut the embedding to any of them
+        training["matryoshka"] = {"dims": list(mrl.dims), "weights": list(mrl.weights)}
     if stage.mode == "contrastive":
         trainer.model.save(model_dir, instructions=by_dataset, task_instructions=by_task,
                            use_instructions=cfg.use_instructions, extra=training, state_dict=state,
@@ -419,7 +422,7 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
         losses = {"autoregembed": stage.mode}
     card = card_facts(run_name=config.run_name, config_hash=config_hash(config), base_model=cfg.base_model,
                       init_model=init, stage=stage.model_dump(mode="json"), datasets=dataset_info, losses=losses,
-                      counts=counts)
+                      counts=counts, matryoshka=cfg.matryoshka_of(stage))
     with StageWriter(run_dir, instance_name(stage.name)) as writer:
         model_dir = writer.staging / "model"
         _save_model(config, stage, datasets, init, trainer, instructions, model_dir, state)

@@ -2,7 +2,8 @@
 
 One optimizer step = ``grad_accum`` micro-batches, each drawn by the grouped sampler from one
 dataset; the batch's task picks its loss (``embed_core.losses``: QZhou's InfoNCE, CLS InfoNCE or
-CoSENT unless the stage names another per task). AdamW with weight decay (not on biases /
+CoSENT unless the stage names another per task; with ``train.matryoshka`` it is summed over the
+embedding's prefix dimensions, ``embed_core.losses.matryoshka``). AdamW with weight decay (not on biases /
 LayerNorm), linear warm-up then cosine / linear decay, gradient clipping, bf16 autocast on CUDA and
 on CPUs with native bf16, optional gradient checkpointing and GradCache.
 
@@ -37,6 +38,7 @@ from torch import Tensor
 
 from embed_core.errors import ConfigError
 from embed_core.losses import Loss, LossContext, loss_for
+from embed_core.losses.matryoshka import Matryoshka
 from embed_core.model.embedder import Embedder
 from embed_core.model.encoder import uses_bf16
 from embed_core.model.packing import resolve_attention
@@ -97,6 +99,7 @@ class Trainer:
             # e.g. HMCL's pair-type head: a submodule, so the optimizer, checkpoints and DeepSpeed
             # carry it; Embedder.save writes only the encoder, so the saved model does not
             model.loss_heads = torch.nn.ModuleDict(heads)
+        self.matryoshka = matryoshka_settings(train, stage, model.dim)
         ret = {n for n, d in datasets.items() if d.task in INFONCE_TASKS}
         sampler = GroupedBatchSampler(
             {n: d.size for n, d in datasets.items()},
@@ -173,7 +176,8 @@ class Trainer:
     def _loss(self, batch: TaskBatch, emb: dict[str, Tensor]) -> Tensor:
         ctx = LossContext(step=self.step, warmup_steps=self.stage.warmup_steps, gather=self._gather)
         self.loss_counts = ctx.counts  # what the loss counted (false negatives masked): the step's row
-        return self.losses[batch.task](emb, batch, ctx)
+        loss = self.losses[batch.task]
+        return (Matryoshka(loss, *self.matryoshka) if self.matryoshka else loss)(emb, batch, ctx)
 
     def _forward_backward(self, batch: TaskBatch, scale: float, last: bool = True) -> float:
         """Loss and gradients of one micro-batch (``embed_core.train.passes``); ``last``: the step's
@@ -339,6 +343,20 @@ class Trainer:
                 path = self._best_path(self.step)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.backend.save_weights(path)
+
+
+def matryoshka_settings(train: TrainConfig, stage: TrainStageConfig, hidden: int) -> tuple[list[int], list[float]] | None:
+    """(dims, weights) of the stage's Matryoshka loss, or None; a dimension above the model's
+    embedding size is refused here, where the size is known."""
+    mrl = train.matryoshka_of(stage)
+    if mrl is None:
+        return None
+    where = "stages[" + stage.name + "].matryoshka" if stage.matryoshka is not None else "matryoshka"
+    too_big = [d for d in mrl.dims if d > hidden]
+    if too_big:
+        raise ConfigError(f"train.{where}.dims: {too_big} above the model's embedding size {hidden} "
+                          f"(dims must be at most {hidden})")
+    return list(mrl.dims), list(mrl.weights)
 
 
 def _telemetry_line(row: dict[str, Any]) -> str:

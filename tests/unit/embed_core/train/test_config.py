@@ -53,3 +53,41 @@ def test_earlier_stages_base_and_the_default_previous_stage_are_accepted():
     config = _parse([{"name": "a"}, {"name": "b", "init_from": "a"}, {"name": "c", "init_from": "base"},
                      {"name": "d"}])
     assert [s.init_from for s in config.train.stages] == [None, "a", "base", None]
+
+
+def test_matryoshka_dims_are_kept_descending_with_their_weights_and_default_to_weight_one():
+    cfg = _parse([{"name": "s1", "matryoshka": {"dims": [64, 256, 128], "weights": [2.0, 1.0, 0.5]}}]).train
+    stage = cfg.stages[0]
+    assert (stage.matryoshka.dims, stage.matryoshka.weights) == ([256, 128, 64], [1.0, 0.5, 2.0])
+    whole = _parse([{"name": "s1"}, {"name": "s2", "matryoshka": {"dims": [8]}}]).train
+    assert whole.matryoshka_of(whole.stages[0]) is None and whole.matryoshka_of(whole.stages[1]).weights == [1.0]
+    raw = {"prepare": {"sources": [{"name": "stsb", "kind": "sts", "path": "stsb/train.csv"}]},
+           "train": {"matryoshka": {"dims": [32, 16]}, "stages": [{"name": "a"}, {"name": "b", "matryoshka": {"dims": [8]}}]}}
+    both = parse_config(raw, origin="c.yaml").train
+    assert [both.matryoshka_of(s).dims for s in both.stages] == [[32, 16], [8]]  # a stage's own wins
+
+
+@pytest.mark.parametrize("mrl, says", [
+    ({"dims": [64, 0]}, "matryoshka.dims must be positive"),
+    ({"dims": [64, 64]}, "matryoshka.dims has a repeated dimension"),
+    ({"dims": [64, 32], "weights": [1.0]}, "matryoshka.weights needs one weight per dimension (2 dims, 1 weights)"),
+    ({"dims": [64], "weights": [-1.0]}, "matryoshka.weights must be >= 0"),
+])
+def test_bad_matryoshka_settings_are_refused_at_load_in_one_line(mrl, says):
+    assert says in _refusal([{"name": "s1", "matryoshka": mrl}])
+
+
+def test_matryoshka_on_an_autoregembed_stage_is_refused():
+    assert "stages[arc].matryoshka: Matryoshka training is for contrastive stages, not autoregembed_ic" in _refusal(
+        [{"name": "arc", "mode": "autoregembed_ic", "matryoshka": {"dims": [8]}}])
+
+
+def test_a_matryoshka_dimension_above_the_models_embedding_size_is_refused_where_the_size_is_known():
+    from embed_core.train.trainer import matryoshka_settings
+
+    train = _parse([{"name": "s1", "matryoshka": {"dims": [64, 16], "weights": [1.0, 0.5]}}]).train
+    assert matryoshka_settings(train, train.stages[0], 64) == ([64, 16], [1.0, 0.5])
+    with pytest.raises(ConfigError) as refused:
+        matryoshka_settings(train, train.stages[0], 32)
+    assert str(refused.value) == ("train.stages[s1].matryoshka.dims: [64] above the model's embedding size 32 "
+                                  "(dims must be at most 32)")

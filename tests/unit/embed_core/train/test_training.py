@@ -601,3 +601,62 @@ def test_a_step_row_counts_the_false_negatives_its_loss_left_out(tiny_model, tmp
                       checkpoint_dir=tmp_path / "fn", seed=0, log=lambda _: None)
     (row,) = trainer.train_step()
     assert row["masked_duplicates"] == 3 and row["masked_margin"] == 0
+
+
+@pytest.mark.slow  # trains and evaluates a stage: make test, not make test-fast
+def test_matryoshka_training_on_the_grad_cache_path_records_its_dims_in_the_model_and_its_card(prepared, tiny_model):
+    """The Matryoshka loss on GradCache's cached embeddings gives the uncached gradients, and a stage
+    trained with it records the dims in embedpipe.json, the card facts and the card."""
+    from embed_core.model.card import read_card_facts
+    from embed_core.model.settings import read_model_settings
+    from embed_core.train.batches import build_batch
+    from embed_core.train.config import TrainStageConfig
+    from embed_core.train.run import load_datasets, run_train_stage
+    from embed_core.train.trainer import Trainer
+
+    tmp, run_dir = prepared
+    config = parse_config(_config_dict(tmp, tiny_model))
+    grads = []
+    for chunk in (None, 3):
+        stage = TrainStageConfig(name="mrl", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
+                                 num_hard_negatives=2, grad_cache_chunk=chunk, query_max_length=32,
+                                 passage_max_length=48, matryoshka={"dims": [32, 8], "weights": [1.0, 0.5]})
+        datasets = load_datasets(run_dir, stage, records_upstream(config, "train"))
+        trainer = Trainer(config.train, stage, datasets, init_model=str(tiny_model), checkpoint_dir=tmp / "mrl", seed=0)
+        trainer.model.eval()
+        batch = build_batch(datasets["scifact"], list(range(8)), step=0, seed=0, num_negatives=2,
+                            query_max_length=32, passage_max_length=48, use_instructions=True)
+        grads.append((trainer._forward_backward(batch, 1.0),
+                      {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}))
+    (loss_full, full), (loss_cached, cached) = grads
+    assert loss_full == pytest.approx(loss_cached, rel=1e-5)
+    assert all(torch.allclose(full[n], cached[n], atol=1e-5, rtol=1e-4) for n in full)
+
+    cfg = _config_dict(tmp, tiny_model)
+    cfg["train"]["matryoshka"] = {"dims": [8, 32, 16]}
+    cfg["train"]["stages"] = [dict(cfg["train"]["stages"][0], name="mrl", steps=2, grad_cache_chunk=3)]
+    run_train_stage(parse_config(cfg), run_dir, "mrl", upstream=records_upstream(parse_config(cfg), "train"))
+    model_dir = run_dir / "train-mrl/model"
+    assert json.loads((model_dir / "embedpipe.json").read_text())["matryoshka"] == {"dims": [32, 16, 8],
+                                                                                  "weights": [1.0, 1.0, 1.0]}
+    assert read_model_settings(model_dir).matryoshka_dims == [32, 16, 8]
+    assert read_card_facts(model_dir)["matryoshka"]["dims"] == [32, 16, 8]
+    card = (model_dir / "README.md").read_text()
+    assert "## Matryoshka dimensions" in card and "truncate_dim=8" in card
+
+    # the evaluate stage scores the trained dims by default and puts them in the released card
+    from embed_core.evaluate.run import run_evaluate
+
+    (tmp / "sts.csv").write_text("sentence1,sentence2,score\n" + "\n".join(
+        f"{a},{b},{x}" for a, b, x in [("A cat sleeps.", "A cat is sleeping.", 4.8), ("A man cooks.", "A dog runs.", 0.4),
+                                       ("Kids play.", "Children are playing.", 4.5), ("It rains.", "The sun shines.", 1.0)]))
+    cfg["evaluate"] = {"models": ["trained"], "base_model": str(tiny_model),
+                       "tasks": [{"name": "LocalSTS", "type": "sts", "path": str(tmp / "sts.csv")}]}
+    run_evaluate(parse_config(cfg), run_dir)
+    sizes = pq.read_table(run_dir / "evaluate/sizes.parquet").to_pylist()
+    assert [(r["model"], r["dim"], r["precision"]) for r in sizes] == [("mrl", d, "float32") for d in (32, 16, 8)]
+    released = (run_dir / "evaluate/model/README.md").read_text()
+    row = next(line for line in released.splitlines() if line.startswith("| LocalSTS | cosine_spearman |") and
+               line.count("|") == 6)
+    assert "| task | metric | 32 dims | 16 dims | 8 dims |" in released
+    assert row == "| LocalSTS | cosine_spearman | " + " | ".join(f"{100 * r['value']:.2f}" for r in sizes) + " |"

@@ -1,0 +1,119 @@
+"""Scores by embedding size and precision (``embed_core.evaluate.sizes``): the quantized search
+against hand-worked rankings, the bytes per vector, and the sizes table of a real evaluation."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from embed_core.errors import ConfigError
+from embed_core.evaluate.sizes import QuantizedIndex, bytes_per_vector, cut, int8_ranges, quantized, sizes_of, variants
+from tests.unit.embed_core.evaluate.test_evaluation import LOCAL_TASKS, _config, local_data  # noqa: F401
+
+
+def test_bytes_per_vector_are_four_per_float_one_per_int8_and_one_bit_per_binary_dimension():
+    assert [bytes_per_vector(64, p) for p in ("float32", "int8", "ubinary")] == [256, 64, 8]
+    assert bytes_per_vector(12, "ubinary") == 2  # bits packed into whole bytes
+
+
+def test_a_cut_keeps_the_first_coordinates_normalised_again():
+    emb = np.array([[0.6, 0.0, 0.8], [0.0, 0.6, 0.8]], dtype=np.float32)
+    assert np.allclose(cut(emb, 2), [[1.0, 0.0], [0.0, 1.0]])
+    assert cut(emb, 3) is not None and np.allclose(cut(emb, 3), emb)
+
+
+def test_binary_search_ranks_by_hamming_distance_and_rescoring_restores_the_float_order():
+    docs = np.array([[0.1, 0.1, 0.1, 0.1], [0.9, 0.9, -0.1, -0.1], [-0.5, -0.5, -0.5, -0.5]], dtype=np.float32)
+    query = np.array([[0.9, 0.9, 0.05, -0.1]], dtype=np.float32)
+    index = QuantizedIndex("ubinary")
+    index.add_documents(docs, ["d0", "d1", "d2"])
+    scores, order = index.search(query, top_k=3)
+    # query bits 1110: Hamming 1 to d0 (1111) and d1 (1100), 3 to d2: ±1 dot = 4 − 2·hamming = 2, 2, −2
+    assert order == [[0, 1, 2]] and scores == [[2.0, 2.0, -2.0]]
+    rescored = QuantizedIndex("ubinary", rescore_multiplier=3)
+    rescored.add_documents(docs, ["d0", "d1", "d2"])
+    scores, order = rescored.search(query, top_k=2)
+    # float query · 0/1 bits: d0 0.9+0.9+0.05−0.1 = 1.75, d1 0.9+0.9 = 1.8: d1 first
+    assert order == [[1, 0]] and scores[0] == pytest.approx([1.8, 1.75])
+
+
+def test_int8_codes_come_from_the_corpus_ranges_and_rank_by_their_inner_product():
+    # a corpus whose per-dimension range is [-128, 127]: buckets of width 1, so a code is the value itself
+    docs = np.array([[-128.0, 0.0], [127.0, 127.0], [0.0, -128.0]], dtype=np.float32)
+    ranges = int8_ranges(docs)
+    assert ranges.tolist() == [[-128.0, -128.0], [127.0, 127.0]]
+    assert quantized(docs, "int8", ranges).tolist() == docs.tolist()
+    assert quantized(np.array([[300.0, -300.0]], dtype=np.float32), "int8", ranges).tolist() == [[127.0, -128.0]]
+    index = QuantizedIndex("int8")
+    index.add_documents(docs, ["a", "b", "c"])
+    scores, order = index.search(np.array([[127.0, 127.0]], dtype=np.float32), top_k=3)
+    # inner products of the codes: a −128·127, b 2·127², c −128·127 (ties keep the corpus order)
+    assert order == [[1, 0, 2]] and scores == [[2 * 127 * 127, -128 * 127, -128 * 127]]
+
+
+def test_sizes_default_to_the_trained_dims_and_a_size_above_the_model_is_refused():
+    assert sizes_of(None, [32, 16, 8], 32, "m") == [32, 16, 8]
+    assert sizes_of([], [32, 16, 8], 32, "m") == [32]
+    assert sizes_of([8], [], 32, "m") == [32, 8]
+    with pytest.raises(ConfigError, match=r"evaluate.dims: \[64\] above model m's embedding size 32"):
+        sizes_of([64], [], 32, "m")
+    assert variants([32, 8], ["float32", "ubinary"], 4, retrieval=True) == [
+        (32, "float32", 0), (32, "ubinary", 0), (32, "ubinary", 4), (8, "float32", 0), (8, "ubinary", 0), (8, "ubinary", 4)]
+    assert (8, "ubinary", 4) not in variants([32, 8], ["float32", "ubinary"], 4, retrieval=False)
+
+
+@pytest.mark.slow
+def test_evaluation_at_sizes_and_precisions_gives_a_table_per_task_with_bytes_per_vector(local_data, tmp_path,
+                                                                                        tiny_model):
+    from embed_core.evaluate.report import compare_runs
+    from embed_core.evaluate.run import run_evaluate
+
+    config = _config(local_data, tmp_path / "runs", LOCAL_TASKS[:2], base_model=str(tiny_model), dims=[16, 8],
+                     precisions=["float32", "int8", "ubinary"], rescore_multiplier=2)
+    run_dir = tmp_path / "runs/ev"
+    run_evaluate(config, run_dir)
+    rows = pq.read_table(run_dir / "evaluate/sizes.parquet").to_pylist()
+    main = {r["task"]: r["value"] for r in pq.read_table(run_dir / "evaluate/results.parquet").to_pylist() if r["main"]}
+    for task, rescored in (("LocalSTS", False), ("LocalRetrieval", True)):
+        mine = {(r["dim"], r["precision"], r["rescore"]): r for r in rows if r["task"] == task}
+        assert set(mine) == set(variants([32, 16, 8], ["float32", "int8", "ubinary"], 2 if rescored else None,
+                                         retrieval=rescored))
+        assert {k: r["bytes_per_vector"] for k, r in mine.items() if k[0] == 16} == {
+            k: b for k, b in {(16, "float32", 0): 64, (16, "int8", 0): 16, (16, "ubinary", 0): 2,
+                              (16, "int8", 2): 16, (16, "ubinary", 2): 2}.items() if k in mine}
+        assert mine[(32, "float32", 0)]["value"] == main[task]  # the full float32 row is the task's main score
+        assert all(-1 <= r["value"] <= 1 for r in mine.values())
+    report = (run_dir / "evaluate/report.md").read_text()
+    assert "### LocalSTS (cosine_spearman)" in report
+    assert "| model | dims | float32 | int8 | int8 rescored ×2 | ubinary | ubinary rescored ×2 |" in report
+    ubinary = next(r for r in rows if (r["task"], r["dim"], r["precision"], r["rescore"]) == ("LocalRetrieval", 8, "ubinary", 2))
+    assert f"{100 * ubinary['value']:.2f} (1 B) |" in report.split("| base | 8 |")[-1].splitlines()[0]
+    assert (run_dir / "evaluate/plots/sizes.png").exists()
+    md = compare_runs([run_dir], tmp_path / "cmp").read_text()
+    assert "### LocalRetrieval (ndcg_at_10)" in md and "| ev/base | 16 | " in md and "(16 B)" in md
+
+
+def test_binary_search_with_rescoring_returns_what_sentence_transformers_semantic_search_faiss_returns():
+    pytest.importorskip("faiss")
+    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
+
+    rng = np.random.default_rng(0)
+    corpus = rng.normal(size=(200, 64)).astype(np.float32)
+    corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
+    queries = rng.normal(size=(5, 64)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    theirs, _ = semantic_search_faiss(queries, corpus_embeddings=quantize_embeddings(corpus, "ubinary"),
+                                      corpus_precision="ubinary", top_k=5, rescore=True, rescore_multiplier=4)
+    index = QuantizedIndex("ubinary", rescore_multiplier=4)
+    index.add_documents(corpus, [str(i) for i in range(200)])
+    scores, order = index.search(queries, top_k=5)
+    assert order == [[hit["corpus_id"] for hit in hits] for hits in theirs]
+    assert np.allclose(scores, [[hit["score"] for hit in hits] for hits in theirs], atol=1e-5)
+
+
+def test_reranking_a_candidate_list_returns_positions_in_that_list():
+    index = QuantizedIndex("ubinary", rescore_multiplier=2)
+    index.add_documents(np.array([[1.0, 1.0], [-1.0, -1.0], [1.0, -1.0]], dtype=np.float32), ["a", "b", "c"])
+    scores, order = index.search(np.array([[0.9, 0.1]], dtype=np.float32), top_k=2, top_ranked={"q": ["b", "a"]},
+                                 query_idx_to_id={0: "q"})
+    # only b and a compete: a (bits 11) scores 0.9 + 0.1 against the float query, b (00) 0
+    assert order == [[1, 0]] and scores[0] == pytest.approx([1.0, 0.0])
