@@ -8,7 +8,7 @@ pairwise rather than as a full product (each row names its own):
 
     back end {none, fsdp, deepspeed ZeRO-2} x GradCache {off, grad_cache_chunk, grad_cache_max_tokens}
     x packing {off, on} x ranks {2, 3} x tasks {retrieval only, retrieval + classification + STS + NLI}
-    + LoRA on a bf16 base under FSDP
+    + LoRA on a bf16 base under FSDP + Matryoshka dims under FSDP with GradCache
 
 Each row: every rank exits 0 (one launch trains all rows of a world size, so a hang or an abort
 fails every row of it), and the committed model equals a reference within a tolerance:
@@ -69,6 +69,9 @@ ROWS = [
     ("bert none chunk3 packed", "bert", 3, "none", {"grad_cache_chunk": 3}, "on", ["retrieval"], {}),
     ("qwen2-untied fsdp nocache packed", "qwen2-untied", 3, "fsdp", {}, "on", ["retrieval"], {}),
     ("llama-tied deepspeed nocache mixed", "llama-tied", 3, "deepspeed", {}, "off", MIXED, {}),
+    # Matryoshka: the loss at each prefix dimension on the cached embeddings, the retrieval gathers once per dim
+    ("qwen3-tied fsdp chunk4 matryoshka", "qwen3-tied", 2, "fsdp", {"grad_cache_chunk": 4}, "off", ["retrieval"],
+     {"matryoshka": {"dims": [64, 16, 8], "weights": [1.0, 0.5, 0.25]}}),
 ]
 KILLED = ["qwen3-tied fsdp chunk4", "llama-tied none chunk4 packed", "mistral-untied deepspeed nocache"]
 
