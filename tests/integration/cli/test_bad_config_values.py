@@ -37,3 +37,40 @@ def test_deepspeed_zero3_is_a_one_line_config_error_before_anything_runs(tmp_pat
         str(config), "deepspeed.zero_optimization.stage 3 (ZeRO-3) is not supported",
         "use train.sharding: fsdp", "or ZeRO stage 1 or 2")
     assert not (tmp_path / "runs").exists()
+
+
+# The options added by the scale and quality rounds, each with a value a user could type: one line
+# naming the key, exit 2, before anything runs (issue 44, item 3).
+BAD_OPTIONS = [
+    ("train", {"packing": "yes"}, "train.packing"),
+    ("train", {"processes": 0}, "train.processes"),
+    ("train", {"processes": "many"}, "train.processes"),
+    ("train", {"weights_dtype": "fp16"}, "train.weights_dtype"),
+    ("train", {"sharding": "zero3"}, "train.sharding"),
+    ("train", {"dist_timeout_s": 0}, "train.dist_timeout_s"),
+    ("stage", {"remine": {"num_negatives": 2, "range_mim": 3}}, "train.stages[s1].remine"),
+    ("stage", {"merge": {"stage": "s1", "weight": 1.5}}, "train.stages[s1].merge"),
+    ("stage", {"targeted_synthesis": {"datasets": []}}, "train.stages[s1].targeted_synthesis.datasets"),
+    ("stage", {"matryoshka": {"dims": [8, 8]}}, "train.stages[s1].matryoshka"),
+    ("prepare", {"near_duplicates": {"threshold": 1.5}}, "prepare.near_duplicates.threshold"),
+    ("prepare", {"near_duplicates": {"num_perm": 4}}, "prepare.near_duplicates.num_perm"),
+]
+
+
+@pytest.mark.parametrize("where,setting,key", BAD_OPTIONS, ids=[k + "=" + repr(s) for _, s, k in BAD_OPTIONS])
+def test_a_bad_value_of_a_newer_option_is_one_line_naming_its_key_before_anything_runs(tmp_path, capfd, where,
+                                                                                      setting, key):
+    write_sts_data(tmp_path)
+    stage = {"name": "s1", **(setting if where == "stage" else {})}
+    train = {"stages": [stage], **(setting if where == "train" else {})}
+    extra = {"train": train} if where != "prepare" else {}
+    config = write_config(tmp_path, [STS_SOURCE], **extra)
+    if where == "prepare":
+        import yaml
+
+        cfg = yaml.safe_load(config.read_text())
+        cfg["prepare"].update(setting)
+        config.write_text(yaml.safe_dump(cfg))
+    command = "prepare" if where == "prepare" else "train"
+    in_process(capfd, command, "--config", config).assert_one_line_error(str(config), key)
+    assert not (tmp_path / "runs").exists()
