@@ -20,10 +20,11 @@ from embed_core.losses.base import Loss, LossContext, LossParams
 
 
 def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02,
-            query_negatives: bool = True) -> Tensor:
+            query_negatives: bool = True, weights: Tensor | None = None) -> Tensor:
     """q, pos: [n, d]; neg: the batch's hard negatives, [n, k, d] or flat [m, d] (rows may
     contribute different numbers: every negative is in every query's denominator), or None.
-    Returns the mean loss over queries."""
+    Returns the mean loss over queries; ``weights`` [n]: each query's loss times its weight
+    (the stage's ``origin_weight``), still divided by n."""
     n = q.size(0)
     docs = pos if neg is None or neg.numel() == 0 else torch.cat([pos, neg.reshape(-1, neg.size(-1))], dim=0)
     logits = q @ docs.T / tau  # [n, n + n*k]; column i is query i's positive
@@ -32,7 +33,9 @@ def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0
         qq = qq.masked_fill(torch.eye(n, dtype=torch.bool, device=q.device), float("-inf"))  # j ≠ i
         logits = torch.cat([logits, qq], dim=1)
     target = torch.arange(n, device=q.device)
-    return F.cross_entropy(logits, target)
+    if weights is None:
+        return F.cross_entropy(logits, target)
+    return (F.cross_entropy(logits, target, reduction="none") * weights.to(logits.dtype)).mean()
 
 
 class InfoNCE(Loss):
@@ -47,5 +50,8 @@ class InfoNCE(Loss):
         query_negatives: bool = Field(True, description="Eq. 1's query–query term.")
 
     def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
-        return infonce(ctx.gather(emb["query"]), ctx.gather(emb["positive"]), ctx.gather_negatives(emb),
-                       tau=self.params.tau, query_negatives=self.params.query_negatives)
+        q = emb["query"]
+        weights = (ctx.gather(torch.tensor(batch.weights, dtype=q.dtype, device=q.device))
+                   if getattr(batch, "weights", None) else None)
+        return infonce(ctx.gather(q), ctx.gather(emb["positive"]), ctx.gather_negatives(emb),
+                       tau=self.params.tau, query_negatives=self.params.query_negatives, weights=weights)

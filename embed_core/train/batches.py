@@ -57,6 +57,8 @@ class TaskBatch:
     layout: str = "standard"
     negative_rows: list[int] = field(default_factory=list)  # hmcl: rows whose hard negative is in "negative"
     max_score: float = 1.0  # highest score in the dataset (R of the graded targets)
+    # per-example loss weights (the stage's origin_weight of each row's origin); empty: all 1
+    weights: list[float] = field(default_factory=list)
     # the dataset positions of the whole micro-batch, all ranks' slices (lineage); set by the trainer
     positions: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -93,7 +95,7 @@ def batch_layout(task: str, layout: str, *, num_negatives: int, num_positives: i
 
 
 RECORD_COLUMNS = ("task", "instruction", "query", "positives", "positive_scores", "negatives", "negative_labels",
-                  "weak_positives", "label")
+                  "weak_positives", "label", "origin")
 
 
 class ArrowColumn(Sequence):
