@@ -109,3 +109,21 @@ def test_passage_ranks_count_ties_against_the_query():
     q = np.array([[1.0, 0.0]])
     p = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     assert passage_ranks(q, p, [0]).tolist() == [2] and passage_ranks(q, p, [2]).tolist() == [3]
+
+
+def test_round_trip_in_the_stage_reports_kept_and_dropped_queries_with_examples(tmp_path):
+    from embed_core.synthesize.stage import format_counts
+
+    with ScriptedLLMServer() as server:
+        # the packaged MiniLM ranks; a query of "variant" words shared by every passage's queries
+        config = _config(tmp_path, server.base_url, max_passages=4, types=["question"], per_type=1,
+                         round_trip={"model": "default", "top_k": 1})
+        run_dir = tmp_path / "run"
+        run_prepare(config, run_dir)
+        m = run_synthesize(config, run_dir, upstream="prepare")
+    q = m["queries"]["organs"]
+    assert q["generated"] == 4 and q["kept"] + q["dropped"].get("round_trip", 0) == 4 and q["kept"] >= 1
+    kept = table_to_records(read_records(run_dir, "synthesize")["organs.parquet"])
+    assert len(kept) == q["kept"] and [e["query"] for e in q["kept_examples"]] == [r.query for r in kept][:5]
+    assert m["counts"]["strategies"]["queries"]["kept"] == q["kept"]
+    assert f"queries for corpus organs: 4 of 4 passages asked, 4 generated, {q['kept']} kept" in format_counts(m)
