@@ -1,5 +1,5 @@
 """Documents of a corpus source (``kind: corpus``): a file or a folder of ``.txt``, ``.md``, ``.html``
-and ``.jsonl`` files (and ``.pdf``, quarantined unless a parser is installed), each document as one
+and ``.jsonl`` files, gzipped or not (and ``.pdf``, quarantined: no parser is installed), each document as one
 text with where it came from.
 
 A document's text is what passages index (``source_ref`` spans): a text or markdown file's decoded
@@ -52,7 +52,7 @@ def corpus_files(path: Path, display: str, root: Path | None, suffixes: tuple[st
     if not real.is_dir():
         raise SourceError(display, None, None, "missing_file", f"no such file or folder (resolved to {path})")
     out = []
-    for f in sorted(p for p in path.rglob("*") if p.name.lower().endswith(suffixes)):
+    for f in sorted(p for p in path.rglob("*") if p.name.lower().removesuffix(".gz").endswith(suffixes)):
         shown = f"{display.rstrip('/')}/{f.relative_to(path).as_posix()}"
         target = confine(f, shown, root)
         if target.is_file():
@@ -62,7 +62,7 @@ def corpus_files(path: Path, display: str, root: Path | None, suffixes: tuple[st
 
 def read_documents(display: str, path: Path, *, text_field: str, title_field: str | None,
                    id_field: str | None) -> Iterator[Document | RowError]:
-    name = display.lower()
+    name = display.lower().removesuffix(".gz")  # '.gz' is read transparently
     if name.endswith(".jsonl"):
         yield from _jsonl_documents(display, path, text_field, title_field, id_field)
     elif name.endswith(".pdf"):

@@ -73,12 +73,16 @@ class Corpus(Converter):
         """The passages of every document (a bad document is one RowError, a short passage Skipped)."""
         p = self.params
         chunker = Chunker.for_tokenizer(p.tokenizer, p.chunk_tokens, p.chunk_overlap)
+        documents = 0
         for display, path in self._files():
             for doc in read_documents(display, path, text_field=p.text_field, title_field=p.title_field,
                                       id_field=p.id_field):
                 if isinstance(doc, RowError):
                     yield doc
                     continue
+                documents += 1
+                if self.spec.max_rows is not None and documents > self.spec.max_rows:  # max_rows: documents
+                    return
                 base = doc.doc_id if doc.line is not None else PurePath(doc.file).as_posix()
                 for n, (start, end) in enumerate(chunker.spans(doc.text)):
                     text = doc.text[start:end]
