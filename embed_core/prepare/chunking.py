@@ -54,7 +54,8 @@ class Chunker:
             raise ConfigError(f"chunk overlap {overlap} must be below the chunk size {max_tokens}")
         self.max_tokens = max_tokens
         self.overlap = overlap
-        self._chunk = semchunk.chunkerify(count, max_tokens)
+        # token counts of pieces are memoised; bounded, so a large corpus does not grow memory
+        self._chunk = semchunk.chunkerify(count, max_tokens, cache_maxsize=1 << 16)
 
     @classmethod
     def for_tokenizer(cls, tokenizer: str, max_tokens: int, overlap: int = 0) -> Chunker:

@@ -100,13 +100,14 @@ class RoundTripConfig(StrictModel):
 
 class QueriesConfig(StrictModel):
     """Strategy ``queries``: queries generated for the passages of the corpus sources (``kind:
-    corpus``); each (query, passage) is a retrieval record of dataset <corpus name>, origin synthetic."""
+    corpus``); each (query, passage) is a retrieval record of the corpus's dataset (its name),
+    origin synthetic."""
 
     max_passages: int | None = Field(1000, ge=1, description="Budget: passages per corpus asked about, a seeded "
                                      "sample (stable: a larger budget keeps the smaller one's passages). None = all.")
     types: list[QueryType] = Field(default_factory=lambda: ["question", "keyword", "claim", "title"], min_length=1,
                                    description="Kinds of query asked for, one request per passage and kind "
-                                   "(packaged prompts queries-<type>.yaml).")
+                                   "(packaged prompts queries-TYPE.yaml).")
     per_type: int = Field(1, ge=1, le=8, description="Queries asked for per passage and kind (k).")
     min_words: int = Field(2, ge=1, description="Length filter: queries with fewer words are dropped.")
     max_words: int = Field(40, ge=1, description="Length filter: queries with more words are dropped.")
