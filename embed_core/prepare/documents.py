@@ -1,19 +1,20 @@
 """Documents of a corpus source (``kind: corpus``): a file or a folder of ``.txt``, ``.md``, ``.html``
-and ``.jsonl`` files, gzipped or not (and ``.pdf``, quarantined: no parser is installed), each document as one
-text with where it came from.
+and ``.jsonl`` files, gzipped or not, and ``.pdf`` files with the ``pdf`` extra (pypdf), each document
+as one text with where it came from.
 
 A document's text is what passages index (``source_ref`` spans): a text or markdown file's decoded
 characters (UTF-8, a byte-order mark dropped, line breaks as ``\\n``: for a file with ``\\n`` line ends,
 the file's own characters); an HTML file's visible text (scripts, styles and the head left out,
 block elements separated by blank lines); a JSONL line's ``title`` and ``text`` fields joined by a
-blank line (BEIR's corpus layout). Every text goes through ``cleaning.clean_text`` like any other
-source's; a document that cannot be read (bad bytes, bad JSON, no text) is one ``RowError``.
+blank line (BEIR's corpus layout); a PDF's extracted text, pages separated by blank lines. Every text goes through ``cleaning.clean_text`` like any other
+source's; a document that cannot be read (bad bytes, bad JSON, no text, a PDF that does not
+parse or without pypdf) is one ``RowError`` with its reason.
 """
 
 from __future__ import annotations
 
 import codecs
-import json
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -66,8 +67,7 @@ def read_documents(display: str, path: Path, *, text_field: str, title_field: st
     if name.endswith(".jsonl"):
         yield from _jsonl_documents(display, path, text_field, title_field, id_field)
     elif name.endswith(".pdf"):
-        yield RowError(display, None, None, "unsupported_format",
-                       "PDF documents need a PDF parser, which is not installed: convert the PDF to text first")
+        yield _pdf_document(display, path)
     else:
         yield _file_document(display, path, html=name.endswith(HTML_SUFFIXES))
 
@@ -94,6 +94,30 @@ def _file_document(display: str, path: Path, *, html: bool) -> Document | RowErr
         return RowError(display, None, None, exc.reason, str(exc))
     if is_blank(text):
         return RowError(display, None, None, "empty_text", "the document has no text")
+    return Document(display, None, display, text)
+
+
+def _pdf_document(display: str, path: Path) -> Document | RowError:
+    """A PDF's text (pypdf's extraction, pages joined by blank lines)."""
+    try:
+        import pypdf
+    except ImportError:
+        return RowError(display, None, None, "unsupported_format", "PDF documents need the pdf extra "
+                        "(pip install 'embedpipe[pdf]', which installs pypdf), or convert the PDF to text first")
+    with open_binary(path, display, None) as fh:
+        data = fh.read()
+    try:
+        pages = [page.extract_text() or "" for page in pypdf.PdfReader(io.BytesIO(data)).pages]
+    except Exception as exc:  # noqa: BLE001 - a damaged PDF raises many kinds; each is this document's problem
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        return RowError(display, None, None, "unreadable_pdf", f"cannot parse the PDF ({detail})")
+    text = "\n\n".join(p.strip() for p in pages if p.strip())
+    try:
+        text = clean_text(text)
+    except UnusableText as exc:
+        return RowError(display, None, None, exc.reason, str(exc))
+    if is_blank(text):
+        return RowError(display, None, None, "empty_text", "the PDF has no text to extract (a scan? run OCR first)")
     return Document(display, None, display, text)
 
 

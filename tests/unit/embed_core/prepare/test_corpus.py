@@ -1,6 +1,6 @@
 """A corpus without queries (``kind: corpus``): hand-made documents split into the expected spans,
 every passage its file's text at its span, ids and source_refs, and prepare's checks on passages
-(duplicates, contamination, a PDF it cannot parse) in the corpus artifact."""
+(duplicates, contamination, a PDF it cannot parse) in the corpus artifact; a PDF's text."""
 
 import json
 
@@ -78,5 +78,33 @@ def test_prepare_writes_a_corpus_artifact_with_duplicates_contamination_and_a_pd
     corpus = manifest["counts"]["sources"][0]["corpus"]
     assert corpus["deduped"] == 1 and corpus["excluded_contamination"] == 1 and corpus["passages"] == len(rows)
     quarantine = pq.read_table(tmp_path / "run/prepare/_quarantine.parquet").to_pylist()
-    assert [(q["file"], q["reason"]) for q in quarantine] == [("docs/e.pdf", "unsupported_format")]
+    assert [(q["file"], q["reason"]) for q in quarantine] == [("docs/e.pdf", "unreadable_pdf")]
+    assert "cannot parse the PDF" in quarantine[0]["message"]
     assert not any(n.endswith(".parquet") and not n.startswith(("corpus-", "_")) for n in manifest["outputs"])
+
+
+def minimal_pdf(text: str) -> bytes:
+    """A one-page PDF showing ``text`` (Helvetica), with a correct cross-reference table."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+               b"/Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for i, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
+def test_a_pdfs_text_becomes_passages_with_the_span_of_its_extracted_text(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/spleen.pdf").write_bytes(minimal_pdf("The spleen filters old red blood cells."))
+    items = list(convert_source(source(tmp_path, chunk_tokens=32).prepare.sources[0], source(tmp_path)))
+    assert [(p.id, p.text, p.source_ref) for p in items] == [
+        ("docs:docs/spleen.pdf:0", "The spleen filters old red blood cells.", "docs/spleen.pdf:0-39")]
