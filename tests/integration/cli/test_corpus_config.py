@@ -49,7 +49,7 @@ def twin_config(recipe: dict, *, tiny_model: str, run_root, url: str, data_root)
     cfg["synthesize"]["server"] = {"base_url": url, "model": "scripted", "mode": "completion", "timeout_s": 5.0}
     cfg["synthesize"]["queries"].update(max_passages=12, min_words=2)
     cfg["synthesize"]["queries"]["round_trip"].update(top_k=50, max_length=32)
-    cfg["mine"].update(model=tiny_model, max_length=32, corpora={"scifact-corpus": "scifact"})
+    cfg["mine"].update(model=tiny_model, max_length=32)
     cfg["train"].update(base_model=tiny_model, max_length=32)
     for stage in cfg["train"]["stages"]:
         stage.update(steps=2, warmup_steps=0, batch_size={"retrieval": 4}, query_max_length=16,
@@ -81,7 +81,7 @@ def test_the_corpus_recipe_runs_from_documents_to_an_evaluated_model(tmp_path, c
     records = table_to_records(read_records(run_dir, "mine")["scifact-corpus.parquet"])
     assert len(records) == queries["kept"] > 0 and {r.origin for r in records} == {"synthetic"}
     (mined,) = read_manifest(run_dir, "mine")["counts"]["datasets"]
-    assert mined["dataset"] == "scifact-corpus" and mined["mined"] and mined["pool"] == "corpus"  # the whole corpus
+    assert mined["dataset"] == "scifact-corpus" and mined["mined"] and mined["pool"] == "corpus"  # every passage
     assert read_metadata(pq.read_schema(run_dir / "train-stage1" / LINEAGE_FILE))["origin_weight"] == {"synthetic": 0.5}
     scores = read_manifest(run_dir, "evaluate")["counts"]["main_scores"]
     assert {(s["task"], s["metric"]) for s in scores} == {("SciFact", "ndcg_at_10")} and len(scores) == 2  # base, trained

@@ -127,3 +127,28 @@ def test_round_trip_in_the_stage_reports_kept_and_dropped_queries_with_examples(
     assert len(kept) == q["kept"] and [e["query"] for e in q["kept_examples"]] == [r.query for r in kept][:5]
     assert m["counts"]["strategies"]["queries"]["kept"] == q["kept"]
     assert f"queries for corpus organs: 4 of 4 passages asked, 4 generated, {q['kept']} kept" in format_counts(m)
+
+
+def test_mining_queries_of_a_corpus_draws_negatives_from_every_passage_not_only_the_asked_ones(tmp_path, tiny_model):
+    from embed_core.mine.run import input_fingerprint as mine_fingerprint
+    from embed_core.mine.run import run_mine
+
+    with ScriptedLLMServer() as server:
+        raw = _config(tmp_path, server.base_url, max_passages=1, types=["question"], per_type=1).model_dump(
+            mode="json", exclude_none=True)
+        raw["mine"] = {"model": str(tiny_model), "max_length": 32, "range_min": 0, "range_max": 3,
+                       "relative_margin": None, "num_negatives": 3}
+        config = parse_config(raw)
+        run_dir = tmp_path / "run"
+        run_prepare(config, run_dir)
+        run_synthesize(config, run_dir, upstream="prepare")
+    key = mine_fingerprint(config, run_dir, upstream="synthesize").key
+    manifest = run_mine(config, run_dir, upstream="synthesize")
+    (record,) = table_to_records(read_records(run_dir, "mine")["organs.parquet"])
+    # one passage was asked about; its query's negatives are the three others, from the corpus artifact
+    assert manifest["counts"]["datasets"][0]["pool"] == "corpus"
+    assert sorted(record.negatives) == sorted(set(PASSAGES) - set(record.positives))
+    # a changed corpus (a passage no query was made for) changes mining's key
+    (tmp_path / "docs/organs.md").write_text("\n\n".join(PASSAGES + ["Skin is the largest organ of the body."]))
+    run_prepare(config, run_dir)
+    assert mine_fingerprint(config, run_dir, upstream="synthesize").key != key
