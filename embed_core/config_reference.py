@@ -103,9 +103,12 @@ def _source_kinds(out: list[str]) -> None:
         module_doc = sys.modules[cls.__module__].__doc__ or ""
         fields = ", ".join(f"`{f}` (`{c}`{', optional' if f in cls.optional else ''})"
                            for f, c in cls.columns.items()) or "none (a directory)"
+        passages = getattr(cls, "passages", False)  # a corpus: documents, no columns, no records
+        fields = "none (a file or folder of documents)" if passages else fields
         out += [f"### `{kind}`", "", " ".join(module_doc.split()), "",
                 f"Task: {cls.task}. Columns: {fields}. Contamination texts: "
-                f"{', '.join(cls.text_fields) or 'the judged queries'}{'; pairs (match: pair)' if cls.pair else ''}. "
+                f"{', '.join(cls.text_fields) or ('the passages' if passages else 'the judged queries')}"
+                f"{'; pairs (match: pair)' if cls.pair else ''}. "
                 f"Source: `{cls.__module__.replace('.', '/')}.py`.", ""]
         _parameters(cls.Params, out)
 

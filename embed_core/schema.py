@@ -55,7 +55,7 @@ TRAINABLE_TASKS = INFONCE_TASKS + CLS_TASKS + PAIR_TASKS
 SYMMETRIC_TASKS = frozenset({"sts", "nli", "classification", "pair_classification", "clustering"})
 # Tasks whose positive_scores are the training signal and therefore required.
 SCORED_TASKS = frozenset({"sts", "nli", "pair_classification"})
-ORIGINS = ("original", "paraphrase", "augmentation", "llm_negative", "mined", "edited")
+ORIGINS = ("original", "paraphrase", "augmentation", "llm_negative", "mined", "edited", "synthetic")
 
 _str_list = pa.list_(pa.string())
 _float_list = pa.list_(pa.float64())

@@ -33,11 +33,13 @@ def _columns(q: Tensor, pos: Tensor, neg: Tensor | None, query_negatives: bool) 
 
 
 def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0.02,
-            query_negatives: bool = True, false_negatives: FalseNegatives | None = None) -> Tensor:
+            query_negatives: bool = True, false_negatives: FalseNegatives | None = None,
+            weights: Tensor | None = None) -> Tensor:
     """q, pos: [n, d]; neg: the batch's hard negatives, [n, k, d] or flat [m, d] (rows may
     contribute different numbers: every negative is in every query's denominator), or None;
     false_negatives: the masks (text ids and guide embeddings of the query, positive and negative
-    groups, rows in this order). Returns the mean loss over queries."""
+    groups, rows in this order). Returns the mean loss over queries; ``weights`` [n]: each
+    query's loss times its weight (the stage's ``origin_weight``), still divided by n."""
     n = q.size(0)
     scores = _columns(q, pos, neg, query_negatives)
     qq = query_negatives and n > 1
@@ -60,7 +62,10 @@ def infonce(q: Tensor, pos: Tensor, neg: Tensor | None = None, *, tau: float = 0
             guide = (g, g[:, :n].diagonal()[:, None])
         drop |= fn.mask(scores, scores[:, :n].diagonal()[:, None], cand, own, pos_ids, query_ids, guide)[:, 0]
     logits = (scores / tau).masked_fill(drop, float("-inf"))
-    return F.cross_entropy(logits, torch.arange(n, device=q.device))
+    target = torch.arange(n, device=q.device)
+    if weights is None:
+        return F.cross_entropy(logits, target)
+    return (F.cross_entropy(logits, target, reduction="none") * weights.to(logits.dtype)).mean()
 
 
 class InfoNCE(Loss):
@@ -78,7 +83,9 @@ class InfoNCE(Loss):
     def __call__(self, emb: dict[str, Tensor], batch, ctx: LossContext) -> Tensor:
         q = ctx.gather(emb["query"])
         fn = FalseNegatives(self.params, batch, ctx, gathered=True, device=q.device)
+        weights = (ctx.gather(torch.tensor(batch.weights, dtype=q.dtype, device=q.device))
+                   if getattr(batch, "weights", None) else None)
         loss = infonce(q, ctx.gather(emb["positive"]), ctx.gather_negatives(emb), tau=self.params.tau,
-                       query_negatives=self.params.query_negatives, false_negatives=fn)
+                       query_negatives=self.params.query_negatives, false_negatives=fn, weights=weights)
         fn.record()
         return loss

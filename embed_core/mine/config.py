@@ -74,7 +74,8 @@ class MineConfig(StrictModel):
                                        "(default: all with a mined task).")
     corpora: dict[str, str] = Field(default_factory=dict,
                                     description="dataset -> BEIR directory whose corpus is the candidate pool "
-                                                "(default pool: the dataset's own positives and negatives).")
+                                                "(default pool: the passages of a corpus source of that name, else "
+                                                "the dataset's own positives and negatives).")
     range_min: int = Field(10, ge=0, description="First rank (0-based) of the window, after removing positives.")
     range_max: int = Field(30, ge=1, description="End of the rank window (exclusive).")
     num_negatives: int = Field(4, ge=1, description="Negatives per record (QZhou §6.3: 4).")

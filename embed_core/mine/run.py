@@ -113,11 +113,36 @@ def mining_fingerprint(config: RunConfig, run_dir: str | Path, cfg: MineConfig, 
         d = config.resolve(path)
         cfile = d / "corpus.jsonl" if (d / "corpus.jsonl").exists() else d / "corpus.jsonl.gz"
         corpora[ds] = sha256_file(cfile) if cfile.exists() else "missing"
+    corpora.update({f"passages:{n}": h for n, h in _passage_pools(Path(run_dir)).items()})  # none: keys as before
     return Fingerprint.of(instance, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in up["outputs"].items()},
         "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine: the same negatives
         "model": model_fp, "corpora": corpora, "seed": config.seed, **teacher},
         details={"model_fingerprint": model_fp, **teacher})
+
+
+def _passage_pools(run_dir: Path) -> dict[str, str]:
+    """Corpus source name -> the sha256 of its passages (prepare's ``corpus-<name>.parquet``, the
+    default pool of the dataset of queries generated for them); {} when prepare wrote none."""
+    from embed_core.prepare.corpus import CORPUS_KIND
+    from embed_core.prepare.stage import NAME as PREPARE
+
+    manifest = read_manifest(run_dir, PREPARE) or {"outputs": {}}
+    return {n.removeprefix("corpus-").removesuffix(".parquet"): i["sha256"]
+            for n, i in manifest["outputs"].items() if i.get("kind") == CORPUS_KIND}
+
+
+def _pool(config: RunConfig, run_dir: Path, cfg: MineConfig, dataset: str) -> list[str] | None:
+    """The candidate pool of ``dataset``: its ``mine.corpora`` BEIR corpus; else, for a corpus
+    source's generated queries, all of its passages; else None (the dataset's own texts)."""
+    if dataset in cfg.corpora:
+        return _corpus_texts(config, cfg.corpora[dataset])
+    if dataset not in _passage_pools(run_dir):
+        return None
+    from embed_core.prepare.corpus import read_corpora
+    from embed_core.prepare.stage import NAME as PREPARE
+
+    return read_corpora(run_dir, PREPARE)[dataset].column("text").to_pylist()
 
 
 def _corpus_texts(config: RunConfig, path: str) -> list[str]:
@@ -178,7 +203,7 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
                     per_dataset.append({"dataset": dataset, "records": len(records), "mined": False})
                     continue
                 t_ds = time.perf_counter()
-                corpus = _corpus_texts(config, cfg.corpora[dataset]) if dataset in cfg.corpora else None
+                corpus = _pool(config, run_dir, cfg, dataset)
                 index_dir = writer.scratch / f"index-{dataset}" if cfg.index.on_disk else None
                 teacher = (teacher_scorer(config, run_dir, cfg, records, _cached_embed)
                            if cfg.teacher is not None else None)

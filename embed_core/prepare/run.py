@@ -36,7 +36,8 @@ from embed_core.prepare.cleaning import (
     pair_key,
 )
 from embed_core.prepare.config import PrepareConfig
-from embed_core.prepare.convert import Skipped, convert_source, source_files, source_pairs, source_texts
+from embed_core.prepare.convert import CONVERTERS, Skipped, convert_source, source_files, source_pairs, source_texts
+from embed_core.prepare.corpus import write_corpus
 from embed_core.prepare.near_dup import NearDuplicateIndex, NearHit
 from embed_core.prepare.readers import confine, root_for
 from embed_core.prepare.stage import NAME as STAGE
@@ -306,7 +307,10 @@ def _convert_source(spec, config: RunConfig, writer: StageWriter, keys: KeyStore
                     datasets: dict[str, _Dataset], eval_texts: EvalTexts,
                     near_evals: NearDuplicateIndex | None) -> dict[str, Any]:
     """Step 1, per source: convert its rows (and its dev file's), send dev records to their output
-    and training records, deduplicated, to the dataset's spill file; its counts."""
+    and training records, deduplicated, to the dataset's spill file; its counts. A corpus source
+    (passages, no queries) writes its corpus artifact instead (``prepare/corpus.py``)."""
+    if getattr(CONVERTERS[spec.kind], "passages", False):
+        return write_corpus(spec, config, writer, keys, quarantine, _quarantine_row, eval_texts, near_evals)
     counts: Counter = Counter()
     reasons: Counter = Counter()
     parts = [(spec, False)]

@@ -9,7 +9,8 @@ from pydantic import Field, model_validator
 
 from embed_core.config_base import StrictModel
 
-SynthStrategy = Literal["paraphrase", "augmentation", "hard_negative"]
+SynthStrategy = Literal["paraphrase", "augmentation", "hard_negative", "queries"]
+QueryType = Literal["question", "keyword", "claim", "title"]
 
 
 class LLMServerConfig(StrictModel):
@@ -86,6 +87,34 @@ class SynthFilterConfig(StrictModel):
     max_chars: int = Field(2000, ge=1, description="Generated texts longer than this are dropped.")
 
 
+class RoundTripConfig(StrictModel):
+    """Round-trip consistency (Promptagator, GPL-style): a generated query is kept only when its own
+    passage ranks within ``top_k`` among every passage of its corpus, by an embedding model."""
+
+    model: str = Field("base", description="Model that ranks: 'base' = train.base_model (the packaged "
+                       "all-MiniLM-L6-v2 without a train section), 'default', or a model directory.")
+    pooling: Literal["mean", "cls", "last_token"] = Field("mean", description="Pooling of that model.")
+    max_length: int = Field(256, ge=8, description="Tokens the model reads per text.")
+    top_k: int = Field(5, ge=1, description="The passage must rank at or above this among the corpus.")
+
+
+class QueriesConfig(StrictModel):
+    """Strategy ``queries``: queries generated for the passages of the corpus sources (``kind:
+    corpus``); each (query, passage) is a retrieval record of the corpus's dataset (its name),
+    origin synthetic."""
+
+    max_passages: int | None = Field(1000, ge=1, description="Budget: passages per corpus asked about, a seeded "
+                                     "sample (stable: a larger budget keeps the smaller one's passages). None = all.")
+    types: list[QueryType] = Field(default_factory=lambda: ["question", "keyword", "claim", "title"], min_length=1,
+                                   description="Kinds of query asked for, one request per passage and kind "
+                                   "(packaged prompts queries-TYPE.yaml).")
+    per_type: int = Field(1, ge=1, le=8, description="Queries asked for per passage and kind (k).")
+    min_words: int = Field(2, ge=1, description="Length filter: queries with fewer words are dropped.")
+    max_words: int = Field(40, ge=1, description="Length filter: queries with more words are dropped.")
+    round_trip: RoundTripConfig | None = Field(default_factory=RoundTripConfig, description="Round-trip "
+                                               "consistency filter; null = off.")
+
+
 class SynthesizeConfig(StrictModel):
     """LLM data synthesis (QZhou §4, §6.1): paraphrase, augmentation, hard-negative generation."""
 
@@ -97,7 +126,10 @@ class SynthesizeConfig(StrictModel):
                                       description="Quality filters on generated text (embedding similarity, length).")
     strategies: list[SynthStrategy] = Field(default_factory=lambda: ["paraphrase", "augmentation", "hard_negative"],
                                             description="Task rules: retrieval gets all three; nli/sts/pair "
-                                            "classification and classification only paraphrase (single sentences).")
+                                            "classification and classification only paraphrase (single sentences); "
+                                            "queries: queries for the passages of corpus sources (section queries).")
+    queries: QueriesConfig = Field(default_factory=QueriesConfig, description="Strategy queries: query generation "
+                                   "for corpus passages (budget, kinds, k, filters).")
     prompt_dir: str | None = Field(None, description="Directory of prompt templates overriding the packaged ones.")
     datasets: list[str] | None = Field(None, description="Only these datasets, by their prepare.sources name "
                                        "(default: every dataset below "

@@ -4,7 +4,7 @@ answers they ask for.
 A template file holds ``name``, ``version``, ``output`` (which answer model validates the reply),
 ``chat`` (system + user messages, for instruction-tuned models) and ``completion`` (a few-shot text
 for base models, ending inside the JSON answer; ``prefix`` is put back in front of the reply before
-parsing). Placeholders are ``$query`` and ``$positive`` (``string.Template``, so JSON braces in the
+parsing). Placeholders are ``$query`` and ``$positive`` (``queries-*``: ``$passage`` and ``$k``) (``string.Template``, so JSON braces in the
 examples need no escaping). Cache keys hold the version and the rendered prompt, so an edited
 template never replays old answers; the version names the prompt in manifests and stats.
 """
@@ -51,7 +51,24 @@ class NegativeAnswer(_Answer):
     negative: str
 
 
-ANSWER_MODELS: dict[str, type[_Answer]] = {"pair": PairAnswer, "text": TextAnswer, "negative": NegativeAnswer}
+class QueriesAnswer(BaseModel):
+    """Strategy ``queries``: one or more queries for a passage (blank ones dropped, at least one)."""
+
+    model_config = ConfigDict(extra="ignore")
+    queries: list[str]
+
+    @field_validator("queries")
+    @classmethod
+    def _some_queries(cls, v: list[str]) -> list[str]:
+        out = [" ".join(str(q).split()) for q in v]
+        out = [q for q in out if q]
+        if not out:
+            raise ValueError("no query")
+        return out
+
+
+ANSWER_MODELS: dict[str, type[BaseModel]] = {"pair": PairAnswer, "text": TextAnswer, "negative": NegativeAnswer,
+                                             "queries": QueriesAnswer}
 
 
 class MalformedAnswer(ValueError):
@@ -73,11 +90,13 @@ class PromptTemplate:
     digest: str = field(default="", compare=False)
 
     def answer_schema(self) -> tuple[str, dict]:
-        """(name, JSON schema) of the answer this template asks for: every field a required string,
-        nothing else (the shape OpenAI's strict structured outputs accept)."""
+        """(name, JSON schema) of the answer this template asks for: every field a required string
+        (or list of strings), nothing else (the shape OpenAI's strict structured outputs accept)."""
         model = ANSWER_MODELS[self.output]
         schema = model.model_json_schema()
-        schema = {"type": "object", "properties": {k: {"type": "string"} for k in schema["properties"]},
+        schema = {"type": "object", "properties": {
+                      k: {"type": "array", "items": {"type": "string"}} if p.get("type") == "array" else {"type": "string"}
+                      for k, p in schema["properties"].items()},
                   "required": list(schema["properties"]), "additionalProperties": False}
         return f"{self.output}_answer", schema
 
@@ -97,7 +116,7 @@ class PromptTemplate:
         return [{"role": "system", "content": self.chat_system},
                 {"role": "user", "content": Template(self.chat_user).substitute(vals)}]
 
-    def parse(self, mode: str, reply: str) -> _Answer:
+    def parse(self, mode: str, reply: str) -> BaseModel:
         """The validated answer, or ``MalformedAnswer`` naming what was wrong."""
         text = (self.prefix + reply) if mode == "completion" else reply
         text = re.sub(r"^```(?:json)?\s*|\s*```\s*$", "", text.strip())

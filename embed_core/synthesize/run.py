@@ -51,6 +51,7 @@ from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import records_to_table, table_to_records
 from embed_core.synthesize.filters import Candidate, filter_candidates, to_candidate
 from embed_core.synthesize.jobs import generate, plan_jobs
+from embed_core.synthesize.queries import STRATEGY as QUERIES, filter_queries, plan_query_jobs, query_candidates
 from embed_core.synthesize.prompts import load_templates, template_versions
 from embed_core.synthesize.stage import NAME as STAGE
 
@@ -79,11 +80,32 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
         raise EmbedpipeError(f"{Path(run_dir) / upstream}: no manifest.json — run the {upstream} stage first")
     templates = load_templates(cfg.prompt_dir)
     filter_fp = model_fingerprint(cfg.filter.model, "mean", cfg.filter.max_length, False)
+    rt = cfg.queries.round_trip
+    round_trip = {} if QUERIES not in cfg.strategies or rt is None else {"round_trip_model": model_fingerprint(
+        round_trip_model(config, cfg), rt.pooling, rt.max_length, False)}
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in up["outputs"].items()}, "config": config_hash(cfg),
-        "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp,
+        "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp, **round_trip,
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
         details={"prompt_versions": template_versions(templates)})
+
+
+def round_trip_model(config: RunConfig, cfg: SynthesizeConfig) -> str:
+    """The model round-trip consistency ranks with ('base': the run's base model)."""
+    name = cfg.queries.round_trip.model if cfg.queries.round_trip else "default"
+    if name == "base":
+        return config.train.base_model if config.train is not None else "default"
+    return name
+
+
+def _corpora(cfg: SynthesizeConfig, run_dir: Path, upstream: str) -> dict[str, pa.Table]:
+    """The corpus artifacts of ``upstream`` (prepare's ``corpus-<name>.parquet``) when the strategy
+    ``queries`` is on, else none."""
+    if QUERIES not in cfg.strategies:
+        return {}
+    from embed_core.prepare.corpus import read_corpora
+
+    return read_corpora(run_dir, upstream)
 
 
 def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None, *,
@@ -109,13 +131,15 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
     templates = load_templates(cfg.prompt_dir)
     jobs = [j for ds in chosen for j in plan_jobs(
         cfg, ds, [r for r in records[ds] if only is None or r.id in only[ds]], templates, config.seed)]
+    corpora = _corpora(cfg, run_dir, upstream) if only is None else {}
+    jobs += plan_query_jobs(cfg, corpora, templates, config.seed)
     log.info("%s: %d requests planned over %d datasets", instance, len(jobs), len(chosen))
 
     t_gen = time.perf_counter()
     outcomes, client_stats = generate(cfg, jobs, run_dir, config.seed) if jobs else ([], {"requests": 0})
     gen_s = time.perf_counter() - t_gen
     _refuse_an_outage(cfg, outcomes, client_stats.get("server", {}).get("base_url"))
-    kept, filtered = _filtered(config, cfg, records, chosen, outcomes)
+    kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora)
     by_ds: dict[str, list[Candidate]] = defaultdict(list)
     for c in kept:
         by_ds[c.outcome.job.dataset].append(c)
@@ -124,7 +148,8 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
                  "detail": o.detail, "raw": o.raw, "attempts": o.attempts} for o in outcomes if o.answer is None]
 
     with StageWriter(run_dir, instance) as writer:
-        for ds, recs in records.items():
+        for ds in sorted(set(records) | set(by_ds)):
+            recs = records.get(ds, [])
             negs = {c.record.id: c.record for c in by_ds.get(ds, []) if c.outcome.job.strategy == "hard_negative"}
             new = [c.record for c in by_ds.get(ds, []) if c.outcome.job.strategy != "hard_negative"]
             writer.write_table(f"{ds}.parquet", records_to_table([negs.get(r.id, r) for r in recs] + new),
@@ -143,14 +168,16 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
                     "launch": cfg.server.launch, "api_key_env": cfg.server.api_key_env},
             "prompt_versions": fingerprint.details["prompt_versions"],
             "settings": cfg.model_dump(mode="json"),
-            "counts": {"datasets": [{"dataset": ds, "records": len(records[ds]), "synthesized": ds in chosen,
+            "counts": {"datasets": [{"dataset": ds, "records": len(records.get(ds, [])), "synthesized": ds in chosen,
                                      "added": sum(1 for c in by_ds.get(ds, []) if c.outcome.job.strategy != "hard_negative"),
+                                     **({"corpus": True} if ds in corpora else {}),
                                      "llm_negatives": sum(1 for c in by_ds.get(ds, []) if c.outcome.job.strategy == "hard_negative")}
-                                    for ds in records],
+                                    for ds in sorted(set(records) | set(by_ds))],
                        "strategies": _strategy_counts(outcomes, filtered, kept),
                        "client": client_stats,
                        "failed": len(failures), "filtered": len(filtered), "kept": len(kept)},
             "timings_s": {"generate": round(gen_s, 3), "total": round(time.perf_counter() - t0, 3)},
+            **({"queries": _query_report(corpora, outcomes, filtered, kept)} if corpora else {}),
             **(extra or {}),
         })
     return manifest
@@ -186,10 +213,29 @@ def _chosen_datasets(cfg: SynthesizeConfig, run_dir: Path, upstream: str) -> tup
 
 
 def _filtered(config: RunConfig, cfg: SynthesizeConfig, records: dict[str, list], chosen: list[str],
-              outcomes: list) -> tuple[list[Candidate], list[dict[str, Any]]]:
-    """Step 3: the answered requests as candidates, through the filters (``filters.py``)."""
+              outcomes: list, corpora: dict[str, pa.Table]) -> tuple[list[Candidate], list[dict[str, Any]]]:
+    """Step 3: the answered requests as candidates, through the filters (``filters.py``; generated
+    queries then through ``queries.filter_queries``)."""
     from embed_core.prepare.run import collect_eval_texts
 
+    existing = {ds: {normalize_text(t) for r in records[ds] for t in r.texts()} for ds in chosen}
+    existing.update({name: {normalize_text(t) for t in table.column("text").to_pylist()}
+                     for name, table in corpora.items()})  # a query that copies a passage is a duplicate
+    answered = [o for o in outcomes if o.answer is not None]
+    candidates = [c for o in answered for c in (query_candidates(o) if o.job.strategy == QUERIES else [to_candidate(o)])]
+    kept, filtered = filter_candidates(cfg, candidates, existing, collect_eval_texts(config),
+                                       _embedder(cfg.filter.model, "mean", cfg.filter.max_length))
+    queries = [c for c in kept if c.outcome.job.strategy == QUERIES]
+    if not queries:
+        return kept, filtered
+    rt = cfg.queries.round_trip
+    kept_queries, dropped = filter_queries(cfg, queries, corpora, lambda: _embedder(
+        round_trip_model(config, cfg), rt.pooling if rt else "mean", rt.max_length if rt else 256))
+    return [c for c in kept if c.outcome.job.strategy != QUERIES] + kept_queries, filtered + dropped
+
+
+def _embedder(model: str, pooling: str, max_length: int):
+    """An embed function over ``model``, loaded at its first call."""
     encoder = None
 
     def embed(texts: list[str]) -> np.ndarray:
@@ -197,12 +243,30 @@ def _filtered(config: RunConfig, cfg: SynthesizeConfig, records: dict[str, list]
         if encoder is None:
             from embed_core.model.encoder import Encoder
 
-            encoder = Encoder(cfg.filter.model, pooling="mean", max_length=cfg.filter.max_length, precision="fp32")
+            encoder = Encoder(model, pooling=pooling, max_length=max_length, precision="fp32")
         return encoder.encode(texts, batch_size=64)
 
-    existing = {ds: {normalize_text(t) for r in records[ds] for t in r.texts()} for ds in chosen}
-    answered = [o for o in outcomes if o.answer is not None]
-    return filter_candidates(cfg, [to_candidate(o) for o in answered], existing, collect_eval_texts(config), embed)
+    return embed
+
+
+def _query_report(corpora: dict[str, pa.Table], outcomes: list, filtered: list[dict[str, Any]],
+                  kept: list[Candidate]) -> dict[str, Any]:
+    """What query generation did, per corpus: passages asked about, queries generated, kept and
+    dropped by filter, and a few kept and dropped examples (the stage report shows them)."""
+    out = {}
+    for name, table in sorted(corpora.items()):
+        asked = [o for o in outcomes if o.job.strategy == QUERIES and o.job.dataset == name]
+        mine = [c for c in kept if c.outcome.job.strategy == QUERIES and c.record.dataset == name]
+        dropped = [r for r in filtered if r["strategy"] == QUERIES and r["dataset"] == name]
+        out[name] = {"passages": table.num_rows, "passages_asked": len({o.job.record.id for o in asked}),
+                     "requests": len(asked), "answered": sum(o.answer is not None for o in asked),
+                     "generated": sum(len(o.answer.queries) for o in asked if o.answer is not None),
+                     "kept": len(mine), "dropped": dict(Counter(r["reason"] for r in dropped)),
+                     "kept_examples": [{"query": c.record.query, "passage": c.record.positives[0][:300],
+                                        "type": c.outcome.job.values["type"]} for c in mine[:5]],
+                     "dropped_examples": [{"reason": r["reason"], "generated": r["generated"], "scores": r["scores"]}
+                                          for r in dropped[:5]]}
+    return out
 
 
 def _strategy_counts(outcomes: list, filtered: list[dict[str, Any]], kept: list[Candidate]) -> dict[str, dict]:

@@ -21,16 +21,32 @@ def format_counts(manifest: dict[str, Any]) -> str:
     lines.append(f"requests {cl.get('requests', 0)} (retries {cl.get('retries', 0)}), cache hits {cl.get('cache_hits', 0)}, "
                  f"tokens {cl.get('tokens', 0)}" + (", budget spent" if cl.get("budget_exhausted") else ""))
     lines.append("added per dataset: " + ", ".join(f"{d['dataset']} +{d['added']} ({d['llm_negatives']} negatives)"
-                                                   for d in c["datasets"] if d["synthesized"]))
+                                                   for d in c["datasets"] if d["synthesized"] or d.get("corpus")))
+    for name, q in manifest.get("queries", {}).items():
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(q["dropped"].items())) or "none"
+        lines.append(f"queries for corpus {name}: {q['passages_asked']} of {q['passages']} passages asked, "
+                     f"{q['generated']} generated, {q['kept']} kept; dropped: {dropped}")
     return "\n".join(lines)
 
 
 def report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
     rows = [{"strategy": name, **s} for name, s in manifest["counts"]["strategies"].items()]
     return Report(markdown=(f"Samples: `{ctx.stage_dir}/_samples.parquet`, failures with raw replies: "
-                            "`_failures.parquet`, filtered answers: `_filtered.parquet`."),
+                            "`_failures.parquet`, filtered answers: `_filtered.parquet`." + _queries_markdown(manifest)),
                   table=rows, table_key=f"{ctx.instance}-stats-",
                   table_description=f"{ctx.instance}: requests, failures and filters per strategy")
+
+
+def _queries_markdown(manifest: dict[str, Any]) -> str:
+    """Query generation per corpus: counts, dropped by filter, kept and dropped examples."""
+    parts = []
+    for name, q in manifest.get("queries", {}).items():
+        parts.append(f"\n\n**Queries for corpus {name}**: {q['passages_asked']} of {q['passages']} passages asked, "
+                     f"{q['generated']} queries generated, {q['kept']} kept; dropped by filter: "
+                     + (", ".join(f"{k} {v}" for k, v in sorted(q["dropped"].items())) or "none"))
+        parts += [f"\n- kept ({e['type']}): {e['query']!r} → {e['passage'][:120]!r}" for e in q["kept_examples"]]
+        parts += [f"\n- dropped ({e['reason']}): {e['generated']} {e['scores']}" for e in q["dropped_examples"]]
+    return "".join(parts)
 
 
 # One task-level retry on top of the client's per-request retries: the request cache makes a

@@ -66,6 +66,8 @@ class TaskBatch:
     max_score: float = 1.0  # highest score in the dataset (R of the graded targets)
     # what a loss derives once from the batch's texts (text ids, a guide model's embeddings), by key
     derived: dict = field(default_factory=dict, repr=False, compare=False)
+    # per-example loss weights (the stage's origin_weight of each row's origin); empty: all 1
+    weights: list[float] = field(default_factory=list)
     # the dataset positions of the whole micro-batch, all ranks' slices (lineage); set by the trainer
     positions: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -102,7 +104,7 @@ def batch_layout(task: str, layout: str, *, num_negatives: int, num_positives: i
 
 
 RECORD_COLUMNS = ("task", "instruction", "query", "positives", "positive_scores", "negatives", "negative_scores",
-                  "negative_labels", "weak_positives", "label")
+                  "negative_labels", "weak_positives", "label", "origin")
 
 
 class ArrowColumn(Sequence):

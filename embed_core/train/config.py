@@ -202,6 +202,11 @@ class TrainStageConfig(StrictModel):
     dataset_weight: dict[str, float] = Field(default_factory=dict, description="Dataset -> multiplier of its "
                                              "size^α sampling weight (default 1; 0 leaves it out), applied before "
                                              "η splits retrieval from the rest, e.g. {stsb: 3.0}.")
+    origin_weight: dict[str, float] = Field(default_factory=dict, description="Record origin -> weight (default 1), "
+                                            "e.g. {synthetic: 0.5} to down-weight LLM-generated pairs against human "
+                                            "ones: each example's InfoNCE loss is multiplied by its origin's weight, "
+                                            "and a dataset's sampling weight by its records' mean origin weight. "
+                                            "Recorded in the stage's lineage.")
     num_hard_negatives: int = Field(4, ge=0, description="Hard negatives per query (QZhou: 4).")
     query_max_length: int = Field(256, ge=8, description="Tokens per query (and per text of a scored pair).")
     passage_max_length: int = Field(512, ge=8, description="QZhou uses 1536 for a 7B decoder.")
@@ -243,6 +248,19 @@ class TrainStageConfig(StrictModel):
         bad = {k: w for k, w in v.items() if w < 0}
         if bad:
             raise ValueError(f"dataset_weight must be >= 0 (got {bad})")
+        return v
+
+    @field_validator("origin_weight")
+    @classmethod
+    def _known_origins(cls, v: dict[str, float]) -> dict[str, float]:
+        from embed_core.schema import ORIGINS
+
+        unknown = sorted(set(v) - set(ORIGINS))
+        if unknown:
+            raise ValueError(f"origin_weight: unknown origin(s) {unknown} (expected {', '.join(ORIGINS)})")
+        bad = {k: w for k, w in v.items() if w < 0}
+        if bad:
+            raise ValueError(f"origin_weight must be >= 0 (got {bad})")
         return v
 
     @field_validator("losses")

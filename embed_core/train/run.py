@@ -476,7 +476,8 @@ def _lineage(run_dir: Path, upstream: str, stage: TrainStageConfig, datasets: di
     model_step = best["step"] if best and stage.dev is not None and stage.dev.select == "best" else trainer.step
     return lineage_table(trainer.consumed, {"upstream": upstream, "datasets": files, "steps": trainer.step,
                                             "model_step": model_step, "grad_accum": stage.grad_accum,
-                                            "processes": getattr(trainer, "world", 1)})
+                                            "processes": getattr(trainer, "world", 1),
+                                            **({"origin_weight": stage.origin_weight} if stage.origin_weight else {})})
 
 
 def _hardware(cfg, trainer) -> dict[str, Any]:

@@ -49,6 +49,17 @@ def dataset_weights(sizes: dict[str, int], alpha: float, retrieval: set[str] | N
     return {name: (eta * w / s_ret if name in ret else (1 - eta) * w / s_non) for name, w in powered.items()}
 
 
+def origin_factors(origins: dict[str, dict[str, int]], origin_weight: dict[str, float]) -> dict[str, float]:
+    """Dataset -> the mean origin weight of its records (Σ count × weight / Σ count; an origin
+    without a weight counts 1): a sampling multiplier, so a dataset of synthetic records under
+    ``origin_weight: {synthetic: 0.5}`` is drawn as if it were half its size^α."""
+    out = {}
+    for name, counts in origins.items():
+        total = sum(counts.values())
+        out[name] = sum(n * origin_weight.get(o, 1.0) for o, n in counts.items()) / total if total else 1.0
+    return out
+
+
 @dataclass
 class Batch:
     dataset: str

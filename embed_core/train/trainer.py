@@ -52,7 +52,7 @@ from embed_core.train.distributed import broadcast_from_main, init_process_group
 from embed_core.train.lineage import Consumed, consumed_positions, replay
 from embed_core.train.passes import Passes
 from embed_core.train.prefetch import BatchSource
-from embed_core.train.sampling import Batch, GroupedBatchSampler
+from embed_core.train.sampling import Batch, GroupedBatchSampler, origin_factors
 from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory_mb
 
 CHECKPOINT_PREFIX = checkpoint.PREFIX
@@ -68,6 +68,19 @@ def lr_lambda(stage: TrainStageConfig) -> Callable[[int], float]:
         progress = min(max(progress, 0.0), 1.0)
         return 0.5 * (1 + math.cos(math.pi * progress)) if stage.scheduler == "cosine" else 1.0 - progress
     return f
+
+
+def _multipliers(stage: TrainStageConfig, datasets: dict[str, DatasetRecords]) -> dict[str, float]:
+    """The sampler's dataset multipliers: ``dataset_weight`` times, with ``origin_weight`` set, the
+    mean origin weight of the dataset's records (``sampling.origin_factors``)."""
+    if not stage.origin_weight:
+        return stage.dataset_weight
+    import pyarrow.compute as pc
+
+    origins = {n: {v["values"]: v["counts"] for v in pc.value_counts(d.cols["origin"]._array).to_pylist()}
+               for n, d in datasets.items()}
+    factors = origin_factors(origins, stage.origin_weight)
+    return {n: stage.dataset_weight.get(n, 1.0) * factors[n] for n in datasets}
 
 
 class Trainer:
@@ -105,7 +118,7 @@ class Trainer:
             {n: d.size for n, d in datasets.items()},
             {n: stage.batch_of(d.task) * self.world for n, d in datasets.items()},
             alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks,
-            multipliers=stage.dataset_weight)
+            multipliers=_multipliers(stage, datasets))
         self._init_optimization(model, sampler, checkpoint_dir)
         self.lineage = True  # records consumed per step (embed_core.train.lineage): records, not derived examples
 
@@ -204,6 +217,8 @@ class Trainer:
         for group in batch.groups.values():
             group.features = self.model.tokenize(group.texts, group.instructions, group.max_length)
         batch.positions = consumed_positions(drawn.indices, self.world)
+        if s.origin_weight:
+            batch.weights = [s.origin_weight.get(records.cols["origin"][i], 1.0) for i in self._slice(drawn.indices)]
         return batch
 
     # -- a step --------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ OpenAI-compatible server does, except that the first requests consume ``faults``
 ``"timeout"`` (waits longer than the client's timeout, then answers) and ``"bad_json"`` (a 200
 whose body is not JSON). ``reject_response_format``: a request with a ``response_format`` gets the
 400 a server without structured outputs sends. ``bodies`` keeps every request body. A prompt containing ``MALFORMED``
-always gets a reply that is not the JSON the prompt asks for. Otherwise the reply is a
+always gets a reply that is not the JSON the prompt asks for. A query-generation prompt gets
+``k`` queries (chat: the k it asks for; completion: one) made of the passage's first words. Otherwise the reply is a
 deterministic rewrite of the prompt's last example (good enough to pass the stage's filters), so
 tests can check what the stage does with answers, failures and the cache. ``calls`` counts every
 request by path; ``keys_seen`` records the Authorization headers (to check the key reaches the
@@ -31,12 +32,21 @@ def _last(label: str, prompt: str) -> str:
     return found[-1] if found else ""
 
 
+def _k(prompt: str) -> int:
+    found = re.search(r"Write (\d+) different", prompt)
+    return int(found.group(1)) if found else 1
+
+
 def _answer(prompt: str, chat: bool) -> str:
     """What a cooperative model would say to the stage's templates (completion: the text after
     the template's prefix; chat: the whole JSON)."""
     query = _last("Query", prompt) or _last("Sentence", prompt) or _last("Rewrite this sentence", prompt)
     passage = _last("Passage", prompt) or _last("Relevant passage", prompt)
-    if '{"negative"' in prompt.splitlines()[-1] or "hard negatives" in prompt:
+    if '{"queries"' in prompt.splitlines()[-1] or '{"queries"' in prompt:  # query generation: k queries
+        words = passage.split()
+        variant = sum(map(ord, prompt)) % 997  # the kinds' prompts differ: so do their queries
+        obj = {"queries": [f"{' '.join(words[:6])} variant {variant} {i}".strip() for i in range(_k(prompt))]}
+    elif '{"negative"' in prompt.splitlines()[-1] or "hard negatives" in prompt:
         obj = {"negative": f"A study of {query.split()[0] if query else 'this'} topics measured an unrelated outcome "
                            f"in a different population, with no finding about the claim."}
     elif "Passage" in prompt and ('{"query"' in prompt.splitlines()[-1] or '"positive"' in prompt):

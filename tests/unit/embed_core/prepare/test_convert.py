@@ -28,7 +28,7 @@ def brief(item) -> tuple:
 
 
 def test_every_kind_is_one_module_named_after_it():
-    assert set(CONVERTERS) == {"beir", "claim_evidence", "classification", "entailment", "flagembedding",
+    assert set(CONVERTERS) == {"beir", "claim_evidence", "classification", "corpus", "entailment", "flagembedding",
                                "pair_classification", "qa", "sts", "title_body"}
     for kind, cls in CONVERTERS.items():
         assert cls.__module__ == f"embed_core.prepare.convert.{kind}"

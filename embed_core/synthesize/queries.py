@@ -1,0 +1,106 @@
+"""Strategy ``queries``: query generation for the passages of corpus sources (InPars, Promptagator,
+GPL, doc2query). For a seeded sample of each corpus's passages (``queries.max_passages``), one
+request per passage and kind of query (``queries.types``: question, keyword, claim, title; the
+packaged prompts ``queries-<type>.yaml``) asks for ``per_type`` queries; each answer's queries
+become retrieval records of dataset <corpus name> (query, the passage as positive, origin
+``synthetic``, the passage's ``source_ref``). They go through the stage's filters (lengths, copies,
+duplicates, contamination: ``filters.py``), then a word-count filter and round-trip consistency
+(``consistency.py``); every drop is a row of ``_filtered.parquet`` with its reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from embed_core.schema import Record
+from embed_core.synthesize.config import SynthesizeConfig
+from embed_core.synthesize.consistency import round_trip
+from embed_core.synthesize.filters import Candidate
+from embed_core.synthesize.jobs import Job, Outcome
+from embed_core.synthesize.prompts import PromptTemplate
+
+STRATEGY = "queries"
+
+
+def _draw(seed: int, passage_id: str) -> bytes:
+    return hashlib.sha256(f"{seed}:queries:{passage_id}".encode()).digest()
+
+
+def sample_passages(table: pa.Table, budget: int | None, seed: int) -> list[dict[str, Any]]:
+    """``budget`` passages of a corpus artifact, a seeded draw by id (a larger budget keeps the
+    smaller one's passages), in corpus order; all of them with no budget."""
+    rows = table.to_pylist()
+    if budget is None or budget >= len(rows):
+        return rows
+    chosen = set(sorted(range(len(rows)), key=lambda i: _draw(seed, rows[i]["id"]))[:budget])
+    return [r for i, r in enumerate(rows) if i in chosen]
+
+
+def plan_query_jobs(cfg: SynthesizeConfig, corpora: dict[str, pa.Table], templates: dict[str, PromptTemplate],
+                    seed: int) -> list[Job]:
+    """One job per sampled passage and kind of query; the passage rides along as a record (its
+    text the only positive) so the job's answer knows what it was asked about."""
+    q = cfg.queries
+    jobs = []
+    for name, table in sorted(corpora.items()):
+        for p in sample_passages(table, q.max_passages, seed):
+            passage = Record(id=p["id"], dataset=name, task="retrieval", query="", positives=[p["text"]],
+                             origin="synthetic", source_ref=p["source_ref"])
+            for kind in q.types:
+                jobs.append(Job(STRATEGY, name, passage, templates[f"queries-{kind}"],
+                                {"passage": p["text"], "k": str(q.per_type), "type": kind}))
+    return jobs
+
+
+def query_candidates(o: Outcome) -> list[Candidate]:
+    """The records of one answered request: one per generated query."""
+    passage, kind = o.job.record, o.job.values["type"]
+    out = []
+    for i, query in enumerate(o.answer.queries):
+        rec = Record(id=f"{passage.id}~{kind}{i}", dataset=passage.dataset, task="retrieval", query=query,
+                     positives=list(passage.positives), origin="synthetic", source_ref=passage.source_ref)
+        out.append(Candidate(o, rec, {"query": query}, []))
+    return out
+
+
+def _dropped(c: Candidate, reason: str, scores: dict[str, float] | None = None) -> dict[str, Any]:
+    return {"dataset": c.outcome.job.dataset, "source_id": c.outcome.job.record.id, "strategy": STRATEGY,
+            "reason": reason, "generated": json.dumps(c.generated, ensure_ascii=False),
+            "scores": json.dumps(scores or {})}
+
+
+def filter_queries(cfg: SynthesizeConfig, candidates: list[Candidate], corpora: dict[str, pa.Table],
+                   embed_for: Callable[[], Callable[[list[str]], np.ndarray]]) -> tuple[list[Candidate], list[dict]]:
+    """The word-count filter, then round-trip consistency per corpus (``embed_for()`` gives the
+    ranking model's embed function, loaded only when some query is left to rank)."""
+    q = cfg.queries
+    kept, dropped = [], []
+    for c in candidates:
+        words = len(c.record.query.split())
+        if words < q.min_words:
+            dropped.append(_dropped(c, "too_few_words", {"words": words}))
+        elif words > q.max_words:
+            dropped.append(_dropped(c, "too_many_words", {"words": words}))
+        else:
+            kept.append(c)
+    if q.round_trip is None or not kept:
+        return kept, dropped
+    embed = embed_for()
+    survivors = []
+    for name in sorted({c.record.dataset for c in kept}):
+        mine = [c for c in kept if c.record.dataset == name]
+        ids = corpora[name].column("id").to_pylist()
+        where = {pid: i for i, pid in enumerate(ids)}
+        keep, ranks = round_trip([c.record.query for c in mine], [where[c.outcome.job.record.id] for c in mine],
+                                 corpora[name].column("text").to_pylist(), embed, q.round_trip.top_k)
+        for c, ok, rank in zip(mine, keep, ranks):
+            if ok:
+                survivors.append(c)
+            else:
+                dropped.append(_dropped(c, "round_trip", {"rank": int(rank), "top_k": q.round_trip.top_k}))
+    return survivors, dropped
