@@ -59,6 +59,8 @@ class LineageMetadata(BaseModel):
     model_step: int = Field(ge=0, description="The step whose weights the stage kept.")
     grad_accum: int = Field(ge=1, description="Micro-batches per optimizer step.")
     processes: int = Field(ge=1, description="Processes that trained the stage.")
+    origin_weight: dict[str, float] = Field(default_factory=dict, description="The stage's origin_weight "
+                                            "(record origin -> loss and sampling weight), when it set one.")
 
 
 # (optimizer step counted from 1, dataset, global record positions consumed)
@@ -113,7 +115,7 @@ def read_metadata(schema: pa.Schema, path: object = LINEAGE_FILE) -> dict[str, A
         raise EmbedpipeError(f"{path}: lineage metadata of {len(raw)} bytes, more than a lineage file has "
                              f"({MAX_METADATA_BYTES}): the file is damaged")
     try:
-        return LineageMetadata.model_validate(json.loads(raw)).model_dump()
+        return LineageMetadata.model_validate(json.loads(raw)).model_dump(exclude_unset=True)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         if isinstance(exc, ValidationError):
             err = exc.errors()[0]
