@@ -47,15 +47,14 @@ demo: $(LLM_STAMP)
 
 # llama.cpp compiles in the background while the tests that do not need it run; then the tests
 # that start the real llama.cpp server run (and must not skip: EMBEDPIPE_REQUIRE_LLAMA).
-# TEST_WORKERS=2 runs the suite in two pytest-xdist processes, each taking whole test files (module
-# fixtures run once): on 2 cores 14m53s against 25m28s in one process. Not the default yet: in one
-# of three such runs the killed-rank torchrun test found no step-2 checkpoint (timing under load);
-# 0 = pytest's own process, as CI has always run it.
-TEST_WORKERS ?= 0
+# TEST_WORKERS=2 (the default): two pytest-xdist processes, each taking whole test files (a module's
+# fixtures run once); every test that starts processes picks free ports and waits for what it
+# checks (docs/testing.md). TEST_WORKERS=0: pytest's own process, one test at a time.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	@if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
 	  ( $(MAKE) -s install-llm > $(VENV)/llm-install.log 2>&1; echo $$? > $(VENV)/llm-install.rc ) & fi; \
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not llama_server and not matrix"; rc=$$?; \
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 -m "not llama_server and not matrix"; rc=$$?; \
 	while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
 	if [ ! -f $(LLM_STAMP) ]; then tail -30 $(VENV)/llm-install.log; rm -f $(VENV)/llm-install.rc; exit 1; fi; \
 	rm -f $(VENV)/llm-install.rc; \

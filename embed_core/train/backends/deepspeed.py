@@ -32,8 +32,11 @@ class DeepSpeed(Backend):
             raise ConfigError("train.deepspeed is set but deepspeed is not installed: pip install -e '.[deepspeed]'") from None
         import torch
 
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                           ("MASTER_PORT", "29511")):
+        if "MASTER_PORT" not in os.environ:  # one process: any free port (two runs on a machine never clash)
+            from embed_core.procs import free_port
+
+            os.environ["MASTER_PORT"] = str(free_port())
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
         if self.device.type == "cpu":
             _skip_cpu_inference_kernel()

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from embed_core.procs import free_port
 from tests.helpers.repo import REPO, demo_prepare_only
 from tests.helpers.tiny_model import build_tiny_bert
 
@@ -195,8 +196,8 @@ def test_deepspeed_launcher_with_zero_2_trains_like_one_process(one_process, tmp
     cfg = _config(tmp / "demo.yaml", model, batch=4)
     cfg["train"]["deepspeed"] = {"zero_optimization": {"stage": 2}}
     (tmp_path / "ds.yaml").write_text(yaml.safe_dump(cfg))
-    launcher = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29561", "--module",
-                "flows.cli"]
+    launcher = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+                "--module", "flows.cli"]
     proc = _cli("train", "--config", str(tmp_path / "ds.yaml"), "--run-dir", str(run_dir), launcher=launcher,
                 env={**env, "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

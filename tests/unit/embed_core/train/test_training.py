@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from embed_core.procs import free_port
 from embed_core.stages import records_upstream
 from embed_core.config import parse_config
 from tests.helpers.repo import REPO
@@ -373,7 +374,8 @@ def test_deepspeed_zero2_on_cpu_matches_the_plain_trainer(prepared, tiny_model, 
     plain = [r["loss"] for r in pq.read_table(run_dir / "train-ds/metrics.parquet").to_pylist()]
 
     cfg["train"]["deepspeed"] = {"zero_optimization": {"stage": 2}}
-    proc, other = _train_in_subprocess(cfg, run_dir, tmp_path, "ds", {"DS_ACCELERATOR": "cpu", "MASTER_PORT": "29533"})
+    proc, other = _train_in_subprocess(cfg, run_dir, tmp_path, "ds",
+                                       {"DS_ACCELERATOR": "cpu", "MASTER_PORT": str(free_port())})
     assert proc.returncode == 0, proc.stderr[-3000:]
     ds = [r["loss"] for r in pq.read_table(other / "train-ds/metrics.parquet").to_pylist()]
     assert ds == pytest.approx(plain, rel=1e-4, abs=1e-5)
