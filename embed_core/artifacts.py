@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embed_core import __version__
-from embed_core.errors import DISK_FULL_ERRNOS, DiskFullError, EmbedpipeError
+from embed_core.errors import DISK_FULL_ERRNOS, UNCOMMITTED_ATTR, DiskFullError, EmbedpipeError
 from embed_core.fingerprint import sha256_file
 from embed_core.paths import files_within
 from embed_core.procs import check_parent
@@ -194,6 +194,8 @@ class StageWriter:
             for stream, _ in self._streams.values():
                 stream.discard()
             shutil.rmtree(self.staging, ignore_errors=True)
+            if exc is not None and not isinstance(exc, Exception):  # an interrupt: the command's line names the stage
+                setattr(exc, UNCOMMITTED_ATTR, [*getattr(exc, UNCOMMITTED_ATTR, []), str(self.final)])
             if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # pyarrow's names no file
                 where = exc.filename or self.staging
                 raise DiskFullError(f"{where}: no space left to write the {self.stage} stage "
