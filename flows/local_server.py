@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from embed_core.errors import DISK_FULL_ERRNOS, EmbedpipeError, printable
+from embed_core.errors import DISK_FULL_ERRNOS, EmbedpipeError, printable, register_user_error
 from embed_core.procs import free_port
 
 _HOST = "127.0.0.1"
@@ -53,6 +53,7 @@ def prefect_api() -> Iterator[None]:
     from prefect.context import _temporary_global_settings_context, get_settings_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    register_user_error(prefect_api_error)
     if PREFECT_API_URL.value() or not sys.platform.startswith("linux"):
         yield
         return
@@ -66,6 +67,40 @@ def prefect_api() -> Iterator[None]:
                 _drain_prefect_workers()  # the run's last logs and events reach the server before it stops
     finally:
         _stop(server)
+
+
+def prefect_api_error(exc: BaseException) -> str | None:
+    """One line for a request of Prefect's client (its User-Agent) that failed, ``exc`` or an error
+    it arose from (Prefect wraps some): an error status, or no answer. It names the server's API
+    URL, the request and the status; a bug of ours, or another server's error, is not one of these."""
+    import httpx
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        todo += [item.__cause__, item.__context__]
+        if not isinstance(item, (httpx.HTTPStatusError, httpx.TransportError)):
+            continue
+        try:
+            request = item.request
+        except RuntimeError:  # an httpx error raised without its request
+            continue
+        if not request.headers.get("user-agent", "").startswith("prefect/"):
+            continue
+        url = str(request.url)
+        api = url[:url.index("/api/") + 4] if "/api/" in url else f"{request.url.scheme}://{request.url.netloc}"
+        path = request.url.path.removeprefix(httpx.URL(api).path)
+        if isinstance(item, httpx.HTTPStatusError):
+            what = f"answered {item.response.status_code} {item.response.reason_phrase} to {request.method} {path}"
+        else:
+            what = f"did not answer {request.method} {path} ({type(item).__name__}: {item or 'no reason given'})"
+        return (f"the Prefect server at {api} {what}; its own log says why (PREFECT_API_URL names "
+                "the server; without it the command starts a temporary one)")
+    return None
 
 
 def _start() -> tuple[subprocess.Popen, str]:
@@ -89,6 +124,7 @@ def _start() -> tuple[subprocess.Popen, str]:
                 while server.poll() is None and time.monotonic() < deadline:
                     try:
                         if client.get(f"{api_url}/health").status_code == 200:
+                            log.echo()
                             return server, api_url
                     except httpx.TransportError:
                         pass
@@ -153,20 +189,29 @@ def _probe(directory: Path) -> None:
 
 
 class _Log(threading.Thread):
-    """The server's output, copied to the command's stdout as it comes; its last lines kept."""
+    """The server's output, its last lines kept. Once it has started (:meth:`echo`) its output goes
+    to the command's stdout as it comes; a server that fails to start is the command's one error
+    line, its traceback is not printed."""
 
     def __init__(self, stream):
         super().__init__(daemon=True, name="temporary-server-log")
         self.stream = stream
         self.tail: deque[str] = deque(maxlen=200)
+        self._lock = threading.Lock()
+        self._echo = False
 
     def run(self) -> None:
         for line in self.stream:
-            self.tail.append(line.decode(errors="replace").rstrip())
-            try:
-                os.write(1, line)
-            except OSError:
-                pass
+            with self._lock:
+                self.tail.append(line.decode(errors="replace").rstrip())
+                if self._echo:
+                    _write_stdout(line)
+
+    def echo(self) -> None:
+        """From now on (and what it said while starting), its output goes to the command's stdout."""
+        with self._lock:
+            self._echo = True
+            _write_stdout("".join(f"{line}\n" for line in self.tail).encode())
 
     def says(self, text: str) -> bool:
         return any(text in line.lower() for line in self.tail)
@@ -178,12 +223,19 @@ class _Log(threading.Thread):
         return printable((errors or lines or [None])[-1], 300) if lines else None
 
 
+def _write_stdout(data: bytes) -> None:
+    try:
+        os.write(1, data)
+    except OSError:
+        pass
+
+
 def _spawn(port: int) -> tuple[subprocess.Popen, _Log]:
     """The server process: uvicorn as Prefect runs it, with the death signal armed
     (``embed_core.procs``), in a session of its own: a signal to the terminal's process group
     (Ctrl-C) reaches the command, which stops the server after its last report; the server never
-    dies under it. Its output goes to the command's stdout (stderr carries only the command's
-    error line), through :class:`_Log`."""
+    dies under it. Once it has started, its output goes to the command's stdout (stderr carries only
+    the command's error line), through :class:`_Log`."""
     import signal
 
     import prefect
