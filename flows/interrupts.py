@@ -5,9 +5,9 @@ for SIGINT and 143 for SIGTERM (128 + the signal's number).
 A terminal's Ctrl-C, ``timeout`` and a service manager signal the whole process group. The
 command's helper processes (the temporary Prefect server, the ranks of a local multi-process
 training, a sweep's workers, the llama.cpp server) run in sessions of their own, so the signal
-reaches the command alone: it stops its work where it is (the stage writer it leaves discards its
-staging directory and notes the stage on the exception, ``embed_core.artifacts``), reports the run as crashed to a server that is still
-there, stops its helpers and prints, e.g.::
+reaches the command alone: it stops its work where it is (a stage writer it leaves discards its
+staging directory and notes the stage on the exception, ``embed_core.artifacts``), reports the run
+as crashed to a server that is still there, stops its helpers and prints, e.g.::
 
     embedpipe: interrupted (SIGTERM): nothing was committed for runs/r/prepare, which is as it was; rerun to resume
 

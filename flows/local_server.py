@@ -33,7 +33,7 @@ from embed_core.errors import DISK_FULL_ERRNOS, EmbedpipeError, printable, regis
 from embed_core.procs import free_port
 
 _HOST = "127.0.0.1"
-_STARTUP_FAILED = 3  # uvicorn's exit code when its start-up fails: the port taken first by another process, or the app's
+_STARTUP_FAILED = 3  # uvicorn's exit code for a failed start-up: its port taken by another process first, or the app's
 _PROBE_BYTES = 1 << 20  # what the database's directory must take before the server starts (a fresh database: ~1 MB)
 
 
@@ -143,8 +143,8 @@ def _start() -> tuple[subprocess.Popen, str]:
                                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a "
                                    "running server)")
     raise TemporaryServerError(f"the temporary Prefect server exited with code {code} as it started: "
-                               f"{log.error_line() or 'it logged no error'} (its database: {database}; set "
-                               "PREFECT_HOME to a writable directory with space, or PREFECT_API_URL to a running server)")
+                               f"{log.error_line() or 'it logged no error'} (its database: {database}; set PREFECT_HOME "
+                               "to a writable directory with space, or PREFECT_API_URL to a running server)")
 
 
 def _check_database_dirs() -> str:
