@@ -8,7 +8,14 @@ ephemeral-mode flags and the current Prefect settings in its environment (so the
 the wait for ``/health`` bounded by ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` — with
 one difference: its process asks the kernel for SIGTERM when the command's process dies (Linux
 ``PR_SET_PDEATHSIG``, kept across ``exec``; :func:`embed_core.procs.dying_with_parent`).
-Elsewhere than Linux, Prefect starts its own temporary server.
+Elsewhere than Linux, Prefect starts its own temporary server. It also runs in a session of its
+own: a Ctrl-C to the terminal's process group reaches the command alone, which reports its run to
+the server and then stops it (``flows.interrupts``).
+
+What cannot work is one line, at once: a Prefect home (the database's directory) that is full,
+read-only or not a directory, before the server starts; a server that exits while it starts, with
+the error it logged (not a wait for the start-up timeout, which cannot help); and an error of the
+Prefect API, from this server or the configured one (:func:`prefect_api_error`, exit 2).
 
 The death signal follows the thread that started the process: :func:`prefect_api` starts it from
 the calling thread, which must live as long as the command (the CLI's main thread).
@@ -132,7 +139,8 @@ def _start() -> tuple[subprocess.Popen, str]:
             except BaseException:  # an interrupt while it starts: it is stopped before the command goes on
                 _stop(server)
                 raise
-            log.join(timeout=5)  # its last lines
+            if server.poll() is not None:
+                log.join(timeout=5)  # its last lines
             if not (server.poll() == _STARTUP_FAILED and log.says("address already in use")) \
                     or time.monotonic() >= deadline:
                 break

@@ -29,6 +29,19 @@ def _start_cli(*argv) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
+def _in_session(sid: int) -> list[int]:
+    """The processes (not zombies) of session ``sid`` now."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getsid(int(entry.name)) == sid \
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
 def _writing(run_dir: Path, stage: str) -> bool:
     """The stage has a file in its staging directory: it is past opening its writer, and writes."""
     return run_dir.is_dir() and any(p.name.startswith(f".{stage}.staging-") and any(p.iterdir())
@@ -67,6 +80,7 @@ def test_a_signal_to_the_process_group_stops_the_command_within_seconds_with_one
                                     f"{run_dir / 'prepare'}, which is as it was; rerun to resume"], err[-3000:]
         assert "Traceback" not in out, out[-3000:]
         assert all(gone(pid, seconds=5) for pid in tree), f"{name}: left running: {still_running(tree)}"
+        assert not _in_session(proc.pid), f"{name}: left running in the command's session: {_in_session(proc.pid)}"
         assert not (run_dir / "prepare").exists()
         assert not [p.name for p in run_dir.iterdir() if ".staging-" in p.name]
 
