@@ -94,11 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with launch.as_launched_rank():  # under torchrun / deepspeed: torn down at the end, however it ends
                 return _commands()[args.command](args, error_stream) or 0
-        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM: one line, the shell's code for the signal
-            if args.debug:
-                traceback.print_exception(exc, file=error_stream)
-            print(f"embedpipe: {interrupts.interrupted_line(exc)}", file=error_stream)
-            return interrupts.exit_code(exc)
         except Exception as exc:  # noqa: BLE001 — the error boundary: user-input errors become one line
             message = user_error(exc)
             if message is None:
@@ -107,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exception(exc, file=error_stream)
             print(f"embedpipe: error: {message}", file=error_stream)
             return 2
+        except BaseException as exc:  # Ctrl-C, SIGTERM: one line, the shell's code for the signal
+            if not interrupts.is_interrupt(exc):
+                raise
+            if args.debug:
+                traceback.print_exception(exc, file=error_stream)
+            print(f"embedpipe: {interrupts.interrupted_line(exc)}", file=error_stream)
+            return interrupts.exit_code(exc)
 
 
 def _load(args: argparse.Namespace):

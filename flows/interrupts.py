@@ -63,14 +63,25 @@ def interruptible(error_stream: TextIO) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def exit_code(exc: KeyboardInterrupt) -> int:
+def is_interrupt(exc: BaseException) -> bool:
+    """A signal's exception: ours, a KeyboardInterrupt, or Prefect's ``TerminationSignal`` (its
+    SIGTERM handler's, during a flow run) where it reaches the command itself."""
+    return isinstance(exc, KeyboardInterrupt) or (type(exc).__name__ == "TerminationSignal"
+                                                  and isinstance(getattr(exc, "signal", None), int))
+
+
+def _signum(exc: BaseException) -> int:
+    return getattr(exc, "signum", None) or getattr(exc, "signal", None) or signal.SIGINT
+
+
+def exit_code(exc: BaseException) -> int:
     """128 + the signal's number, as a shell reports a process ended by it."""
-    return 128 + getattr(exc, "signum", signal.SIGINT)
+    return 128 + _signum(exc)
 
 
-def interrupted_line(exc: KeyboardInterrupt) -> str:
+def interrupted_line(exc: BaseException) -> str:
     """The command's one line for an interrupt: the signal, and the stages it left uncommitted."""
-    name = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+    name = signal.Signals(_signum(exc)).name
     stages = _uncommitted(exc)
     if stages:
         where = ", ".join(stages)
