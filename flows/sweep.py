@@ -93,6 +93,11 @@ def _train_in_pool(workers: int, variants: list, rdir: str, force: bool) -> list
         try:
             futures = [runner.submit(train_variant, {"config": c, "run_dir": rdir, "variant": n, "force": force})
                        for n, _, c in variants]
+            # waited for in short steps: a signal that lands on another thread of this process (torch's,
+            # Prefect's) runs its handler only once the main thread is back in Python
+            for future in futures:
+                while not future.wrapped_future.done():
+                    future.wait(timeout=0.5)
             return [f.result() for f in futures]
         except BaseException as exc:
             if not isinstance(exc, Exception):  # an interrupt (Ctrl-C, SIGTERM): no variant is waited for
