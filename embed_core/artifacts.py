@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embed_core import __version__
-from embed_core.errors import DiskFullError, EmbedpipeError, disk_full_errno
+from embed_core.errors import UNCOMMITTED_ATTR, DiskFullError, EmbedpipeError, disk_full_errno
 from embed_core.fingerprint import sha256_file
 from embed_core.paths import files_within
 from embed_core.procs import check_parent
@@ -194,6 +194,8 @@ class StageWriter:
             for stream, _ in self._streams.values():
                 stream.discard()
             shutil.rmtree(self.staging, ignore_errors=True)
+            if exc is not None and not isinstance(exc, Exception):  # an interrupt: the command's line names the stage
+                setattr(exc, UNCOMMITTED_ATTR, [*getattr(exc, UNCOMMITTED_ATTR, []), str(self.final)])
             full = disk_full_errno(exc)  # pyarrow's names no file, safetensors' is no OSError
             if full is not None:
                 where = getattr(exc, "filename", None) or self.staging

@@ -114,6 +114,11 @@ def disk_full_errno(exc: BaseException | None) -> int | None:
     return None
 
 
+# Set on an interrupt (KeyboardInterrupt, a signal's exception) that left stage writers uncommitted
+# (``embed_core.artifacts``): their stage directories, for the command's one line (``flows.interrupts``).
+UNCOMMITTED_ATTR = "embedpipe_uncommitted"
+
+
 # OS errors that come from the user's files or machine (permissions, a full or read-only disk, a
 # file where a directory belongs); others (e.g. a vanished file) may be bugs and keep their traceback.
 _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EISDIR, errno.ENOTDIR,

@@ -1,4 +1,6 @@
-"""Processes that die with the process that started them, even when it is SIGKILLed.
+"""Processes that die with the process that started them, even when it is SIGKILLed, and that a
+signal to the terminal's process group (Ctrl-C) does not reach: the command that started them gets
+it and stops them (``flows.interrupts``); every helper process starts in a session of its own.
 
 Linux sends a process the signal it asked for with ``prctl(PR_SET_PDEATHSIG)`` when its parent
 exits, and keeps the request across ``exec``. Three ways in:
@@ -9,7 +11,8 @@ exits, and keeps the request across ``exec``. Three ways in:
   exits with code 1 and runs nothing) and ``exec``s the command in the same process. No
   ``preexec_fn``: that is unsafe in a process with threads.
 * :func:`die_with_parent` arms it in the calling process: a process-pool worker's initializer, a
-  rank started by a launcher.
+  rank started by a launcher; :func:`own_session_dying_with_parent` also moves it to a session of
+  its own, as ``start_new_session=True`` does for a command line.
 * :func:`guard` is for processes started by others (a local Ray instance's agents, started by its
   raylet): a guard process SIGKILLs the given processes once this process has exited, however it
   exited (the end of its stdin, a pipe only this process holds), unless :func:`release` ends it first.
@@ -55,6 +58,27 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != _parent:
         os._exit(1)
+
+
+def own_session_dying_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """:func:`die_with_parent`, in a session of its own: a signal to the terminal's process group
+    (Ctrl-C, ``timeout``, a service manager's stop) reaches the parent alone, which stops this
+    process itself (a process-pool worker's initializer)."""
+    try:
+        os.setsid()
+    except OSError:  # already a session or group leader
+        pass
+    die_with_parent(sig, parent)
+
+
+def kill_all(pids: set[int] | list[int]) -> None:
+    """SIGKILL each of ``pids`` that still runs (children of this process: none is reused before
+    it is waited for)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 _SIGNAL_WATCH: dict[str, object] = {}

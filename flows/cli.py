@@ -6,7 +6,8 @@ model's lineage (was a text trained on, and from which source row).
 The parser, the command table and the error boundary live here; where output goes is
 ``flows.console``, the temporary Prefect server ``flows.local_server``, multi-process launchers
 ``flows.launch``. Errors in the config or input end the command with exit code 2 and exactly one
-line on stderr (``--debug`` adds the traceback); everything else goes to stdout.
+line on stderr (``--debug`` adds the traceback); everything else goes to stdout. SIGINT (Ctrl-C) and
+SIGTERM end it within seconds with one line and exit code 130 / 143 (``flows.interrupts``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, TextIO
 
 from embed_core.errors import EmbedpipeError, user_error
 from embed_core.model.onednn import cap_onednn_primitive_cache
-from flows import console, launch
+from flows import console, interrupts, launch
 from flows.env import apply_defaults
 from flows.options import add_option_flags, stage_options
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(launch.without_launcher_args(sys.argv[1:] if argv is None else argv))
     apply_defaults()  # before prefect is imported
     cap_onednn_primitive_cache()  # before any stage runs a oneDNN op; stage subprocesses inherit it
-    with console.stderr_for_errors_only() as error_stream:
+    with console.stderr_for_errors_only() as error_stream, interrupts.interruptible(error_stream):
         try:
             with launch.as_launched_rank():  # under torchrun / deepspeed: torn down at the end, however it ends
                 return _commands()[args.command](args, error_stream) or 0
@@ -101,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exception(exc, file=error_stream)
             print(f"embedpipe: error: {message}", file=error_stream)
             return 2
+        except BaseException as exc:  # Ctrl-C, SIGTERM: one line, the shell's code for the signal
+            if not interrupts.is_interrupt(exc):
+                raise
+            if args.debug:
+                traceback.print_exception(exc, file=error_stream)
+            print(f"embedpipe: {interrupts.interrupted_line(exc)}", file=error_stream)
+            return interrupts.exit_code(exc)
 
 
 def _load(args: argparse.Namespace):

@@ -8,7 +8,14 @@ ephemeral-mode flags and the current Prefect settings in its environment (so the
 the wait for ``/health`` bounded by ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` — with
 one difference: its process asks the kernel for SIGTERM when the command's process dies (Linux
 ``PR_SET_PDEATHSIG``, kept across ``exec``; :func:`embed_core.procs.dying_with_parent`).
-Elsewhere than Linux, Prefect starts its own temporary server.
+Elsewhere than Linux, Prefect starts its own temporary server. It also runs in a session of its
+own: a Ctrl-C to the terminal's process group reaches the command alone, which reports its run to
+the server and then stops it (``flows.interrupts``).
+
+What cannot work is one line, at once: a Prefect home (the database's directory) that is full,
+read-only or not a directory, before the server starts; a server that exits while it starts, with
+the error it logged (not a wait for the start-up timeout, which cannot help); and an error of the
+Prefect API, from this server or the configured one (:func:`prefect_api_error`, exit 2).
 
 The death signal follows the thread that started the process: :func:`prefect_api` starts it from
 the calling thread, which must live as long as the command (the CLI's main thread).
@@ -16,18 +23,25 @@ the calling thread, which must live as long as the command (the CLI's main threa
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections import deque
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
-from embed_core.errors import EmbedpipeError
+from embed_core.errors import DISK_FULL_ERRNOS, EmbedpipeError, printable, register_user_error
 from embed_core.procs import free_port
 
 _HOST = "127.0.0.1"
-_PORT_TAKEN = 3  # uvicorn's exit code when it cannot bind (another process took the port first)
+_STARTUP_FAILED = 3  # uvicorn's exit code for a failed start-up: its port taken by another process first, or the app's
+_PROBE_BYTES = 1 << 20  # what the database's directory must take before the server starts (a fresh database: ~1 MB)
 
 
 class TemporaryServerError(EmbedpipeError):
@@ -46,6 +60,7 @@ def prefect_api() -> Iterator[None]:
     from prefect.context import _temporary_global_settings_context, get_settings_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    register_user_error(prefect_api_error)
     if PREFECT_API_URL.value() or not sys.platform.startswith("linux"):
         yield
         return
@@ -61,41 +76,174 @@ def prefect_api() -> Iterator[None]:
         _stop(server)
 
 
+def prefect_api_error(exc: BaseException) -> str | None:
+    """One line for a request of Prefect's client (its User-Agent) that failed, ``exc`` or an error
+    it arose from (Prefect wraps some): an error status, or no answer. It names the server's API
+    URL, the request and the status; a bug of ours, or another server's error, is not one of these."""
+    import httpx
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        todo += [item.__cause__, item.__context__]
+        if not isinstance(item, (httpx.HTTPStatusError, httpx.TransportError)):
+            continue
+        try:
+            request = item.request
+        except RuntimeError:  # an httpx error raised without its request
+            continue
+        if not request.headers.get("user-agent", "").startswith("prefect/"):
+            continue
+        url = str(request.url)
+        api = url[:url.index("/api/") + 4] if "/api/" in url else f"{request.url.scheme}://{request.url.netloc}"
+        path = request.url.path.removeprefix(httpx.URL(api).path)
+        if isinstance(item, httpx.HTTPStatusError):
+            what = f"answered {item.response.status_code} {item.response.reason_phrase} to {request.method} {path}"
+        else:
+            what = f"did not answer {request.method} {path} ({type(item).__name__}: {item or 'no reason given'})"
+        return (f"the Prefect server at {api} {what}; its own log says why (PREFECT_API_URL names "
+                "the server; without it the command starts a temporary one)")
+    return None
+
+
 def _start() -> tuple[subprocess.Popen, str]:
-    """The server process and its API URL, once ``/health`` answers."""
+    """The server process and its API URL, once ``/health`` answers. A Prefect home that cannot
+    hold the database is one line before anything starts; a server that exits is one line with the
+    error it logged, at once (a port another process took first is tried again with another)."""
     import httpx
     from prefect.logging import get_logger
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
+    database = _check_database_dirs()
     timeout = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
     deadline = time.monotonic() + timeout
     with httpx.Client() as client:
         while True:
             port = free_port(_HOST)
             get_logger().info("Starting temporary server on http://%s:%d", _HOST, port)
-            server = _spawn(port)
+            server, log = _spawn(port)
             api_url = f"http://{_HOST}:{port}/api"
-            while server.poll() is None and time.monotonic() < deadline:
-                try:
-                    if client.get(f"{api_url}/health").status_code == 200:
-                        return server, api_url
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
-            if server.poll() != _PORT_TAKEN or time.monotonic() >= deadline:
+            try:
+                while server.poll() is None and time.monotonic() < deadline:
+                    try:
+                        if client.get(f"{api_url}/health").status_code == 200:
+                            log.echo()
+                            return server, api_url
+                    except httpx.TransportError:
+                        pass
+                    time.sleep(0.1)
+            except BaseException:  # an interrupt while it starts: it is stopped before the command goes on
+                _stop(server)
+                raise
+            if server.poll() is not None:
+                log.join(timeout=5)  # its last lines
+            if not (server.poll() == _STARTUP_FAILED and log.says("address already in use")) \
+                    or time.monotonic() >= deadline:
                 break
     code = server.poll()
     _stop(server)
-    state = f"it exited with code {code}" if code is not None else f"it did not answer within {timeout:.0f} s"
-    raise TemporaryServerError(f"the temporary Prefect server did not start: {state} (raise "
-                               "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a "
-                               "running server)")
+    if code is None:
+        raise TemporaryServerError(f"the temporary Prefect server did not answer within {timeout:.0f} s (raise "
+                                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a "
+                                   "running server)")
+    raise TemporaryServerError(f"the temporary Prefect server exited with code {code} as it started: "
+                               f"{log.error_line() or 'it logged no error'} (its database: {database}; set PREFECT_HOME "
+                               "to a writable directory with space, or PREFECT_API_URL to a running server)")
 
 
-def _spawn(port: int) -> subprocess.Popen:
+def _check_database_dirs() -> str:
+    """The server's database (its URL's path for SQLite). Its directory and the Prefect home must
+    be directories (or be creatable) that take a write of :data:`_PROBE_BYTES`, else one line naming
+    the directory (a full disk, a read-only one, a file in the way)."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    url = settings.server.database.connection_url
+    url = url.get_secret_value() if url is not None else ""
+    dirs = [Path(settings.home).expanduser()]
+    database = "the configured database"
+    if url.startswith("sqlite") and ":///" in url:
+        database = url.split(":///", 1)[1].split("?", 1)[0]
+        if database and database != ":memory:":
+            dirs.append(Path(database).expanduser().parent)
+    for directory in dict.fromkeys(dirs):
+        _probe(directory)
+    return database
+
+
+def _probe(directory: Path) -> None:
+    advice = ("the temporary Prefect server keeps its database there (PREFECT_HOME): set PREFECT_HOME to a writable "
+              "directory with space, or PREFECT_API_URL to a running server")
+    if directory.exists() and not directory.is_dir():
+        raise TemporaryServerError(f"{directory}: is not a directory; {advice}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".embedpipe-space-probe-")
+        try:
+            with os.fdopen(fd, "wb") as probe:
+                probe.write(bytes(_PROBE_BYTES))
+                probe.flush()
+                os.fsync(probe.fileno())
+        finally:
+            os.unlink(name)
+    except OSError as exc:
+        what = "no space left" if exc.errno in DISK_FULL_ERRNOS else "cannot write there"
+        code = errno.errorcode.get(exc.errno or 0, exc.errno)
+        raise TemporaryServerError(f"{directory}: {what} ({code}: {exc.strerror or exc}); {advice}") from None
+
+
+class _Log(threading.Thread):
+    """The server's output, its last lines kept. Once it has started (:meth:`echo`) its output goes
+    to the command's stdout as it comes; a server that fails to start is the command's one error
+    line, its traceback is not printed."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True, name="temporary-server-log")
+        self.stream = stream
+        self.tail: deque[str] = deque(maxlen=200)
+        self._lock = threading.Lock()
+        self._echo = False
+
+    def run(self) -> None:
+        for line in self.stream:
+            with self._lock:
+                self.tail.append(line.decode(errors="replace").rstrip())
+                if self._echo:
+                    _write_stdout(line)
+
+    def echo(self) -> None:
+        """From now on (and what it said while starting), its output goes to the command's stdout."""
+        with self._lock:
+            self._echo = True
+            _write_stdout("".join(f"{line}\n" for line in self.tail).encode())
+
+    def says(self, text: str) -> bool:
+        return any(text in line.lower() for line in self.tail)
+
+    def error_line(self) -> str | None:
+        """The last exception it logged (``module.Error: message``), else its last line."""
+        lines = [line.strip() for line in self.tail if line.strip()]
+        errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+        return printable((errors or lines or [None])[-1], 300) if lines else None
+
+
+def _write_stdout(data: bytes) -> None:
+    try:
+        os.write(1, data)
+    except OSError:
+        pass
+
+
+def _spawn(port: int) -> tuple[subprocess.Popen, _Log]:
     """The server process: uvicorn as Prefect runs it, with the death signal armed
-    (``embed_core.procs``). Its output goes to the command's stdout: stderr carries only the
-    command's error line."""
+    (``embed_core.procs``), in a session of its own: a signal to the terminal's process group
+    (Ctrl-C) reaches the command, which stops the server after its last report; the server never
+    dies under it. Once it has started, its output goes to the command's stdout (stderr carries only
+    the command's error line), through :class:`_Log`."""
     import signal
 
     import prefect
@@ -108,8 +256,12 @@ def _spawn(port: int) -> subprocess.Popen:
                "--lifespan", "on"]
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
            **get_current_settings().to_environment_variables(exclude_unset=True)}
-    return subprocess.Popen(dying_with_parent([sys.executable, *uvicorn], signal.SIGTERM), env=env,
-                            stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(dying_with_parent([sys.executable, *uvicorn], signal.SIGTERM), env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    log = _Log(server.stdout)
+    log.start()
+    return server, log
 
 
 def _stop(server: subprocess.Popen) -> None:

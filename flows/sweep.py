@@ -13,7 +13,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 
 from embed_core import stages as registry
 from embed_core.runs import sweep
-from embed_core.procs import die_with_parent
+from embed_core.procs import descendants, kill_all, own_session_dying_with_parent
 from embed_core.config import RunConfig
 from embed_core.train.stage import instance_name
 from flows.failures import reports_user_errors
@@ -50,13 +50,7 @@ def sweep_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] 
             upstream[instance_name(earlier)] = run_stage_instance(train, base, rdir, instance_name(earlier),
                                                               train.options(stage=earlier), False)
         if cfg.sweep.max_concurrency > 1:
-            # each worker is SIGKILLed by the kernel when this process dies (its commits need this run's lock)
-            runner = ProcessPoolTaskRunner(max_workers=cfg.sweep.max_concurrency, initializer=die_with_parent,
-                                           initargs=(signal.SIGKILL, os.getpid()))
-            with runner:
-                futures = [runner.submit(train_variant, {"config": c, "run_dir": rdir, "variant": n, "force": force})
-                           for n, _, c in variants]
-                results = [f.result() for f in futures]
+            results = _train_in_pool(cfg.sweep.max_concurrency, variants, rdir, force)
         else:
             results = [train_variant(c, rdir, n, force) for n, _, c in variants]
         trained = [{"variant": n, "overrides": o, "cached": r["cached"]} for (n, o, _), r in zip(variants, results)]
@@ -85,3 +79,27 @@ def sweep_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] 
     return {"winner": manifest["winner"], "settings": manifest["winner_settings"], "variants": trained,
             "dev_scores": scores, "test": test_scores, "soup": soup,
             "report": f"{rdir}/sweep-{cfg.sweep.stage}/report.md"}
+
+
+def _train_in_pool(workers: int, variants: list, rdir: str, force: bool) -> list[dict[str, Any]]:
+    """Every variant in a pool of ``workers`` processes. Each worker runs in a session of its own
+    (a Ctrl-C to the terminal's process group reaches this process alone) and is SIGKILLed by the
+    kernel when this process dies (its commits need this run's lock); on an interrupt this process
+    stops them itself rather than wait for their variants to finish."""
+    before = set(descendants())
+    runner = ProcessPoolTaskRunner(max_workers=workers, initializer=own_session_dying_with_parent,
+                                   initargs=(signal.SIGKILL, os.getpid()))
+    with runner:
+        try:
+            futures = [runner.submit(train_variant, {"config": c, "run_dir": rdir, "variant": n, "force": force})
+                       for n, _, c in variants]
+            # waited for in short steps: a signal that lands on another thread of this process (torch's,
+            # Prefect's) runs its handler only once the main thread is back in Python
+            for future in futures:
+                while not future.wrapped_future.done():
+                    future.wait(timeout=0.5)
+            return [f.result() for f in futures]
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # an interrupt (Ctrl-C, SIGTERM): no variant is waited for
+                kill_all(set(descendants()) - before)
+            raise

@@ -73,7 +73,7 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
         children.append((k, log, subprocess.Popen(
             # SIGKILL: a rank blocked in a C++ collective would not run a SIGTERM handler
             dying_with_parent([sys.executable, "-m", "embed_core.train.spawned", str(spec)], signal.SIGKILL),
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # a Ctrl-C reaches rank 0, which stops them
             env={**os.environ, **env, "RANK": str(k), "LOCAL_RANK": str(k)})))
     saved = {key: os.environ.get(key) for key in RENDEZVOUS}
     os.environ.update(env, RANK="0", LOCAL_RANK="0")

@@ -1,5 +1,6 @@
 """Children that die with their parent (``embed_core.procs``): a command wrapped by
-``dying_with_parent``, a process-pool worker armed by ``die_with_parent`` (a sweep's workers), the
+``dying_with_parent``, a process-pool worker armed by ``die_with_parent`` (a sweep's workers) and
+one in a session of its own (a Ctrl-C to the parent's process group does not reach it), the
 llama.cpp server's command line, and a commit refused in a process whose parent is gone."""
 
 import os
@@ -47,6 +48,34 @@ def test_a_process_pool_worker_armed_by_its_initializer_dies_with_its_sigkilled_
         print("ready", flush=True)
         time.sleep(600)
     """)
+
+
+def test_a_pool_worker_in_its_own_session_is_not_reached_by_a_signal_to_its_parents_group_and_dies_with_the_parent():
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, time
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+        from embed_core.procs import own_session_dying_with_parent
+        pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=own_session_dying_with_parent,
+                                   initargs=(signal.SIGKILL, os.getpid()))
+        busy = pool.submit(time.sleep, 600)
+        while not pool._processes:
+            time.sleep(0.1)
+        time.sleep(1)  # its initializer has run
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(*pool._processes, flush=True)
+        time.sleep(600)
+    """)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, stdout=subprocess.PIPE,
+        start_new_session=True)
+    try:
+        (worker,) = [int(pid) for pid in parent.stdout.readline().split()]
+        assert os.getsid(worker) == worker != os.getsid(parent.pid)
+        os.killpg(parent.pid, signal.SIGINT)  # a Ctrl-C: the parent ignores it, the worker never hears of it
+        assert not gone(worker, seconds=1), "the worker got the signal sent to its parent's process group"
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    assert gone(worker), "the worker outlived its SIGKILLed parent"
 
 
 def test_the_llama_server_command_line_dies_with_its_sigkilled_parent():
