@@ -62,7 +62,7 @@ def _train_table(train: dict[str, Any]) -> list[str]:
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for name, s in train.items():
         lines.append(f"| {name} | {s['device']} | {s['precision']} | {s['steps']} | {_num(s['tokens_per_s'], 0)} | "
-                     f"{_num(s["mfu"], 3, 100)} | {_num(s["peak_memory_mb"], 0)} | {_num(s['train_seconds'])} |")
+                     f"{_num(s['mfu'], 3, 100)} | {_num(s['peak_memory_mb'], 0)} | {_num(s['train_seconds'])} |")
     return lines
 
 
