@@ -79,7 +79,8 @@ class Runner:
             "runner": "embed_core.gpurun", "mode": "cpu-tiny" if args.cpu else "full", "status": "running",
             "started": now(), "updated": now(), "elapsed_s": 0.0, "budget_s": self.budget, "out": str(self.out),
             "machine": describe(cuda), "versions": versions(), "steps": [], "gpucheck": {}, "quality": {},
-            "ablation": {"rows": []}, "cuda_only": list(reporting.CUDA_ONLY)}
+            "ablation": {"rows": []}, "cuda_only": list(reporting.CUDA_ONLY),
+            "never_filled": list(reporting.NEVER)}
         self.tiny_model: Path | None = None
 
     def elapsed(self) -> float:
