@@ -201,6 +201,7 @@ def quality_step(runner: Runner) -> None:
 def ablation_step(runner: Runner) -> None:
     """The ablation's runs in order while the budget holds one more (the slowest run so far, or
     before the first, the quality run's time); the mean ± spread table after each."""
+    from embed_core.evaluate.run import main_scores
     from embed_core.gpurun.configs import ablation_rows
     from embed_core.runs import ablation
 
@@ -220,9 +221,7 @@ def ablation_step(runner: Runner) -> None:
         last = run_cfg.train.stages[-1].name
         section["rows"].append({"row": row, "seed": seed, **result, "scores": result["scores"].get(last, {})})
         estimate = max(estimate, result["seconds"])
-        table += ablation.run_scores(row, seed, result["run_dir"], run_cfg,
-                                     [{"model": last, "task": t, "metric": "main", "value": v}
-                                      for t, v in result["scores"].get(last, {}).items()])
+        table += ablation.run_scores(row, seed, result["run_dir"], run_cfg, main_scores(result["run_dir"]))
         if table:
             section["report"] = str(ablation.write_report(cfg, table) / "report.md")
         runner.save()
