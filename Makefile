@@ -6,7 +6,7 @@
 # make gpu-bundle — the wheels a GPU machine lacks, in parts of at most 60 MiB, with install.sh (dist/gpu-bundle)
 # make gpu-run    — GPU check, quality.yaml, the quality-scale ablation; report in $(GPU_RUN_OUT)
 #                   (CPU=1: the same sequence with tiny models, what the tests run)
-# All create .venv and install what they need on first use.
+# All but gpu-run create .venv and install what they need on first use.
 
 PYTHON ?= python3
 VENV   ?= .venv

@@ -20,7 +20,8 @@ peak memory, each train stage's tokens/s, MFU and peak memory, and every run's t
 reservation cut off mid-run keeps what finished. The runs and the commands' logs are in the same
 folder (``runs/``, ``logs/``). ``--cpu`` (``make gpu-run CPU=1``) runs the identical sequence on the
 CPU with tiny models built in code and tiny budgets (``embed_core.gpurun.configs.TINY``); it is
-what the test suite runs. Exit status: 0 when every step that ran succeeded, 1 when one failed.
+what the test suite runs. Exit status: 0 when every step that ran succeeded, 1 when one failed, 2
+(one line) when a config does not load.
 """
 
 from __future__ import annotations
@@ -134,18 +135,33 @@ def versions() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from embed_core.errors import EmbedpipeError
+
     args = parse_args(argv)
     if args.cpu:  # before torch first asks for CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        return run(args)
+    except EmbedpipeError as exc:  # a config that does not load: one line, as the CLI says it
+        print(f"embedpipe: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
     import torch
 
     runner = Runner(args, cuda=not args.cpu and torch.cuda.is_available())
     print(f"gpu-run: {runner.report['machine']['device']}: {runner.report['machine']['verdict']}", flush=True)
     print(f"gpu-run: report in {runner.out}/gpu-run.md (rewritten after every step)", flush=True)
+    from embed_core.gpurun.configs import ablation_rows, quality_config
+
+    # both configs load before any step runs: a broken one costs no reservation time
+    quality = quality_config(runner.out, tiny_model=tiny_model(runner), path=args.quality)
+    rows = ablation_rows(runner.out, tiny_model=tiny_model(runner), path=args.ablation)
     runner.save()
     gpucheck_step(runner)
-    quality_step(runner)
-    ablation_step(runner)
+    quality_step(runner, quality)
+    ablation_step(runner, *rows)
     failed = [s["name"] for s in runner.report["steps"] if s["status"] == "failed"]
     runner.report["status"] = "failed: " + ", ".join(failed) if failed else "done"
     runner.save()
@@ -187,10 +203,7 @@ def gpucheck_summary(full: dict[str, Any]) -> dict[str, Any]:
             "fsdp_equal_to_unsharded": full["parts"].get("fsdp", {}).get("equal_to_unsharded")}
 
 
-def quality_step(runner: Runner) -> None:
-    from embed_core.gpurun.configs import quality_config
-
-    config = quality_config(runner.out, tiny_model=tiny_model(runner), path=runner.args.quality)
+def quality_step(runner: Runner, config) -> None:
     print(f"gpu-run: quality recipe ({runner.args.quality.name}, precision auto) ...", flush=True)
     result = runner.run_summary(config, runner.cli(config, "quality"))
     final = config.train.stages[-1].name
@@ -198,14 +211,12 @@ def quality_step(runner: Runner) -> None:
     runner.step("quality", result["status"], result["seconds"], result.get("error"))
 
 
-def ablation_step(runner: Runner) -> None:
+def ablation_step(runner: Runner, cfg, runs: list) -> None:
     """The ablation's runs in order while the budget holds one more (the slowest run so far, or
     before the first, the quality run's time); the mean ± spread table after each."""
     from embed_core.evaluate.run import main_scores
-    from embed_core.gpurun.configs import ablation_rows
     from embed_core.runs import ablation
 
-    cfg, runs = ablation_rows(runner.out, tiny_model=tiny_model(runner), path=runner.args.ablation)
     section = runner.report["ablation"]
     section.update(config=str(runner.args.ablation), seeds=cfg.ablation.seeds,
                    order=[f"{row}-s{seed}" for row, seed, _ in runs], not_started=[])

@@ -31,7 +31,7 @@ import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
-from embed_core.errors import EmbedpipeError, GpuRunError as BundleError
+from embed_core.errors import EmbedpipeError, GpuRunError
 
 REPO = Path(__file__).resolve().parents[2]
 PART_BYTES = 60 * 2 ** 20
@@ -68,7 +68,7 @@ def closure(roots: Iterable[str], stop: Iterable[str] = ()) -> dict[str, dict]:
     """Every distribution ``roots`` need on Python 3.12 (themselves included), by canonical name:
     its installed version and the names it was reached from; requirements with extras
     (``sqlalchemy[asyncio]``) follow those extras' requirements too. A needed distribution that is
-    not installed here is a BundleError (its version would be a guess). The walk does not enter
+    not installed here is a GpuRunError (its version would be a guess). The walk does not enter
     the distributions named in ``stop``."""
     from packaging.requirements import Requirement
 
@@ -87,7 +87,7 @@ def closure(roots: Iterable[str], stop: Iterable[str] = ()) -> dict[str, dict]:
         try:
             dist = md.distribution(req.name)
         except md.PackageNotFoundError:
-            raise BundleError(f"{parent} needs {req} on Python {PYTHON}, which is not installed here "
+            raise GpuRunError(f"{parent} needs {req} on Python {PYTHON}, which is not installed here "
                               f"(install it, or the bundle could not pin its version)") from None
         found.setdefault(name, {"name": dist.metadata["Name"], "version": dist.version, "needed_by": set()})
         found[name]["needed_by"].add(parent)
@@ -131,7 +131,7 @@ def download(pins: dict[str, dict], dest: Path, pip: list[str] | None = None) ->
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["(no message)"]
-        raise BundleError(f"pip download of {len(pins)} pinned wheels failed: {' '.join(last[0].split())[:300]}")
+        raise GpuRunError(f"pip download of {len(pins)} pinned wheels failed: {' '.join(last[0].split())[:300]}")
     return sorted(dest.glob("*.whl"))
 
 
@@ -145,7 +145,7 @@ def project_wheel(dest: Path) -> Path:
         done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                                str(dest), str(src)], capture_output=True, text=True)
     if done.returncode != 0:
-        raise BundleError(f"building the project's wheel failed: {' '.join(done.stderr.split())[-300:]}")
+        raise GpuRunError(f"building the project's wheel failed: {' '.join(done.stderr.split())[-300:]}")
     return next(dest.glob("embedpipe-*.whl"))
 
 
