@@ -7,7 +7,8 @@ The sequence, each step through the project's own commands in a subprocess:
 2. the GPU check, ``python -m embed_core.gpucheck`` (``--cpu --steps 1`` in the tiny run);
 3. ``quality.yaml`` end to end through the CLI (``embedpipe run``) with ``train.precision: auto``
    and its evaluation, on the ephemeral Prefect backend (PREFECT_API_URL unset) or the server
-   PREFECT_API_URL names;
+   PREFECT_API_URL names, in the run directory of the ablation's base row at its seed (the same
+   settings: that run then only evaluates again);
 4. the quality-scale ablation's rows (``deployments/configs/ablation-quality-gpu.yaml``: 6 rows,
    3 seeds) seed by seed, each run through the CLI as it is started, while the time budget
    (``--budget-s``, GPU_RUN_BUDGET_S; 25 min) still holds a row's measured time (the slowest row so
@@ -153,11 +154,15 @@ def run(args: argparse.Namespace) -> int:
     runner = Runner(args, cuda=not args.cpu and torch.cuda.is_available())
     print(f"gpu-run: {runner.report['machine']['device']}: {runner.report['machine']['verdict']}", flush=True)
     print(f"gpu-run: report in {runner.out}/gpu-run.md (rewritten after every step)", flush=True)
-    from embed_core.gpurun.configs import ablation_rows, quality_config
+    from embed_core.gpurun.configs import ablation_rows, quality_config, shared_run_name
 
     # both configs load before any step runs: a broken one costs no reservation time
     quality = quality_config(runner.out, tiny_model=tiny_model(runner), path=args.quality)
     rows = ablation_rows(runner.out, tiny_model=tiny_model(runner), path=args.ablation)
+    shared = shared_run_name(quality, rows[1])
+    if shared:  # the ablation's first run is this one: it reuses the quality run's stages
+        quality = quality_config(runner.out, tiny_model=tiny_model(runner), path=args.quality, run_name=shared)
+    runner.report["quality"]["shared_with_ablation_run"] = shared
     runner.save()
     gpucheck_step(runner)
     quality_step(runner, quality)
@@ -207,7 +212,8 @@ def quality_step(runner: Runner, config) -> None:
     print(f"gpu-run: quality recipe ({runner.args.quality.name}, precision auto) ...", flush=True)
     result = runner.run_summary(config, runner.cli(config, "quality"))
     final = config.train.stages[-1].name
-    runner.report["quality"] = {**result, "targets": reporting.targets(result["scores"], final)}
+    runner.report["quality"] = {**runner.report["quality"], **result,
+                                "targets": reporting.targets(result["scores"], final)}
     runner.step("quality", result["status"], result["seconds"], result.get("error"))
 
 

@@ -37,14 +37,28 @@ TINY = {
 }
 
 
-def quality_config(out: Path, *, tiny_model: Path | None = None, path: Path = QUALITY) -> RunConfig:
-    """quality.yaml with ``train.precision: auto``, run as ``gpu-run-quality`` under ``out/runs``
-    (its evaluate models that were its own run's re-rooted there)."""
+def quality_config(out: Path, *, tiny_model: Path | None = None, path: Path = QUALITY,
+                   run_name: str = "gpu-run-quality") -> RunConfig:
+    """quality.yaml with ``train.precision: auto``, run as ``run_name`` under ``out/runs`` (its
+    evaluate models that were its own run's re-rooted there)."""
     raw = load_config(path).model_dump(mode="json")
     raw["train"]["precision"] = "auto"
     if tiny_model is not None:
         raw = tiny(raw, tiny_model)
-    return parse_config(reroot(raw, out / "runs", "gpu-run-quality"), origin=f"{path} (gpu-run)")
+    return parse_config(reroot(raw, out / "runs", run_name), origin=f"{path} (gpu-run)")
+
+
+def shared_run_name(quality: RunConfig, runs: list[tuple[str, int, RunConfig]]) -> str | None:
+    """The ablation run the quality run can share its run directory with: the first, when it is
+    the base row at the quality run's seed with the same settings but for evaluate's models (the
+    ablation's base row is quality.yaml at precision auto); there its prepare, mine and training
+    are cache hits and only evaluate runs again. None when they differ."""
+    if not runs or runs[0][0] != ablation.BASE:
+        return None
+    first = runs[0][2]
+    skip = {"run_name", "run_root", "evaluate"}
+    same = first.model_dump(mode="json", exclude=skip) == quality.model_dump(mode="json", exclude=skip)
+    return first.run_name if same else None
 
 
 def ablation_rows(out: Path, *, tiny_model: Path | None = None,

@@ -64,6 +64,10 @@ def test_make_gpu_run_cpu_runs_the_whole_sequence_on_tiny_models_and_fills_every
     assert [(r["row"], r["seed"], r["status"]) for r in ablation["rows"]] == [("base", 42, "ok")]
     assert ablation["rows"][0]["scores"]["STSBenchmark"] > -1 and ablation["rows"][0]["train"]["stage3"]["tokens_per_s"]
     assert ablation["not_started"] == ablation["order"][1:] and len(ablation["order"]) == 18
+    # the base row at seed 42 is the quality run's settings: its directory, only evaluate computed again
+    assert quality["shared_with_ablation_run"] == "ablation-quality-gpu-base-s42"
+    assert ablation["rows"][0]["run_dir"] == quality["run_dir"]
+    assert "train-stage1: cache hit" in (out / "logs" / "ablation-base-s42.log").read_text()
     assert (out / "runs" / "ablation-quality-gpu-ablation" / "report.md").exists()
     md = (out / "gpu-run.md").read_text()
     for heading in ("## GPU check", "## quality.yaml (precision: auto)", "## Ablation"):

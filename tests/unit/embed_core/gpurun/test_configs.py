@@ -46,3 +46,16 @@ def test_the_tiny_configs_change_sizes_data_and_models_only(tmp_path):
     assert len(runs) == 18 and all(c.train.base_model == str(tiny) for _, _, c in runs)
     merge = next(c for r, _, c in runs if r == "merge")
     assert merge.train.stages[-1].merge.stage == "stage2"
+
+
+def test_the_quality_run_shares_the_run_directory_of_the_ablations_base_row_only_when_their_settings_agree(tmp_path):
+    from embed_core.gpurun.configs import shared_run_name
+
+    quality = quality_config(tmp_path)
+    _, runs = ablation_rows(tmp_path)
+    assert shared_run_name(quality, runs) == "ablation-quality-gpu-base-s42"
+    shared = quality_config(tmp_path, run_name="ablation-quality-gpu-base-s42")
+    assert shared.default_run_dir() == runs[0][2].default_run_dir()
+    assert shared_run_name(quality, runs[1:]) is None  # the first run is not the base row
+    fp32 = quality.model_copy(update={"train": quality.train.model_copy(update={"precision": "fp32"})})
+    assert shared_run_name(fp32, runs) is None  # other settings: its own directory
