@@ -103,7 +103,9 @@ def markdown(report: dict[str, Any]) -> str:
              "", "## GPU check", "", *_gpucheck_lines(report["gpucheck"]), "", "## quality.yaml (precision: auto)", ""]
     q = report["quality"]
     if q.get("train"):
-        lines += [f"`{q['config']}` -> {q['run_dir']}: {q['status']} in {q['seconds']} s", "", *_train_table(q["train"]),
+        shared = f" (the ablation's {q['shared_with_ablation_run']} reuses it)" if q.get("shared_with_ablation_run") else ""
+        lines += [f"`{q['config']}` -> {q['run_dir']}{shared}: {q['status']} in {q['seconds']} s", "",
+                  *_train_table(q["train"]),
                   "", *_scores_table(q["scores"]), "", "Targets (final model): " + ", ".join(
                       f"{k} {'met' if t['met'] else 'not met' if t['met'] is False else 'not measured'}"
                       for k, t in q["targets"].items() if k != "all_met")]
