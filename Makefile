@@ -3,7 +3,10 @@
 # make serve — local Prefect server + workers (pools cpu, gpu) + the deployments of deployments/prefect.yaml
 #              (FILES_ROOT=DIR: serve the run directories under DIR to the UI's file links; default runs/)
 # make stop  — stop what make serve started
-# All create .venv and install what they need on first use.
+# make gpu-bundle — the wheels a GPU machine lacks, in parts of at most 60 MiB, with install.sh (dist/gpu-bundle)
+# make gpu-run    — GPU check, quality.yaml, the quality-scale ablation; report in $(GPU_RUN_OUT)
+#                   (CPU=1: the same sequence with tiny models, what the tests run)
+# All but gpu-run create .venv and install what they need on first use.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -14,7 +17,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install install-llm demo test test-fast test-matrix bench clean serve stop gpu-check
+.PHONY: install install-llm demo test test-fast test-matrix bench clean serve stop gpu-check gpu-bundle gpu-run
 
 # The synthesize stage's local LLM server: llama-cpp-python compiles llama.cpp from source (CPU
 # backend and library only; several minutes on 2 cores). Same requirements as the `llm` extra.
@@ -82,6 +85,20 @@ clean:
 
 gpu-check:
 	$(PY) -m embed_core.gpucheck
+
+# The wheels for an offline GPU machine with Python 3.12 and its own CUDA torch (embed_core/gpurun/bundle.py);
+# copy GPU_BUNDLE to the machine and run `bash install.sh` there.
+GPU_BUNDLE ?= dist/gpu-bundle
+gpu-bundle: | $(STAMP)
+	$(PY) -m embed_core.gpurun.bundle --out $(GPU_BUNDLE)
+
+# One command for a GPU reservation (embed_core/gpurun): under 25 min on one H100. No venv needed on
+# the machine: its own python3 (with the bundle installed) runs it when there is no .venv here.
+# GPU_RUN_OUT: the report folder; GPU_RUN_BUDGET_S: seconds for the whole sequence; CPU=1: tiny, on the CPU.
+GPU_RUN_OUT ?= runs/gpu-run
+GPU_PY = $(if $(wildcard $(PY)),$(PY),python3)
+gpu-run:
+	GPU_RUN_OUT=$(GPU_RUN_OUT) $(GPU_PY) -m embed_core.gpurun $(if $(CPU),--cpu)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"

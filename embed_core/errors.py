@@ -146,6 +146,11 @@ def register_user_error(recognise: Callable[[BaseException], str | None]) -> Non
         _RECOGNISERS.append(recognise)
 
 
+class GpuRunError(EmbedpipeError):
+    """``make gpu-bundle`` / ``make gpu-run`` cannot go on (a requirement not installed here, pip or
+    a step's command failing before it could report)."""
+
+
 def user_error(exc: BaseException) -> str | None:
     """The one-line message for an error that comes from the user's input or machine, else None
     (a bug, whose traceback matters). The CLI prints it as its one error line; a flow run logs it
