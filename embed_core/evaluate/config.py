@@ -65,10 +65,12 @@ class ReleaseConfig(StrictModel):
                                   "bfloat16 weights (the saved model encodes in float32): bfloat16 keeps 8 bits of "
                                   "mantissa (relative error 2⁻⁹ per operation), which leaves cosines of 0.995–0.9999 "
                                   "between the two; 0.01 (cosine ≥ 0.99) allows that and refuses a missing merge.")
-    unchanged_tolerance: float = Field(1e-5, ge=0, lt=1, description="A released model whose probe embeddings are "
+    unchanged_tolerance: float = Field(1e-8, ge=0, lt=1, description="A released model whose probe embeddings are "
                                        "all within this 1 − cosine of its base model's (the model its train stage "
                                        "started from), or whose weight files equal the base's byte for byte, did "
-                                       "not move: the release is refused.")
+                                       "not move: the release is refused. 1 − cosine is quadratic in the change "
+                                       "(‖Δ‖²/2), so a dozen steps at lr 3e-5 give ~1e-5; the same weights through "
+                                       "two float32 code paths give < 1e-10.")
     allow_unchanged: bool = Field(False, description="Release a model equal to its base anyway (the figures are "
                                   "still recorded). Evaluating only the base model never releases and never checks.")
     export: list[Literal["onnx"]] = Field(default_factory=list, description="Exports written beside the released "
