@@ -195,3 +195,21 @@ def export_onnx(model_dir: Path, export_dir: Path):
         model.save_pretrained(tmp)
         shutil.copytree(Path(tmp) / ONNX_DIR, export_dir / ONNX_DIR, dirs_exist_ok=True)
     return model
+
+
+def release_section(release: dict[str, Any] | None) -> str:
+    """The report's "Release check" section: the figures of ``check_release`` (none: no release)."""
+    if release is None:
+        return ""
+    check = release.get("check") or {}
+    lines = ["", "## Release check", "", f"Released `{release['model']}` (base: `{check.get('base')}`).", ""]
+    if "checked" in check:
+        return "\n".join(lines + [f"Not checked on a probe: {check['checked']}.", ""])
+    lines += ["| comparison | largest 1 − cosine |", "|---|---:|"]
+    for key in ("saved_vs_training", "training_vs_base", "saved_vs_base", "onnx_vs_saved"):
+        if key in check:
+            value = check[key]
+            lines.append(f"| {key.replace('_vs_', ' vs ')} | {'—' if value is None else f'{value:.2e}'} |")
+    lines += ["", f"{check.get('probe_texts')} probe texts under {len(check.get('prompts', []))} prompts; "
+              f"tolerance {check.get('tolerance')}.", ""]
+    return "\n".join(lines)

@@ -58,6 +58,8 @@ def test_a_trained_lora_model_is_released_with_the_check_figures_in_the_manifest
     assert check["saved_vs_base"] > 1e-4 and check["training_vs_base"] > 1e-4
     assert check["weights_equal_base"] is False and check["tolerance"] == 1e-3
     assert (run_dir / "evaluate/model/model.safetensors").is_file()
+    report = (run_dir / "evaluate/report.md").read_text()
+    assert "## Release check" in report and f"| saved vs training | {check['saved_vs_training']:.2e} |" in report
 
 
 def test_deviation_is_one_minus_the_cosine_resolved_below_float32s_step():
