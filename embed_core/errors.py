@@ -170,3 +170,9 @@ def user_error(exc: BaseException) -> str | None:
         if line is not None:
             return printable(line, MAX_MESSAGE_CHARS)
     return None
+
+
+class ReleaseError(EmbedpipeError):
+    """The model to release does not prove it is what was trained (``embed_core.evaluate.release``):
+    the saved model (or an export) encodes the probe unlike the in-training encoder, or it equals its
+    base model."""

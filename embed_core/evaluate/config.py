@@ -52,6 +52,33 @@ class GeometryConfig(StrictModel):
     max_length: int = Field(128, ge=4, description="Tokens per sentence.")
 
 
+class ReleaseConfig(StrictModel):
+    """The release check (``embed_core.evaluate.release``): the probe the train stage recorded
+    (``train-<stage>/probe.npz``, 32 of its texts under each prompt) is encoded again by the saved
+    model, its base and any export; a disagreement or an unchanged model refuses the release."""
+
+    tolerance: float = Field(1e-3, gt=0, lt=1, description="Largest 1 − cosine allowed between the saved model "
+                             "and the in-training encoder (and an export and the saved model) on any probe text, "
+                             "when the encoder trained in float32 (0.001: cosine ≥ 0.999; float32 round-off is "
+                             "~1e-6).")
+    bf16_tolerance: float = Field(1e-2, gt=0, lt=1, description="The same when the in-training encoder held "
+                                  "bfloat16 weights (the saved model encodes in float32): bfloat16 keeps 8 bits of "
+                                  "mantissa (relative error 2⁻⁹ per operation), which leaves cosines of 0.995–0.9999 "
+                                  "between the two; 0.01 (cosine ≥ 0.99) allows that and refuses a missing merge.")
+    unchanged_tolerance: float = Field(1e-8, ge=0, lt=1, description="A released model whose probe embeddings are "
+                                       "all within this 1 − cosine of its base model's (the model its train stage "
+                                       "started from), or whose weight files equal the base's byte for byte, did "
+                                       "not move: the release is refused. 1 − cosine is quadratic in the change "
+                                       "(‖Δ‖²/2), so a dozen steps at lr 3e-5 give ~1e-5; the same weights through "
+                                       "two float32 code paths give < 1e-10.")
+    allow_unchanged: bool = Field(False, description="Release a model equal to its base anyway (the figures are "
+                                  "still recorded). Evaluating only the base model never releases and never checks.")
+    export: list[Literal["onnx"]] = Field(default_factory=list, description="Exports written beside the released "
+                                          "model and checked on the probe like it: onnx (sentence-transformers' ONNX "
+                                          "backend, model/onnx/model.onnx; needs the onnx extra: "
+                                          "pip install -e '.[onnx]').")
+
+
 class EvaluateConfig(StrictModel):
     """Evaluate stage: MTEB on local task data (metrics computed by mteb)."""
 
@@ -86,6 +113,10 @@ class EvaluateConfig(StrictModel):
                               "needs hub_model_id, network and a token (HF_TOKEN or huggingface-cli login).")
     hub_model_id: str | None = Field(None, description="Hub repository for push_to_hub, e.g. my-org/my-embedder.")
     hub_private: bool = Field(True, description="Create the Hub repository as private (if it does not exist).")
+    release: ReleaseConfig = Field(default_factory=ReleaseConfig, description="What the released model "
+                                   "({run_dir}/evaluate/model) must prove before it is written: that it encodes like "
+                                   "the in-training encoder and moved from its base (docs/stages.md, 'The release "
+                                   "check').")
 
     @model_validator(mode="after")
     def _hub_target(self) -> "EvaluateConfig":

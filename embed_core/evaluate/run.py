@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from embed_core.artifacts import StageWriter, model_artifact_dir, read_manifest, stage_is_intact
 from embed_core.config import RunConfig, config_hash
 from embed_core.evaluate.config import EvalTaskSpec, EvaluateConfig
+from embed_core.evaluate.release import check_release, release_section
 from embed_core.evaluate.tasks import check_main_score
 from embed_core.model.config import EngineConfig
 from embed_core.engine import engine_session
@@ -359,12 +360,12 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
         writer.register_tree(MTEB_RESULTS, kind="mteb_result")
         for name, png in plots.items():
             writer.write_file(f"plots/{name}", png, kind="plot")
-        writer.write_file("report.md", report_md.encode(), kind="report")
         if geometry:
             writer.write_table(GEOMETRY, pa.Table.from_pylist(geometry), kind="geometry")
         if size_rows:
             writer.write_table(SIZES, pa.Table.from_pylist(size_rows, schema=SIZE_SCHEMA), kind="results")
         release = _write_release(writer, run_dir, rows, config, size_rows)
+        writer.write_file("report.md", (report_md + release_section(release)).encode(), kind="report")
         manifest = writer.commit({
             "run_name": config.run_name,
             "input_fingerprint": fingerprint.key,
@@ -421,6 +422,8 @@ def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]
     if facts is None:  # a model saved before cards existed
         return None
     target = writer.staging / RELEASE
+    target.mkdir(parents=True, exist_ok=True)
+    check = check_release(source, read_manifest(source.parent.parent, source.parent.name), _cfg(config).release, target)
     for rel in released_files(source):
         path = resolve_within(source, rel)  # a link out of the model directory is refused, never released
         if str(rel) in _REWRITTEN:
@@ -434,7 +437,7 @@ def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]
     dim_scores = [r for r in size_rows or [] if r["model"] == label and r["precision"] == "float32"]
     write_card(target, facts, sentence_transformers_prompts(read_model_settings(source)), scores, dim_scores)
     writer.register_tree(RELEASE, kind="model")
-    return {"model": label, "source": str(source), "path": RELEASE}
+    return {"model": label, "source": str(source), "path": RELEASE, "check": check}
 
 
 def released_files(model_dir: Path) -> list[Path]:

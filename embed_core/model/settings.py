@@ -71,27 +71,34 @@ def sentence_transformers_prompts(settings: ModelSettings) -> dict[str, str]:
     ``document`` are empty, as passages are encoded without instruction), ``query`` for retrieval
     queries, and the MTEB task types (``STS``, ``Classification``, …) for symmetric tasks of any name.
     Empty when the model is used without instructions or the template is not a prefix."""
+    return {name: prefix for name, (prefix, _) in prompt_instructions(settings).items()}
+
+
+def prompt_instructions(settings: ModelSettings) -> dict[str, tuple[str, str]]:
+    """name -> (sentence-transformers prompt, the instruction it stands for; "" for none) of
+    ``sentence_transformers_prompts``: the release check encodes a probe under each name with the
+    in-training encoder (the instruction) and with the saved model (the prompt)."""
     if not settings.use_instructions:
         return {}
-    prompts: dict[str, str] = {}
+    prompts: dict[str, tuple[str, str]] = {}
 
     def add(name: str, instruction: str) -> None:
         prefix = prompt_prefix(settings.instruction_template, instruction)
         if prefix is not None:
-            prompts[name] = prefix
+            prompts[name] = (prefix, instruction)
 
     for kind, instruction in settings.task_instructions.items():
         if kind in MTEB_TYPES and instruction:
             add(MTEB_TYPES[kind] + ("-query" if kind == "retrieval" else ""), instruction)
     if settings.task_instructions.get("retrieval"):
         add("query", settings.task_instructions["retrieval"])
-        prompts["Retrieval-document"] = ""
-    prompts["document"] = ""
+        prompts["Retrieval-document"] = ("", "")
+    prompts["document"] = ("", "")
     retrieval_names = set(settings.retrieval_datasets)
     for name, instruction in settings.instructions.items():
         add(name, instruction)
         if name in retrieval_names:
-            prompts[f"{name}-document"] = ""
+            prompts[f"{name}-document"] = ("", "")
     return prompts
 
 

@@ -430,6 +430,7 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
             _merge(run_dir, stage, model_dir)
         write_card(model_dir, card, sentence_transformers_prompts(read_model_settings(model_dir)))
         writer.register_tree("model", kind="model")
+        probe = _write_probe(writer, stage, datasets, trainer, model_dir, state)
         writer.write_table("metrics.parquet", pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), kind="metrics")
         dev_rows = getattr(trainer, "dev_rows", [])
         selected = None
@@ -450,8 +451,27 @@ def _commit(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets:
             "counts": counts,
             "selected": selected,
             "merged_with": stage.merge.model_dump() if stage.merge is not None else None,
+            "probe": probe,
             "timings_s": {"total": round(time.perf_counter() - t0, 3), "train_steps": round(secs, 3)},
         })
+
+
+def _write_probe(writer: StageWriter, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], trainer,
+                 model_dir: Path, state: dict[str, Any] | None) -> dict[str, Any]:
+    """``probe.npz``: the probe texts as the in-training encoder embeds them, under each of the saved
+    model's prompts (``embed_core.model.probe``), for the release check. Not recorded for a sharded
+    encoder (rank 0 alone cannot run it) nor for AutoRegEmbed (its encoder is not the saved layout)."""
+    from embed_core.model.probe import PROBE_FILE, probe_record, probe_texts
+
+    if stage.mode != "contrastive" or state is not None:
+        return {"file": None, "reason": "autoregembed" if stage.mode != "contrastive" else "sharded encoder"}
+    texts = probe_texts(datasets)
+    if not texts:
+        return {"file": None, "reason": "no texts"}
+    blob, entry = probe_record(trainer.model, model_dir, texts)
+    writer.write_file(PROBE_FILE, blob, kind="probe")
+    # weights averaged with another stage's after training: the saved model is not the in-training encoder
+    return {**entry, "averaged": stage.merge is not None, "lora": bool(getattr(trainer.model, "lora", None))}
 
 
 def _merge(run_dir: Path, stage: TrainStageConfig, model_dir: Path) -> None:
