@@ -40,6 +40,8 @@ MACHINE_HAS = ("torch", "transformers", "sentence-transformers", "pandas", "pyar
 # ... and what they lack even where a version of one of MACHINE_HAS here needs it (typer, under
 # transformers, needs pydantic here): always bundled, with what they need
 MACHINE_LACKS = ("prefect", "mteb", "faiss-cpu", "pydantic", "datasketch")
+# What install.sh imports once installed: the modules the machine lacked, then the project's packages
+CHECKED_MODULES = ("prefect", "mteb", "faiss", "pydantic", "datasketch", "embed_core", "flows", "tasks")
 PYTHON = "3.12"
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64")
 # Python 3.12 on Linux x86-64: the markers a requirement is judged by
@@ -185,7 +187,7 @@ torch_before="$("$PY" -c 'import torch; print(torch.__version__)')"
 torch_after="$("$PY" -c 'import torch; print(torch.__version__)')"
 if [ "$torch_before" != "$torch_after" ]; then echo "install.sh: torch changed: $torch_before -> $torch_after" >&2; exit 1; fi
 "$PY" -m pip check || echo "install.sh: pip check reports the conflicts above (the machine's own packages)" >&2
-"$PY" -c 'import prefect, mteb, faiss, pydantic, datasketch, embed_core, flows, tasks; print("install.sh: embedpipe installed; torch", __import__("torch").__version__)'
+"$PY" -c 'import importlib, torch; [importlib.import_module(m) for m in "__MODULES__".split()]; print("install.sh: embedpipe installed; torch", torch.__version__)'
 """
 
 
@@ -208,7 +210,8 @@ def build(out: Path, *, requirements: list[str] | None = None, part_bytes: int =
         parts = split(tar, out, part_bytes)
     (out / "SHA256SUMS").write_text("".join(f"{sha256(p)}  {p.name}\n" for p in parts), encoding="utf-8")
     script = out / "install.sh"
-    script.write_text(INSTALL_SH.replace("__TAR__", TAR_NAME), encoding="utf-8")
+    script.write_text(INSTALL_SH.replace("__TAR__", TAR_NAME).replace("__MODULES__", " ".join(CHECKED_MODULES)),
+                      encoding="utf-8")
     script.chmod(0o755)
     manifest = {"python": PYTHON, "platforms": list(PLATFORMS), "machine_has": list(MACHINE_HAS),
                 "pins": {info["name"]: info["version"] for info in pins.values()},
