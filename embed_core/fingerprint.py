@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import threading
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,23 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+# CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread: two
+# threads parsing at once (a flow's tasks run in threads) can fail with "SystemError: AST constructor
+# recursion depth mismatch" (python/cpython#106905). One parse at a time.
+_PARSE = threading.Lock()
+
+
+def _parse(path: Path) -> ast.Module:
+    source = path.read_text(encoding="utf-8")
+    with _PARSE:
+        return ast.parse(source, filename=str(path))
+
+
 def _imported_names(path: Path, module: str) -> set[str]:
     """Every module an ``import`` anywhere in the file may load (``from a import b``: a and a.b)."""
     is_package = path.name == "__init__.py"
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
