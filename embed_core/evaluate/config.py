@@ -54,7 +54,7 @@ class GeometryConfig(StrictModel):
 
 class ReleaseConfig(StrictModel):
     """The release check (``embed_core.evaluate.release``): the probe the train stage recorded
-    (``train-<stage>/probe.npz``, 32 of its texts under each prompt) is encoded again by the saved
+    (``train-{stage}/probe.npz``, 32 of its texts under each prompt) is encoded again by the saved
     model, its base and any export; a disagreement or an unchanged model refuses the release."""
 
     tolerance: float = Field(1e-3, gt=0, lt=1, description="Largest 1 − cosine allowed between the saved model "
