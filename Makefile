@@ -57,7 +57,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	@if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
 	  ( $(MAKE) -s install-llm > $(VENV)/llm-install.log 2>&1; echo $$? > $(VENV)/llm-install.rc ) & fi; \
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 -m "not llama_server and not matrix"; rc=$$?; \
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not llama_server and not matrix"; rc=$$?; \
 	while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
 	if [ ! -f $(LLM_STAMP) ]; then tail -30 $(VENV)/llm-install.log; rm -f $(VENV)/llm-install.rc; exit 1; fi; \
 	rm -f $(VENV)/llm-install.rc; \

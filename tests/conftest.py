@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from flows.env import apply_defaults
+from tests.helpers import schedule
 from tests.helpers.repo import REPO, SHARED_DATA
 
 # Before anything imports prefect: the defaults every process that runs flows gets (no telemetry,
@@ -34,12 +35,42 @@ _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help="write each test file's seconds into tests/durations.json (the longest-first order)")
+
+
+def pytest_configure(config):
+    config._embedpipe_durations = schedule.Recorder() if config.getoption("--store-durations") else None
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that start a real server (Prefect, llama.cpp) are slow by nature: `make test-fast`
-    (-m "not slow") leaves them out with the ones marked slow by hand."""
+    (-m "not slow") leaves them out with the ones marked slow by hand. The longest files run
+    first (tests/helpers/schedule.py)."""
     for item in items:
         if item.get_closest_marker("prefect") or item.get_closest_marker("llama_server"):
             item.add_marker(pytest.mark.slow)
+    schedule.longest_files_first(items, schedule.load())
+
+
+def pytest_runtest_logreport(report):
+    recorder = _RECORDER.get("recorder")
+    if recorder is not None:
+        recorder.add(report)
+
+
+def pytest_sessionstart(session):
+    _RECORDER["recorder"] = session.config._embedpipe_durations
+
+
+def pytest_sessionfinish(session, exitstatus):
+    recorder = _RECORDER.pop("recorder", None)
+    if recorder is not None and not hasattr(session.config, "workerinput"):  # the controlling process only
+        recorder.store()
+
+
+_RECORDER: dict = {}
 
 
 @pytest.fixture(autouse=True)
