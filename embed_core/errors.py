@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import re
-from typing import Callable
+from typing import Callable, Iterator
 
 MAX_MESSAGE_CHARS = 600
 
@@ -96,21 +96,33 @@ class DiskFullError(EmbedpipeError):
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
 
 
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and every exception it was raised from (``__cause__``) or while handling
+    (``__context__``), each once, depth first with the cause before the context (the order Python
+    prints them in, innermost last): the one walk for every question asked of a failure's history."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        yield item
+        todo += [item.__context__, item.__cause__]
+
+
 def disk_full_errno(exc: BaseException | None) -> int | None:
     """The errno (ENOSPC, EDQUOT, EFBIG) when ``exc``, or an exception it was raised from or while
     handling, is a write that failed for lack of space: an ``OSError`` with that errno, or a
     library's error whose message carries it as Rust formats it (safetensors); else None. The one
     rule every writer uses to tell a full disk from a bug (``artifacts.StageWriter``,
     ``train.checkpoint``, ``user_error``)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
-            return exc.errno
-        found = _OS_ERROR_IN_TEXT.search(str(exc)[:2000]) if not isinstance(exc, OSError) else None
+    for item in exception_chain(exc):
+        if isinstance(item, OSError) and item.errno in DISK_FULL_ERRNOS:
+            return item.errno
+        found = _OS_ERROR_IN_TEXT.search(str(item)[:2000]) if not isinstance(item, OSError) else None
         if found is not None and int(found.group(1)) in DISK_FULL_ERRNOS:
             return int(found.group(1))
-        exc = exc.__cause__ or exc.__context__
     return None
 
 

@@ -23,7 +23,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, TextIO
 
-from embed_core.errors import UNCOMMITTED_ATTR
+from embed_core.errors import UNCOMMITTED_ATTR, exception_chain
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -94,13 +94,6 @@ def _uncommitted(exc: BaseException) -> list[str]:
     """The stage directories that stage writers left uncommitted as ``exc`` (or an exception it
     arose from: Prefect's own SIGTERM exception, re-raised as ours) passed through them."""
     out: list[str] = []
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        item = todo.pop()
-        if item is None or id(item) in seen:
-            continue
-        seen.add(id(item))
+    for item in exception_chain(exc):
         out += [s for s in getattr(item, UNCOMMITTED_ATTR, []) if s not in out]
-        todo += [item.__context__, item.__cause__]
     return out

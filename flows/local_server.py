@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from embed_core.errors import DISK_FULL_ERRNOS, EmbedpipeError, printable, register_user_error
+from embed_core.errors import DISK_FULL_ERRNOS, EmbedpipeError, printable, exception_chain, register_user_error
 from embed_core.procs import free_port
 
 _HOST = "127.0.0.1"
@@ -82,14 +82,7 @@ def prefect_api_error(exc: BaseException) -> str | None:
     URL, the request and the status; a bug of ours, or another server's error, is not one of these."""
     import httpx
 
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        item = todo.pop()
-        if item is None or id(item) in seen:
-            continue
-        seen.add(id(item))
-        todo += [item.__cause__, item.__context__]
+    for item in exception_chain(exc):
         if not isinstance(item, (httpx.HTTPStatusError, httpx.TransportError)):
             continue
         try:

@@ -34,3 +34,15 @@ def test_an_error_raised_from_a_full_disk_is_a_full_disk_and_one_line():
     except RuntimeError as exc:
         assert disk_full_errno(exc) == errno.ENOSPC
         assert user_error(exc).startswith("no space left to write (ENOSPC")
+
+
+def test_the_exception_chain_visits_each_exception_once_the_cause_before_the_context():
+    from embed_core.errors import exception_chain
+
+    cause, context, leaf = ValueError("cause"), KeyError("context"), OSError("leaf")
+    top = RuntimeError("top")
+    top.__cause__, top.__context__ = cause, context
+    cause.__context__ = leaf
+    leaf.__context__ = top  # a cycle, as a handler that re-raises can make
+    assert [str(e) for e in exception_chain(top)] == ["top", "cause", "leaf", "'context'"]
+    assert list(exception_chain(None)) == []
