@@ -47,7 +47,9 @@ def _queries_markdown(manifest: dict[str, Any]) -> str:
     parts = []
     for name, q in manifest.get("queries", {}).items():
         parts.append(f"\n\n**Queries for corpus {name}**: {q['passages_asked']} of {q['passages']} passages asked, "
-                     f"{q['generated']} queries generated, {q['kept']} kept; dropped by filter: "
+                     f"{q['generated']} queries generated"
+                     + (f", {q['judged']} judged by the LLM" if q.get("judged") is not None else "")
+                     + f", {q['kept']} kept; dropped by filter: "
                      + (", ".join(f"{k} {v}" for k, v in sorted(q["dropped"].items())) or "none"))
         parts += [f"\n- kept ({e['type']}{_extras(e)}): {e['query']!r} → {e['passage'][:120]!r}"
                   for e in q["kept_examples"]]
