@@ -50,6 +50,23 @@ def resolve_run(config_path: str | None, config: dict[str, Any] | RunConfig | No
     return cfg, str(Path(run_dir) if run_dir else cfg.default_run_dir())
 
 
+def with_corpus_path(config: RunConfig, corpus_path: str | None) -> RunConfig:
+    """``config`` with its one corpus source (``kind: corpus``) reading ``corpus_path`` (a folder or
+    file; relative to data_root, or absolute), validated again; unchanged without a path. A config
+    with no or several corpus sources is refused (edit its sources, or the inline config, instead)."""
+    if not corpus_path:
+        return config
+    corpora = [i for i, s in enumerate(config.prepare.sources) if s.kind == "corpus"]
+    if len(corpora) != 1:
+        names = ", ".join(config.prepare.sources[i].name for i in corpora)
+        raise ConfigError(f"corpus_path {corpus_path}: the config has {len(corpora)} corpus sources (kind: corpus)"
+                          f"{': ' + names if names else ''}; corpus_path points exactly one at a folder (with several, "
+                          "set prepare.sources in the inline config)")
+    raw = config.model_dump(mode="json")
+    raw["prepare"]["sources"][corpora[0]]["path"] = corpus_path
+    return parse_config(raw, origin=f"the config with corpus_path {corpus_path}")
+
+
 @contextmanager
 def run_context(config: RunConfig, run_dir: str, purpose: str, parent_lock: str | None = None) -> Iterator[None]:
     """Hold the run directory's lock (a second run on it is refused, never interleaved): the one

@@ -11,7 +11,7 @@ from prefect.logging import get_run_logger
 from embed_core import stages as registry
 from embed_core.errors import ConfigError
 from flows.failures import reports_user_errors
-from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
+from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_corpus_path, with_run_args_doc
 from flows.stage import all_fresh, run_stage_on_pool
 from tasks.common import publish_run_summary
 from tasks.stage import run_stage_instance
@@ -22,7 +22,8 @@ from tasks.stage import run_stage_instance
 @with_run_args_doc
 def pipeline_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] | None = None,
                   run_name: str | None = None, run_dir: str | None = None,
-                  stages: list[str] | None = None, force: bool = False) -> dict[str, Any]:
+                  stages: list[str] | None = None, force: bool = False,
+                  corpus_path: str | None = None) -> dict[str, Any]:
     """Run the pipeline end to end; stages whose inputs did not change are cache hits.
 
     When it runs as a deployment and the config names ``train.work_pool``, the training stages
@@ -34,9 +35,11 @@ def pipeline_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, An
         {run_args}
         stages: subset of stages to run, by name (default: all that the config enables).
         force: recompute every stage even when its inputs are unchanged.
+        corpus_path: a folder (or file) of documents for the config's one corpus source (kind corpus), e.g. with config_path deployments/configs/corpus.yaml: relative to data_root, or absolute (a path on the worker). Refused when the config has no or several corpus sources.
     """
     from prefect.runtime import deployment, flow_run
     cfg, rdir = resolve_run(config_path, config, run_dir, run_name)
+    cfg = with_corpus_path(cfg, corpus_path)
     known = [s.name for s in registry.all_stages()]
     unknown = sorted(set(stages or ()) - set(known))
     if unknown:

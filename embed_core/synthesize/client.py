@@ -8,7 +8,9 @@
   outputs); a server that rejects it gets plain requests for the rest of the run (``auto``);
 * a run budget (requests, tokens): once spent, further requests fail with reason ``budget`` and
   the stage finishes cleanly with what it has;
-* every answer goes through ``RequestCache`` first: a cached answer costs no request and no budget.
+* every answer goes through ``RequestCache`` first: a cached answer costs no request and no budget;
+* ``logprobs=N`` asks for the top N logprobs of the answer's first non-blank token (chat: ``logprobs`` +
+  ``top_logprobs``; completion: ``logprobs: N``) and returns them with the text (cached with it).
 
 The API key is read from the environment variable the config names and handed to the client
 object only; it is never logged or returned.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import os
 import random
@@ -50,6 +53,28 @@ class Answer:
     cached: bool
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    top_logprobs: dict[str, float] | None = None   # first non-blank answer token's, when asked for
+
+
+def first_token_logprobs(choice: Any, chat: bool) -> dict[str, float] | None:
+    """token -> logprob of the top candidates for the first answer token that is not blank (a model
+    may open with a newline) of a response choice (chat: ``logprobs.content[i].top_logprobs``;
+    completion: ``logprobs.top_logprobs[i]``), or None when the server sent none."""
+    lp = getattr(choice, "logprobs", None)
+    if lp is None:
+        return None
+    if chat:
+        content = getattr(lp, "content", None) or []
+        first = next((t for t in content if t.token.strip()), content[0] if content else None)
+        if first is None:
+            return None
+        out = {t.token: float(t.logprob) for t in getattr(first, "top_logprobs", None) or []}
+        return out or {first.token: float(first.logprob)}
+    tops, tokens = getattr(lp, "top_logprobs", None) or [], getattr(lp, "tokens", None) or []
+    at = next((i for i, t in enumerate(tokens) if t.strip() and i < len(tops)), 0)
+    if len(tops) > at and isinstance(tops[at], dict) and tops[at]:
+        return {str(k): float(v) for k, v in tops[at].items()}
+    return None
 
 
 @dataclass
@@ -211,6 +236,8 @@ class LLMClient:
         return self.max_tokens is None or tokens < self.max_tokens
 
     async def _send(self, client: openai.AsyncOpenAI, prompt: Any, params: dict[str, Any]) -> tuple[str, int, int]:
+        """One request: (text, prompt tokens, completion tokens); when ``params`` ask for logprobs, the
+        text is the JSON of {"text", "top_logprobs"} (what the cache stores)."""
         if self.server.mode == "completion":
             resp = await client.completions.create(model=self.server.model, prompt=prompt, **params)
         else:
@@ -220,6 +247,9 @@ class LLMClient:
         text = resp.choices[0].text if self.server.mode == "completion" else resp.choices[0].message.content
         if text is None:
             raise ValueError("the response has no text")
+        if "logprobs" in params:
+            text = json.dumps({"text": text, "top_logprobs": first_token_logprobs(
+                resp.choices[0], self.server.mode == "chat")}, ensure_ascii=False)
         usage = getattr(resp, "usage", None)
         return text, int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0)
 
@@ -272,10 +302,16 @@ class LLMClient:
             endpoint.in_flight -= 1
 
     async def complete(self, *, prompt_name: str, prompt_version: str, prompt: Any, stop: tuple[str, ...],
-                       attempt: int = 0, schema: tuple[str, dict[str, Any]] | None = None) -> Answer:
+                       attempt: int = 0, schema: tuple[str, dict[str, Any]] | None = None,
+                       logprobs: int | None = None, overrides: dict[str, Any] | None = None) -> Answer:
         """The answer to ``prompt`` (from the cache when there), or ``RequestFailed``. ``schema``:
-        (name, JSON schema) of the answer, sent as a structured-output response_format in chat mode."""
-        params = self.sampling_params(stop, attempt, schema)
+        (name, JSON schema) of the answer, sent as a structured-output response_format in chat mode;
+        ``logprobs``: the top logprobs of the first non-blank answer token asked for (``Answer.top_logprobs``);
+        ``overrides``: sampling parameters replacing the config's for this request (keyed with it)."""
+        params = {**self.sampling_params(stop, attempt, schema), **(overrides or {})}
+        if logprobs is not None:
+            params.update({"logprobs": True, "top_logprobs": logprobs} if self.server.mode == "chat"
+                          else {"logprobs": logprobs})
         # keyed without response_format: the answer to a prompt is the same question with or without
         # structured outputs (and `auto` may switch it off mid-run)
         key = request_key(model=self.server.model, mode=self.server.mode, prompt=prompt_name,
@@ -284,13 +320,18 @@ class LLMClient:
         hit = self.cache.get(key)
         if hit is not None:
             self.stats.cache_hits += 1
-            return Answer(hit["text"], True, hit["prompt_tokens"], hit["completion_tokens"])
-        async with self._slots:
-            self.in_flight += 1
-            try:
-                return await self._request(key, prompt, params)
-            finally:
-                self.in_flight -= 1
+            answer = Answer(hit["text"], True, hit["prompt_tokens"], hit["completion_tokens"])
+        else:
+            async with self._slots:
+                self.in_flight += 1
+                try:
+                    answer = await self._request(key, prompt, params)
+                finally:
+                    self.in_flight -= 1
+        if "logprobs" in params:
+            stored = json.loads(answer.text)
+            answer.text, answer.top_logprobs = stored["text"], stored["top_logprobs"]
+        return answer
 
     async def _request(self, key: str, prompt: Any, params: dict[str, Any]) -> Answer:
         """Send one request with retries (tenacity) and cache its answer."""

@@ -98,6 +98,23 @@ class RoundTripConfig(StrictModel):
     top_k: int = Field(5, ge=1, description="The passage must rank at or above this among the corpus.")
 
 
+class JudgeConfig(StrictModel):
+    """The optional LLM judge of generated queries (InPars-v2, Promptagator): the same server is asked
+    whether the passage answers the query; pairs scored below ``threshold`` are dropped."""
+
+    threshold: float = Field(0.5, ge=0, le=1, description="Pairs whose score is below this are dropped (reason "
+                             "judge). Score: P(yes) / (P(yes) + P(no)) over the first non-blank answer token's top "
+                             "logprobs when the server returns them (llama.cpp, vLLM, OpenAI do), else 1 for an answer "
+                             "starting with yes and 0 for no.")
+    prompt: str = Field("judge-relevance", min_length=1, description="Template asked (packaged "
+                        "judge-relevance.yaml, or a same-named file of prompt_dir); its output must be judgment.")
+    max_tokens: int = Field(2, ge=1, le=64, description="Tokens the judge may answer with (yes or no needs one or "
+                            "two).")
+    top_logprobs: int = Field(5, ge=1, le=20, description="Top logprobs asked for per answer token (the yes and no "
+                              "tokens are looked for among them).")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the judge's requests (0: greedy).")
+
+
 class QueriesConfig(StrictModel):
     """Strategy ``queries``: queries generated for the passages of the corpus sources (``kind:
     corpus``); each (query, passage) is a retrieval record of the corpus's dataset (its name),
@@ -113,6 +130,23 @@ class QueriesConfig(StrictModel):
     max_words: int = Field(40, ge=1, description="Length filter: queries with more words are dropped.")
     round_trip: RoundTripConfig | None = Field(default_factory=RoundTripConfig, description="Round-trip "
                                                "consistency filter; null = off.")
+    judge: JudgeConfig | None = Field(None, description="LLM judge filter after round trip (a relevance yes/no "
+                                      "request per kept pair, cached like the others); null = off.")
+    personas: list[str] = Field(default_factory=list, description="Who writes the queries (e.g. 'a nurse checking "
+                                "drug interactions'): each passage gets one, drawn by the run's seed and its id, "
+                                "named in its prompts and recorded in _queries.parquet; empty = no persona (the "
+                                "prompts are the same as without this key).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "QueriesConfig":
+        if self.min_words > self.max_words:
+            raise ValueError(f"min_words {self.min_words} is above max_words {self.max_words}")
+        blank = [i for i, p in enumerate(self.personas) if not p.strip()]
+        if blank:
+            raise ValueError(f"personas[{blank[0]}] is blank")
+        if len(set(self.personas)) != len(self.personas):
+            raise ValueError("personas lists a persona twice")
+        return self
 
 
 class SynthesizeConfig(StrictModel):

@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from embed_core.progress import Progress
 from embed_core.schema import Record
@@ -85,7 +85,11 @@ async def _run_job(client: LLMClient, job: Job, mode: str, max_parse_retries: in
     return Outcome(job, reason="malformed", detail=last_error, raw=last_raw, attempts=max_parse_retries + 1)
 
 
-async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_retries: int) -> list[Outcome]:
+Ask = Callable[[LLMClient, Job, str, int], Awaitable[Outcome]]
+
+
+async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_retries: int,
+                    ask: Ask = _run_job) -> list[Outcome]:
     bar = Progress("synthesize", total=len(jobs), unit="jobs", logger=log)
     failed = 0
 
@@ -93,7 +97,7 @@ async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_ret
         nonlocal failed
         outcome = None
         try:
-            outcome = await _run_job(client, job, mode, max_parse_retries)
+            outcome = await ask(client, job, mode, max_parse_retries)
             return outcome
         finally:
             failed += outcome is None or outcome.answer is None
@@ -106,9 +110,11 @@ async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_ret
         await client.aclose()
 
 
-def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int) -> tuple[list[Outcome], dict[str, Any]]:
+def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int, *, ask: Ask = _run_job,
+             spent: dict[str, Any] | None = None) -> tuple[list[Outcome], dict[str, Any]]:
     """Ask the LLM for every job (cache first); launches the local llama.cpp server if configured
-    and only if some request is not cached."""
+    and only if some request is not cached. ``ask``: how one job is asked (the judge's differs);
+    ``spent``: client stats of an earlier round of this run, taken off the run budget."""
     from embed_core.synthesize.server import LlamaCppServer, resolve_gguf
 
     cache = RequestCache(run_dir / "cache" / "llm.sqlite")
@@ -128,10 +134,12 @@ def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int) -
                            base_url=url)
         return url
 
-    client = LLMClient(cfg.server, cfg.sampling, cache, max_requests=cfg.max_requests, max_tokens=cfg.max_tokens,
-                       before_first_request=launch, seed=seed)
+    spent = spent or {}
+    client = LLMClient(cfg.server, cfg.sampling, cache, before_first_request=launch, seed=seed,
+                       max_requests=None if cfg.max_requests is None else max(0, cfg.max_requests - spent.get("requests", 0)),
+                       max_tokens=None if cfg.max_tokens is None else max(0, cfg.max_tokens - spent.get("tokens", 0)))
     try:
-        outcomes = asyncio.run(_run_jobs(client, jobs, cfg.server.mode, cfg.max_parse_retries))
+        outcomes = asyncio.run(_run_jobs(client, jobs, cfg.server.mode, cfg.max_parse_retries, ask))
     finally:
         if server is not None:
             server.stop()

@@ -4,7 +4,8 @@ answers they ask for.
 A template file holds ``name``, ``version``, ``output`` (which answer model validates the reply),
 ``chat`` (system + user messages, for instruction-tuned models) and ``completion`` (a few-shot text
 for base models, ending inside the JSON answer; ``prefix`` is put back in front of the reply before
-parsing). Placeholders are ``$query`` and ``$positive`` (``queries-*``: ``$passage`` and ``$k``) (``string.Template``, so JSON braces in the
+parsing). Placeholders are ``$query`` and ``$positive`` (``queries-*``: ``$passage``, ``$k`` and
+``$persona_note``; ``judge-*``: ``$query`` and ``$passage``) (``string.Template``, so JSON braces in the
 examples need no escaping). Cache keys hold the version and the rendered prompt, so an edited
 template never replays old answers; the version names the prompt in manifests and stats.
 """
@@ -69,6 +70,11 @@ class QueriesAnswer(BaseModel):
 
 ANSWER_MODELS: dict[str, type[BaseModel]] = {"pair": PairAnswer, "text": TextAnswer, "negative": NegativeAnswer,
                                              "queries": QueriesAnswer}
+
+
+# A judge template (synthesize.queries.judge) answers "yes" or "no", read from the reply's logprobs or
+# text by ``embed_core.synthesize.judge``, not parsed as JSON.
+JUDGMENT = "judgment"
 
 
 class MalformedAnswer(ValueError):
@@ -148,8 +154,8 @@ def _load(path: Path) -> PromptTemplate:
             digest=hashlib.sha256(path.read_bytes()).hexdigest()[:16])
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ConfigError(f"{path}: not a prompt template ({type(exc).__name__}: {exc})") from None
-    if tpl.output not in ANSWER_MODELS:
-        raise ConfigError(f"{path}: output {tpl.output!r} unknown (choose from {', '.join(ANSWER_MODELS)})")
+    if tpl.output not in ANSWER_MODELS and tpl.output != JUDGMENT:
+        raise ConfigError(f"{path}: output {tpl.output!r} unknown (choose from {', '.join(ANSWER_MODELS)}, {JUDGMENT})")
     return tpl
 
 

@@ -5,7 +5,11 @@ packaged prompts ``queries-<type>.yaml``) asks for ``per_type`` queries; each an
 become retrieval records of dataset <corpus name> (query, the passage as positive, origin
 ``synthetic``, the passage's ``source_ref``). They go through the stage's filters (lengths, copies,
 duplicates, contamination: ``filters.py``), then a word-count filter and round-trip consistency
-(``consistency.py``); every drop is a row of ``_filtered.parquet`` with its reason."""
+(``consistency.py``) and, when configured, the LLM judge (``judge.py``); every drop is a row of
+``_filtered.parquet`` with its reason. With ``queries.personas``, each passage's requests name one
+persona (drawn by seed and passage id) through the prompts' ``$persona_note``, which is empty
+without personas (so the rendered prompts, and the cache keys, are those of a config without the
+key)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from embed_core.errors import ConfigError
 from embed_core.schema import Record
 from embed_core.synthesize.config import SynthesizeConfig
 from embed_core.synthesize.consistency import round_trip
@@ -29,6 +34,20 @@ STRATEGY = "queries"
 
 def _draw(seed: int, passage_id: str) -> bytes:
     return hashlib.sha256(f"{seed}:queries:{passage_id}".encode()).digest()
+
+
+def persona_for(personas: list[str], seed: int, passage_id: str) -> str | None:
+    """The persona of a passage's requests: a draw by seed and passage id (stable across reruns,
+    budgets and corpus order); None without personas."""
+    if not personas:
+        return None
+    h = int.from_bytes(hashlib.sha256(f"{seed}:persona:{passage_id}".encode()).digest()[:8], "big")
+    return personas[h % len(personas)]
+
+
+def persona_note(persona: str | None) -> str:
+    """What ``$persona_note`` becomes in a query prompt (after its first sentence)."""
+    return f" Here the searcher is {persona}; write the queries as they would." if persona else ""
 
 
 def sample_passages(table: pa.Table, budget: int | None, seed: int) -> list[dict[str, Any]]:
@@ -46,14 +65,21 @@ def plan_query_jobs(cfg: SynthesizeConfig, corpora: dict[str, pa.Table], templat
     """One job per sampled passage and kind of query; the passage rides along as a record (its
     text the only positive) so the job's answer knows what it was asked about."""
     q = cfg.queries
+    for kind in q.types if q.personas else ():
+        tpl = templates[f"queries-{kind}"]
+        if "$persona" not in tpl.chat_user + tpl.completion:
+            raise ConfigError(f"{tpl.source}: synthesize.queries.personas are set, but template {tpl.name!r} has no "
+                              "$persona_note (or $persona) placeholder to put them in")
     jobs = []
     for name, table in sorted(corpora.items()):
         for p in sample_passages(table, q.max_passages, seed):
+            persona = persona_for(q.personas, seed, p["id"])
             passage = Record(id=p["id"], dataset=name, task="retrieval", query="", positives=[p["text"]],
                              origin="synthetic", source_ref=p["source_ref"])
             for kind in q.types:
+                values = {"passage": p["text"], "k": str(q.per_type), "type": kind, "persona_note": persona_note(persona)}
                 jobs.append(Job(STRATEGY, name, passage, templates[f"queries-{kind}"],
-                                {"passage": p["text"], "k": str(q.per_type), "type": kind}))
+                                {**values, "persona": persona} if persona else values))
     return jobs
 
 
@@ -68,7 +94,7 @@ def query_candidates(o: Outcome) -> list[Candidate]:
     return out
 
 
-def _dropped(c: Candidate, reason: str, scores: dict[str, float] | None = None) -> dict[str, Any]:
+def query_dropped(c: Candidate, reason: str, scores: dict[str, float] | None = None) -> dict[str, Any]:
     return {"dataset": c.outcome.job.dataset, "source_id": c.outcome.job.record.id, "strategy": STRATEGY,
             "reason": reason, "generated": json.dumps(c.generated, ensure_ascii=False),
             "scores": json.dumps(scores or {})}
@@ -83,9 +109,9 @@ def filter_queries(cfg: SynthesizeConfig, candidates: list[Candidate], corpora: 
     for c in candidates:
         words = len(c.record.query.split())
         if words < q.min_words:
-            dropped.append(_dropped(c, "too_few_words", {"words": words}))
+            dropped.append(query_dropped(c, "too_few_words", {"words": words}))
         elif words > q.max_words:
-            dropped.append(_dropped(c, "too_many_words", {"words": words}))
+            dropped.append(query_dropped(c, "too_many_words", {"words": words}))
         else:
             kept.append(c)
     if q.round_trip is None or not kept:
@@ -102,5 +128,5 @@ def filter_queries(cfg: SynthesizeConfig, candidates: list[Candidate], corpora: 
             if ok:
                 survivors.append(c)
             else:
-                dropped.append(_dropped(c, "round_trip", {"rank": int(rank), "top_k": q.round_trip.top_k}))
+                dropped.append(query_dropped(c, "round_trip", {"rank": int(rank), "top_k": q.round_trip.top_k}))
     return survivors, dropped

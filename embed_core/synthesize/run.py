@@ -24,7 +24,8 @@ have ``origin`` set and ``source_ref`` of the record they came from; ids are ``<
 Writes ``<run_dir>/synthesize/<dataset>.parquet`` (every dataset; untouched ones pass through),
 ``_failures.parquet`` (requests that gave no valid answer: reason, detail and the raw reply),
 ``_filtered.parquet`` (answers a filter removed, with the reason and scores), ``_samples.parquet``
-(source vs. kept generated text) and ``manifest.json`` (requests, cache hits, tokens, failures by
+(source vs. kept generated text), ``_queries.parquet`` (with corpus sources: each kept generated
+query's passage, kind, persona and judge score) and ``manifest.json`` (requests, cache hits, tokens, failures by
 reason, kept vs. filtered per strategy). Requests are cached in ``<run_dir>/cache/llm.sqlite``.
 When more than ``max_failed_share`` of the requests got no answer from the server (an outage), the
 stage writes nothing and fails with one line, so Prefect's retry applies.
@@ -51,7 +52,9 @@ from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import records_to_table, table_to_records
 from embed_core.synthesize.filters import Candidate, filter_candidates, to_candidate
 from embed_core.synthesize.jobs import generate, plan_jobs
+from embed_core.synthesize.judge import Judged, judge_queries
 from embed_core.synthesize.queries import STRATEGY as QUERIES, filter_queries, plan_query_jobs, query_candidates
+from embed_core.synthesize.queries import query_dropped
 from embed_core.synthesize.prompts import load_templates, template_versions
 from embed_core.synthesize.stage import NAME as STAGE
 
@@ -140,6 +143,8 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
     gen_s = time.perf_counter() - t_gen
     _refuse_an_outage(cfg, outcomes, client_stats.get("server", {}).get("base_url"))
     kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora)
+    kept, filtered, judged = (_judge(cfg, kept, filtered, templates, run_dir, config.seed, client_stats) if corpora
+                              else (kept, filtered, None))
     by_ds: dict[str, list[Candidate]] = defaultdict(list)
     for c in kept:
         by_ds[c.outcome.job.dataset].append(c)
@@ -157,6 +162,8 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
         writer.write_table("_failures.parquet", _table(failures, FAILURE_FIELDS), kind="stats")
         writer.write_table("_filtered.parquet", _table(filtered, FILTERED_FIELDS), kind="stats")
         writer.write_table("_samples.parquet", _table(_samples(kept), SAMPLE_FIELDS), kind="stats")
+        if corpora:
+            writer.write_table("_queries.parquet", _table(_query_rows(kept, judged), QUERY_FIELDS), kind="stats")
         for name, table in (tables or {}).items():
             writer.write_table(name, table, kind="stats")
         manifest = writer.commit({
@@ -174,13 +181,27 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
                                      "llm_negatives": sum(1 for c in by_ds.get(ds, []) if c.outcome.job.strategy == "hard_negative")}
                                     for ds in sorted(set(records) | set(by_ds))],
                        "strategies": _strategy_counts(outcomes, filtered, kept),
-                       "client": client_stats,
+                       "client": client_stats, **({"judge_client": judged.client} if judged else {}),
                        "failed": len(failures), "filtered": len(filtered), "kept": len(kept)},
             "timings_s": {"generate": round(gen_s, 3), "total": round(time.perf_counter() - t0, 3)},
-            **({"queries": _query_report(corpora, outcomes, filtered, kept)} if corpora else {}),
+            **({"queries": _query_report(corpora, outcomes, filtered, kept, judged)} if corpora else {}),
             **(extra or {}),
         })
     return manifest
+
+
+def _judge(cfg: SynthesizeConfig, kept: list[Candidate], filtered: list[dict[str, Any]], templates: dict,
+           run_dir: Path, seed: int, client_stats: dict[str, Any]) -> tuple[list[Candidate], list[dict], Judged | None]:
+    """Step 4, with ``queries.judge``: the LLM judge over the generated queries the other filters
+    kept (``judge.py``); its drops join ``filtered``. An outage of the judge's requests fails the
+    stage like one of the generation requests."""
+    if cfg.queries.judge is None:
+        return kept, filtered, None
+    queries = [c for c in kept if c.outcome.job.strategy == QUERIES]
+    judged = judge_queries(cfg, queries, templates, run_dir, seed, client_stats)
+    _refuse_an_outage(cfg, judged.outcomes, judged.client.get("server", {}).get("base_url"))
+    rows = [query_dropped(c, reason, scores) for c, reason, scores in judged.dropped]
+    return [c for c in kept if c.outcome.job.strategy != QUERIES] + judged.kept, filtered + rows, judged
 
 
 def _refuse_an_outage(cfg: SynthesizeConfig, outcomes: list, launched_url: str | None) -> None:
@@ -249,10 +270,20 @@ def _embedder(model: str, pooling: str, max_length: int):
     return embed
 
 
+def _query_rows(kept: list[Candidate], judged: Judged | None) -> list[dict[str, Any]]:
+    """``_queries.parquet``: per kept generated query, its passage, kind, persona and judge score (the
+    record schema has no room for them)."""
+    return [{"id": c.record.id, "dataset": c.record.dataset, "passage_id": c.outcome.job.record.id,
+             "type": c.outcome.job.values["type"], "persona": c.outcome.job.values.get("persona"),
+             "judge": judged.scores.get(c.record.id) if judged else None}
+            for c in kept if c.outcome.job.strategy == QUERIES]
+
+
 def _query_report(corpora: dict[str, pa.Table], outcomes: list, filtered: list[dict[str, Any]],
-                  kept: list[Candidate]) -> dict[str, Any]:
-    """What query generation did, per corpus: passages asked about, queries generated, kept and
-    dropped by filter, and a few kept and dropped examples (the stage report shows them)."""
+                  kept: list[Candidate], judged: Judged | None) -> dict[str, Any]:
+    """What query generation did, per corpus: passages asked about, queries generated, judged, kept
+    and dropped by filter, and a few kept and dropped examples (the stage report shows them)."""
+    rows = {r["id"]: r for r in _query_rows(kept, judged)}
     out = {}
     for name, table in sorted(corpora.items()):
         asked = [o for o in outcomes if o.job.strategy == QUERIES and o.job.dataset == name]
@@ -261,9 +292,12 @@ def _query_report(corpora: dict[str, pa.Table], outcomes: list, filtered: list[d
         out[name] = {"passages": table.num_rows, "passages_asked": len({o.job.record.id for o in asked}),
                      "requests": len(asked), "answered": sum(o.answer is not None for o in asked),
                      "generated": sum(len(o.answer.queries) for o in asked if o.answer is not None),
+                     "judged": sum(o.job.dataset == name for o in judged.outcomes) if judged else None,
                      "kept": len(mine), "dropped": dict(Counter(r["reason"] for r in dropped)),
                      "kept_examples": [{"query": c.record.query, "passage": c.record.positives[0][:300],
-                                        "type": c.outcome.job.values["type"]} for c in mine[:5]],
+                                        "type": c.outcome.job.values["type"],
+                                        **{k: rows[c.record.id][k] for k in ("persona", "judge")
+                                           if rows[c.record.id][k] is not None}} for c in mine[:5]],
                      "dropped_examples": [{"reason": r["reason"], "generated": r["generated"], "scores": r["scores"]}
                                           for r in dropped[:5]]}
     return out
@@ -304,6 +338,8 @@ FAILURE_FIELDS = {"dataset": pa.string(), "source_id": pa.string(), "strategy": 
                   "reason": pa.string(), "detail": pa.string(), "raw": pa.string(), "attempts": pa.int64()}
 FILTERED_FIELDS = {"dataset": pa.string(), "source_id": pa.string(), "strategy": pa.string(), "reason": pa.string(),
                    "generated": pa.string(), "scores": pa.string()}
+QUERY_FIELDS = {"id": pa.string(), "dataset": pa.string(), "passage_id": pa.string(), "type": pa.string(),
+                "persona": pa.string(), "judge": pa.float64()}
 SAMPLE_FIELDS = {"dataset": pa.string(), "strategy": pa.string(), "source_id": pa.string(), "before": pa.string(),
                  "after": pa.string()}
 

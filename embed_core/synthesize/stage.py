@@ -20,12 +20,17 @@ def format_counts(manifest: dict[str, Any]) -> str:
         lines.append(f"{name:<15}{s.get('requested', 0):>10}{s.get('answered', 0):>9}{s.get('kept', 0):>6}  {other}")
     lines.append(f"requests {cl.get('requests', 0)} (retries {cl.get('retries', 0)}), cache hits {cl.get('cache_hits', 0)}, "
                  f"tokens {cl.get('tokens', 0)}" + (", budget spent" if cl.get("budget_exhausted") else ""))
+    if "judge_client" in c:
+        j = c["judge_client"]
+        lines.append(f"judge requests {j.get('requests', 0)} (retries {j.get('retries', 0)}), cache hits "
+                     f"{j.get('cache_hits', 0)}, tokens {j.get('tokens', 0)}")
     lines.append("added per dataset: " + ", ".join(f"{d['dataset']} +{d['added']} ({d['llm_negatives']} negatives)"
                                                    for d in c["datasets"] if d["synthesized"] or d.get("corpus")))
     for name, q in manifest.get("queries", {}).items():
         dropped = ", ".join(f"{k} {v}" for k, v in sorted(q["dropped"].items())) or "none"
+        judged = f", {q['judged']} judged" if q.get("judged") is not None else ""
         lines.append(f"queries for corpus {name}: {q['passages_asked']} of {q['passages']} passages asked, "
-                     f"{q['generated']} generated, {q['kept']} kept; dropped: {dropped}")
+                     f"{q['generated']} generated{judged}, {q['kept']} kept; dropped: {dropped}")
     return "\n".join(lines)
 
 
@@ -42,11 +47,19 @@ def _queries_markdown(manifest: dict[str, Any]) -> str:
     parts = []
     for name, q in manifest.get("queries", {}).items():
         parts.append(f"\n\n**Queries for corpus {name}**: {q['passages_asked']} of {q['passages']} passages asked, "
-                     f"{q['generated']} queries generated, {q['kept']} kept; dropped by filter: "
+                     f"{q['generated']} queries generated"
+                     + (f", {q['judged']} judged by the LLM" if q.get("judged") is not None else "")
+                     + f", {q['kept']} kept; dropped by filter: "
                      + (", ".join(f"{k} {v}" for k, v in sorted(q["dropped"].items())) or "none"))
-        parts += [f"\n- kept ({e['type']}): {e['query']!r} → {e['passage'][:120]!r}" for e in q["kept_examples"]]
+        parts += [f"\n- kept ({e['type']}{_extras(e)}): {e['query']!r} → {e['passage'][:120]!r}"
+                  for e in q["kept_examples"]]
         parts += [f"\n- dropped ({e['reason']}): {e['generated']} {e['scores']}" for e in q["dropped_examples"]]
     return "".join(parts)
+
+
+def _extras(example: dict[str, Any]) -> str:
+    """A kept example's persona and judge score, when it has them."""
+    return "".join(f", {k} {example[k]}" for k in ("persona", "judge") if k in example)
 
 
 # One task-level retry on top of the client's per-request retries: the request cache makes a

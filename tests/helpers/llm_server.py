@@ -13,12 +13,16 @@ tests can check what the stage does with answers, failures and the cache. ``call
 request by path; ``keys_seen`` records the Authorization headers (to check the key reaches the
 server and nowhere else). ``die_after=N``: after answering N requests the server dies — the next
 request's connection is dropped unanswered and the port stops accepting (a crashed endpoint);
-``answered`` keeps the body of every request it answered with 200.
+``answered`` keeps the body of every request it answered with 200. A relevance judge's prompt
+(``judge-relevance.yaml``) gets "yes", or "no" when its query holds one of ``judge_no``'s words; a
+request asking for ``logprobs`` gets the first token's top logprobs too (yes 0.8 / no 0.2 for a
+yes, 0.1 / 0.9 for a no) unless ``logprobs=False`` (a server that sends none).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
 import threading
@@ -35,6 +39,25 @@ def _last(label: str, prompt: str) -> str:
 def _k(prompt: str) -> int:
     found = re.search(r"Write (\d+) different", prompt)
     return int(found.group(1)) if found else 1
+
+
+def _is_judge(prompt: str) -> bool:
+    return prompt.rstrip().endswith("Relevant:") or "Answer yes or no." in prompt
+
+
+def _judge(prompt: str, judge_no: tuple[str, ...]) -> str:
+    query = _last("Query", prompt).lower()
+    return "no" if any(w.lower() in query.split() for w in judge_no) else "yes"
+
+
+def _logprobs(answer: str, chat: bool) -> dict:
+    """The first token's logprobs as the OpenAI API sends them (chat: content; completion: top_logprobs)."""
+    p = {"yes": 0.8, "no": 0.2} if answer == "yes" else {"yes": 0.1, "no": 0.9}
+    if chat:
+        tops = [{"token": t, "logprob": math.log(v), "bytes": None} for t, v in p.items()]
+        return {"content": [{"token": answer, "logprob": math.log(p[answer]), "bytes": None, "top_logprobs": tops}]}
+    return {"tokens": [f" {answer}"], "token_logprobs": [math.log(p[answer])], "text_offset": [0],
+            "top_logprobs": [{f" {t}": math.log(v) for t, v in p.items()}]}
 
 
 def _answer(prompt: str, chat: bool) -> str:
@@ -62,7 +85,10 @@ def _answer(prompt: str, chat: bool) -> str:
 
 class ScriptedLLMServer:
     def __init__(self, faults: list[str] | None = None, timeout_sleep: float = 3.0,
-                 reject_response_format: bool = False, die_after: int | None = None):
+                 reject_response_format: bool = False, die_after: int | None = None,
+                 judge_no: tuple[str, ...] = (), logprobs: bool = True):
+        self.judge_no = tuple(judge_no)
+        self.logprobs = logprobs
         self.faults = list(faults or [])
         self.die_after = die_after
         self.answered: list[dict] = []
@@ -133,9 +159,13 @@ class ScriptedLLMServer:
                     self._send(200, b'{"id": "x", "choices": [ this is not json')
                     return
                 prompt = body["messages"][-1]["content"] if chat else body["prompt"]
-                text = "Sure! Here is a rewrite without JSON." if "MALFORMED" in prompt else _answer(prompt, chat)
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                          if chat else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None})
+                judge = _judge(prompt, server.judge_no) if _is_judge(prompt) else None
+                text = ("Sure! Here is a rewrite without JSON." if "MALFORMED" in prompt
+                        else (f" {judge}" if not chat else judge) if judge else _answer(prompt, chat))
+                lp = _logprobs(judge, chat) if judge and server.logprobs and body.get("logprobs") else None
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
+                           "logprobs": lp}
+                          if chat else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": lp})
                 resp = {"id": "cmpl-1", "object": "chat.completion" if chat else "text_completion", "created": 0,
                         "model": body.get("model", "scripted"), "choices": [choice],
                         "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()),

@@ -79,7 +79,7 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
             assert len(automations) == 1 and not automations[0].enabled
             # typed parameters: the UI renders a form from this schema (the inline config is a partial one)
             schema = deps["pipeline/embedpipe-pipeline"].parameter_openapi_schema
-            assert {"config_path", "run_dir", "config", "run_name", "stages", "force"} <= set(schema["properties"])
+            assert {"config_path", "run_dir", "config", "run_name", "stages", "force", "corpus_path"} <= set(schema["properties"])
             assert "merged over config_path" in schema["properties"]["config"]["description"]
 
             flow_run = run_deployment("pipeline/embedpipe-pipeline", timeout=600,

@@ -56,6 +56,28 @@ def test_prepare_flow_caches_on_content_and_recomputes_on_change(prefect_harness
     assert Artifact.get(key="prepare-counts-demo") is not None
 
 
+def test_the_corpus_recipe_reads_the_folder_given_as_corpus_path_like_a_ui_run(prefect_harness, tmp_path):
+    import pyarrow.parquet as pq
+
+    from flows.pipeline import pipeline_flow
+
+    docs = tmp_path / "my_documents"
+    docs.mkdir()
+    (docs / "heart.md").write_text("# Heart\n\nThe heart pumps blood through the arteries of the body.\n")
+    (docs / "kidneys.txt").write_text("Kidneys filter waste from the blood and make urine.\n")
+    # what a UI user types in the embedpipe-pipeline form (the inline config only moves this test's
+    # data and runs, and drops the recipe's SciFact contamination set, which needs ../shared/data)
+    out = pipeline_flow(config_path=str(REPO / "deployments/configs/corpus.yaml"), corpus_path="my_documents",
+                        config={"data_root": str(tmp_path), "run_root": str(tmp_path / "runs"),
+                                "prepare": {"contamination": []}}, stages=["prepare"])
+    assert list(out) == ["prepare"]
+    run_dir = Path(out["prepare"]["run_dir"])
+    corpus = pq.read_table(run_dir / "prepare/corpus-scifact-corpus.parquet").to_pylist()
+    assert sorted(p["text"] for p in corpus) == ["# Heart\n\nThe heart pumps blood through the arteries of the body.",
+                                                 "Kidneys filter waste from the blood and make urine."]
+    assert {p["source_ref"].split(":")[0] for p in corpus} == {"my_documents/heart.md", "my_documents/kidneys.txt"}
+
+
 def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("prepare:\n  sources:\n    - {name: x, kind: nope, path: a.csv}\n")

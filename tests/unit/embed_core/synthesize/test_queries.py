@@ -1,18 +1,22 @@
 """Query generation from a corpus (strategy ``queries``): through the scripted OpenAI-compatible
 server the generated queries become retrieval records of origin synthetic with their passage as
 positive, a rerun makes no request, and the filters (words, duplicates, round-trip consistency)
-drop what they should."""
+drop what they should; personas are drawn per passage and leave the prompts of a config without
+them unchanged."""
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from embed_core.artifacts import read_records
 from embed_core.config import parse_config
 from embed_core.prepare.run import run_prepare
 from embed_core.schema import table_to_records
 from embed_core.synthesize.consistency import passage_ranks, round_trip
+from embed_core.synthesize.queries import persona_for
 from embed_core.synthesize.run import run_synthesize
 from tests.helpers.llm_server import ScriptedLLMServer
 
@@ -152,3 +156,80 @@ def test_mining_queries_of_a_corpus_draws_negatives_from_every_passage_not_only_
     (tmp_path / "docs/organs.md").write_text("\n\n".join(PASSAGES + ["Skin is the largest organ of the body."]))
     run_prepare(config, run_dir)
     assert mine_fingerprint(config, run_dir, upstream="synthesize").key != key
+
+
+PERSONAS = ["a nurse checking a drug label", "a student revising for an exam"]
+
+
+def test_two_personas_are_put_in_the_requests_as_drawn_by_seed_and_passage_id(tmp_path):
+    with ScriptedLLMServer() as server:
+        config = _config(tmp_path, server.base_url, max_passages=None, personas=PERSONAS)
+        run_dir = tmp_path / "run"
+        run_prepare(config, run_dir)
+        run_synthesize(config, run_dir, upstream="prepare")
+        corpus = pq.read_table(run_dir / "prepare/corpus-organs.parquet").to_pylist()
+        expected = {p["text"]: persona_for(PERSONAS, config.seed, p["id"]) for p in corpus}
+        assert set(expected.values()) == set(PERSONAS)          # both are drawn among the four passages
+        assert len(server.bodies) == 4 * 2
+        for body in server.bodies:                             # each request names its passage's persona only
+            prompt = body["messages"][-1]["content"]
+            (text,) = [t for t in PASSAGES if t in prompt]
+            assert f"Here the searcher is {expected[text]};" in prompt
+            assert sum(p in prompt for p in PERSONAS) == 1
+        rows = pq.read_table(run_dir / "synthesize/_queries.parquet").to_pylist()
+        by_id = {p["id"]: expected[p["text"]] for p in corpus}
+        assert len(rows) == 16 and all(r["persona"] == by_id[r["passage_id"]] for r in rows)
+    assert [persona_for(PERSONAS, config.seed, p["id"]) for p in corpus] == list(expected.values())
+    assert persona_for([], config.seed, corpus[0]["id"]) is None
+
+
+# The request keys of the query prompts as rendered before personas existed (a passage, k 2,
+# model "m", no sampling parameters): without personas a prompt must render to the same text, so
+# the request caches of earlier runs stay valid.
+KEYS_BEFORE_PERSONAS = {
+    ("question", "chat"): "13d87851e3e56f9a569478f49794880752b37d5e393a25e4dffaa890bfe7c6b0",
+    ("question", "completion"): "7ef4b9c5e5bfa0b15a4686f329be3e918de27673660ae817a4e39cc6dbcf7021",
+    ("keyword", "chat"): "aa6d86286bad63bee8b7597ab702de2de8363f39bfdcba2b72cd24e6d9f529de",
+    ("keyword", "completion"): "a304db4bb8a0db1611691b8b00e7d88d13f7ad83c4c6ed8bb083e2753f6e3548",
+    ("claim", "chat"): "b252eed65efd28d12efcb7580de7566210275a19297e87a858a3ae806c474d2c",
+    ("claim", "completion"): "fc62a153395326a801af0e005012903aaf7e5667af5f05ec1312444a904f575c",
+    ("title", "chat"): "226391f31655e8cc0d2e1e545e70ae2e2639cb0ada74b817e4fe438f4df3e466",
+    ("title", "completion"): "22da8470782577cce7e5120939497ecab2934b2446ae56086652e6e117883d81",
+}
+
+
+def test_without_personas_the_query_prompts_render_as_before_so_cached_answers_stay_valid():
+    from embed_core.synthesize.cache import request_key
+    from embed_core.synthesize.config import SynthesizeConfig
+    from embed_core.synthesize.prompts import load_templates
+    from embed_core.synthesize.queries import plan_query_jobs
+
+    templates = load_templates()
+    corpus = pa.table({"id": ["organs/0"], "text": [PASSAGES[0]], "source_ref": ["organs.md:0-55"]})
+    cfg = SynthesizeConfig(strategies=["queries"], queries={"types": ["question", "keyword", "claim", "title"],
+                                                            "per_type": 2})
+    jobs = plan_query_jobs(cfg, {"organs": corpus}, templates, seed=0)
+    for job in jobs:
+        for mode in ("chat", "completion"):
+            tpl = job.template
+            key = request_key(model="m", mode=mode, prompt=tpl.name, prompt_version=tpl.version,
+                              rendered=tpl.render(mode, job.values), sampling={}, attempt=0)
+            assert key == KEYS_BEFORE_PERSONAS[(job.values["type"], mode)], (job.values["type"], mode)
+    with_persona = plan_query_jobs(cfg.model_copy(update={"queries": cfg.queries.model_copy(
+        update={"personas": ["a nurse"]})}), {"organs": corpus}, templates, seed=0)
+    assert all("Here the searcher is a nurse;" in str(j.template.render(m, j.values))
+               for j in with_persona for m in ("chat", "completion"))
+
+
+def test_personas_with_a_prompt_that_has_no_place_for_them_are_refused_with_one_line(tmp_path):
+    from embed_core.errors import ConfigError
+    from embed_core.synthesize.config import SynthesizeConfig
+    from embed_core.synthesize.prompts import load_templates
+    from embed_core.synthesize.queries import plan_query_jobs
+
+    src = load_templates()["queries-title"].source
+    (tmp_path / "title.yaml").write_text(open(src).read().replace("$persona_note", ""))
+    cfg = SynthesizeConfig(strategies=["queries"], queries={"types": ["title"], "personas": ["a nurse"]})
+    corpus = pa.table({"id": ["organs/0"], "text": [PASSAGES[0]], "source_ref": ["organs.md:0-55"]})
+    with pytest.raises(ConfigError, match="template 'queries-title' has no \\$persona_note"):
+        plan_query_jobs(cfg, {"organs": corpus}, load_templates(tmp_path), seed=0)

@@ -53,7 +53,7 @@ def _rows(run_dir: Path) -> dict[str, list[Record]]:
 def test_templates_render_and_parse():
     t = load_templates()
     assert set(t) == {"paraphrase-retrieval", "paraphrase-sentence", "augmentation-retrieval", "hard_negative-retrieval",
-                      "queries-question", "queries-keyword", "queries-claim", "queries-title"}
+                      "queries-question", "queries-keyword", "queries-claim", "queries-title", "judge-relevance"}
     para = t["paraphrase-retrieval"]
     prompt = para.render("completion", {"query": "line one\nline two", "positive": "p" * 5000})
     assert prompt.endswith('Output: {"query": "')            # the reply continues the JSON
