@@ -152,9 +152,15 @@ class _Retryable(Exception):
 
 
 def _response_format_rejected(exc: Exception) -> bool:
-    """A 400/422 that is about response_format: the server has no structured outputs."""
-    return (isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 422)
-            and any(w in str(exc).lower() for w in ("response_format", "json_schema", "schema")))
+    """A 400/422 that is about response_format, or a 500 that names it (llama-cpp-python's server
+    validates the body inside its handler: ``json_schema`` comes back as a 500 naming
+    ``response_format``): the server has no structured outputs of OpenAI's form."""
+    if not isinstance(exc, openai.APIStatusError):
+        return False
+    text = str(exc).lower()
+    if exc.status_code in (400, 422):
+        return any(w in text for w in ("response_format", "json_schema", "schema"))
+    return exc.status_code == 500 and "response_format" in text
 
 
 class LLMClient:

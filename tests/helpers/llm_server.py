@@ -5,7 +5,7 @@ OpenAI-compatible server does, except that the first requests consume ``faults``
 ``"429"``, ``"500"``, ``"503"``, ``"429:retry-after=S"`` (a 429 with a ``Retry-After: S`` header),
 ``"timeout"`` (waits longer than the client's timeout, then answers) and ``"bad_json"`` (a 200
 whose body is not JSON). ``reject_response_format``: a request with a ``response_format`` gets the
-400 a server without structured outputs sends. ``bodies`` keeps every request body. A prompt containing ``MALFORMED``
+400 a server without structured outputs sends (``500``: the 500 llama-cpp-python's server sends). ``bodies`` keeps every request body. A prompt containing ``MALFORMED``
 always gets a reply that is not the JSON the prompt asks for. A query-generation prompt gets
 ``k`` queries (chat: the k it asks for; completion: one) made of the passage's first words. Otherwise the reply is a
 deterministic rewrite of the prompt's last example (good enough to pass the stage's filters), so
@@ -85,7 +85,7 @@ def _answer(prompt: str, chat: bool) -> str:
 
 class ScriptedLLMServer:
     def __init__(self, faults: list[str] | None = None, timeout_sleep: float = 3.0,
-                 reject_response_format: bool = False, die_after: int | None = None,
+                 reject_response_format: bool | int = False, die_after: int | None = None,
                  judge_no: tuple[str, ...] = (), logprobs: bool = True):
         self.judge_no = tuple(judge_no)
         self.logprobs = logprobs
@@ -144,7 +144,12 @@ class ScriptedLLMServer:
                     server.bodies.append(body)
                     server.request_times.append(time.monotonic())
                 if server.reject_response_format and "response_format" in body:
-                    self._send(400, json.dumps({"error": {"message": "response_format is not supported"}}).encode())
+                    if server.reject_response_format == 500:  # llama-cpp-python's server: its validation error as a 500
+                        self._send(500, json.dumps({"error": {"message": "1 validation error: {'type': 'literal_error', "
+                                   "'loc': ('body', 'response_format', 'type'), 'msg': \"Input should be 'text' or "
+                                   "'json_object'\"}"}}).encode())
+                    else:
+                        self._send(400, json.dumps({"error": {"message": "response_format is not supported"}}).encode())
                     return
                 if fault and fault.startswith("429:retry-after="):
                     self._send(429, b'{"error": {"message": "slow down"}}',
