@@ -76,7 +76,7 @@ class LLMServerConfig(StrictModel):
     def _a_number_of_servers_or_auto(cls, value: object) -> object:
         if value == "auto" or (type(value) is int and 1 <= value <= 64):
             return value
-        raise ValueError(f"slots is a number of llama.cpp servers, 1 to 64, or auto; got {value!r}")
+        raise ValueError(f"a number of llama.cpp servers, 1 to 64, or auto; got {value!r}")
 
     @model_validator(mode="after")
     def _slots_are_launched_servers(self) -> "LLMServerConfig":

@@ -61,8 +61,8 @@ def test_every_slot_gets_its_own_port_log_and_threads_and_no_request_is_ever_int
     ({"slots": 2}, "slots: 2 needs launch: llama_cpp"),
     ({"launch": "llama_cpp", "slots": 4, "n_threads": 2}, "slots: 4 servers need a thread each, but n_threads is 2"),
     ({"launch": "llama_cpp", "slots": 3, "port": 65534}, "slots: 3 servers from port 65534 run past port 65535"),
-    ({"launch": "llama_cpp", "slots": 0}, "slots: slots is a number of llama.cpp servers, 1 to 64, or auto; got 0"),
-    ({"launch": "llama_cpp", "slots": "many"}, "slots: slots is a number of llama.cpp servers, 1 to 64, or auto"),
+    ({"launch": "llama_cpp", "slots": 0}, "server.slots: a number of llama.cpp servers, 1 to 64, or auto; got 0"),
+    ({"launch": "llama_cpp", "slots": "many"}, "slots: a number of llama.cpp servers, 1 to 64, or auto; got 'many'"),
 ])
 def test_slots_are_refused_in_one_line_naming_the_reason(server, reason):
     with pytest.raises(ConfigError, match=r"^c\.yaml: synthesize\.server(\.slots)?: ") as err:
