@@ -111,5 +111,6 @@ bench: $(STAMP)
 	$(PY) tests/benchmarks/bench_prepare.py
 	$(PY) tests/benchmarks/bench_index_on_disk.py
 	$(PY) tests/benchmarks/bench_mine_scale.py   # 200k passages, each engine encodes all: 24 min on 2 AMX cores (bf16), ~70 in fp32
-	@if [ -f $(LLM_STAMP) ]; then $(PY) tests/benchmarks/bench_llama_threads.py; \
-	  else echo "bench_llama_threads: skipped (make install-llm first)"; fi
+	@if [ -f $(LLM_STAMP) ]; then $(PY) tests/benchmarks/bench_llama_threads.py \
+	  && $(PY) tests/benchmarks/bench_llama_slots.py; \
+	  else echo "bench_llama_threads, bench_llama_slots: skipped (make install-llm first)"; fi

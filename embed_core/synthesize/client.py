@@ -11,6 +11,8 @@
 * every answer goes through ``RequestCache`` first: a cached answer costs no request and no budget;
 * ``logprobs=N`` asks for the top N logprobs of the answer's first non-blank token (chat: ``logprobs`` +
   ``top_logprobs``; completion: ``logprobs: N``) and returns them with the text (cached with it).
+* several endpoints (``base_urls``, or the launched llama.cpp servers' slots) share the requests:
+  the least busy one gets the next, and one that fails rests while the others take its requests.
 
 The API key is read from the environment variable the config names and handed to the client
 object only; it is never logged or returned.
@@ -34,6 +36,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from embed_core.synthesize.config import LLMServerConfig, SamplingConfig
 from embed_core.synthesize.cache import RequestCache, request_key
+from embed_core.synthesize.server import resolve_slots
 
 log = logging.getLogger("embedpipe.synthesize")
 
@@ -166,7 +169,7 @@ def _response_format_rejected(exc: Exception) -> bool:
 class LLMClient:
     def __init__(self, server: LLMServerConfig, sampling: SamplingConfig, cache: RequestCache, *,
                  base_url: str | None = None, max_requests: int | None = None, max_tokens: int | None = None,
-                 before_first_request: Callable[[], Awaitable[str]] | None = None, seed: int = 0):
+                 before_first_request: Callable[[], Awaitable[list[str]]] | None = None, seed: int = 0):
         self.server = server
         self.sampling = sampling
         self.cache = cache
@@ -177,10 +180,17 @@ class LLMClient:
         self._before_first_request = before_first_request
         self._endpoints: list[Endpoint] = []
         self._start_lock = asyncio.Lock()
-        self._slots = asyncio.Semaphore(server.max_concurrency * max(1, len(server.base_urls)))
+        self._slots = asyncio.Semaphore(server.max_concurrency * self._endpoint_count(server))
         self._rng = random.Random(seed)
         self.structured = server.mode == "chat" and server.structured_output != "off"
         self.in_flight = 0  # requests holding a concurrency slot now
+
+    @staticmethod
+    def _endpoint_count(server: LLMServerConfig) -> int:
+        """Endpoints the requests will be shared among: the base_urls, or the launched servers."""
+        if server.base_urls:
+            return len(server.base_urls)
+        return resolve_slots(server.slots) if server.launch == "llama_cpp" else 1
 
     def _api_key(self) -> str:
         if self.server.launch != "none":
@@ -192,9 +202,11 @@ class LLMClient:
     async def _connect(self) -> list[Endpoint]:
         async with self._start_lock:
             if not self._endpoints:
-                if self._before_first_request is not None:  # e.g. launch the local llama.cpp server
-                    self.base_url = await self._before_first_request()
-                urls = self.server.base_urls or ([self.base_url] if self.base_url else [])
+                launched: list[str] = []
+                if self._before_first_request is not None:  # e.g. launch the local llama.cpp server(s)
+                    launched = await self._before_first_request()
+                    self.base_url = launched[0] if launched else self.base_url
+                urls = self.server.base_urls or launched or ([self.base_url] if self.base_url else [])
                 if not urls:
                     raise RequestFailed("config", "synthesize.server.base_url is not set and nothing is launched")
                 self._endpoints = [Endpoint(url, openai.AsyncOpenAI(api_key=self._api_key(), base_url=url,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from embed_core.config_base import StrictModel
 
@@ -27,11 +27,19 @@ class LLMServerConfig(StrictModel):
     launch: Literal["none", "llama_cpp"] = Field("none", description="llama_cpp: start a local llama.cpp server "
                                                  "(llama-cpp-python) on loopback when a request needs it, stop it after.")
     gguf: str = Field("default", description="launch: GGUF weights path, or 'default' (packaged Gemma-3-270M).")
-    port: int = Field(0, ge=0, le=65535, description="launch: loopback port (0 = a free one).")
+    port: int = Field(0, ge=0, le=65535, description="launch: loopback port (0 = a free one); with several "
+                      "slots, the first server's, the others take the next ports.")
     n_ctx: int = Field(2048, ge=256, description="launch: context length.")
     n_threads: int | None = Field(None, ge=1, description="launch: CPU threads. None = the cores minus one (at least "
                                   "1, at most 8): llama.cpp's threads spin at barriers, so with every core in use one "
                                   "other busy process can slow generation 40x; a spare core keeps it steady.")
+    slots: int | Literal["auto"] = Field(
+        "auto", description="launch: parallel slots. llama-cpp-python's server answers one request at a time (no "
+        "continuous batching), so N slots are N server processes, started together on their own loopback ports, "
+        "each with n_threads // N threads (at least 1), and the requests are shared among them as with base_urls "
+        "(failover, answered/failed per endpoint in the manifest); all are stopped at the end. auto = 1 for now: "
+        "no measurement on an idle machine has shown more slots to be faster yet "
+        "(tests/benchmarks/bench_llama_slots.py, docs/experiments.md).")
     startup_timeout_s: float = Field(300.0, gt=0, description="launch: seconds to wait for the server's health check.")
     timeout_s: float = Field(60.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(4, ge=0, description="Retries of a request on timeouts, 429, 5xx and connection errors.")
@@ -61,6 +69,31 @@ class LLMServerConfig(StrictModel):
             raise ValueError("base_urls are servers you run; launch: llama_cpp starts one itself (use launch: none)")
         if len(set(self.base_urls)) != len(self.base_urls):
             raise ValueError("base_urls lists an endpoint twice")
+        return self
+
+    @field_validator("slots", mode="before")
+    @classmethod
+    def _a_number_of_servers_or_auto(cls, value: object) -> object:
+        if value == "auto" or (type(value) is int and 1 <= value <= 64):
+            return value
+        raise ValueError(f"a number of llama.cpp servers, 1 to 64, or auto; got {value!r}")
+
+    @model_validator(mode="after")
+    def _slots_are_launched_servers(self) -> "LLMServerConfig":
+        if self.slots == "auto":
+            return self
+        if self.base_urls or self.base_url:
+            raise ValueError(f"slots: {self.slots} starts that many local llama.cpp servers, but base_url(s) name "
+                             "servers you run: leave slots out, or drop base_url(s) and use launch: llama_cpp")
+        if self.launch != "llama_cpp":
+            raise ValueError(f"slots: {self.slots} needs launch: llama_cpp (the servers it starts); without it there "
+                             "is nothing to start")
+        if self.n_threads is not None and self.slots > self.n_threads:
+            raise ValueError(f"slots: {self.slots} servers need a thread each, but n_threads is {self.n_threads}: "
+                             "raise n_threads or lower slots")
+        if self.port and self.port + self.slots - 1 > 65535:
+            raise ValueError(f"slots: {self.slots} servers from port {self.port} run past port 65535: lower port "
+                             "(or 0 = free ports)")
         return self
 
 

@@ -112,27 +112,29 @@ async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_ret
 
 def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int, *, ask: Ask = _run_job,
              spent: dict[str, Any] | None = None) -> tuple[list[Outcome], dict[str, Any]]:
-    """Ask the LLM for every job (cache first); launches the local llama.cpp server if configured
+    """Ask the LLM for every job (cache first); launches the local llama.cpp server(s) if configured
     and only if some request is not cached. ``ask``: how one job is asked (the judge's differs);
     ``spent``: client stats of an earlier round of this run, taken off the run budget."""
-    from embed_core.synthesize.server import LlamaCppServer, resolve_gguf
+    from embed_core.synthesize.server import LlamaCppServers, resolve_gguf, resolve_slots
 
     cache = RequestCache(run_dir / "cache" / "llm.sqlite")
-    server: LlamaCppServer | None = None
+    servers: LlamaCppServers | None = None
     server_info: dict[str, Any] = {"launched": False}
 
-    async def launch() -> str:
-        nonlocal server
+    async def launch() -> list[str]:
+        nonlocal servers
         if cfg.server.launch != "llama_cpp":
-            return cfg.server.base_url or ""
-        server = LlamaCppServer(resolve_gguf(cfg.server.gguf), model_alias=cfg.server.model, port=cfg.server.port,
-                                n_ctx=cfg.server.n_ctx, log_path=run_dir / "logs" / "llama-server.log",
-                                startup_timeout_s=cfg.server.startup_timeout_s, n_threads=cfg.server.n_threads)
+            return [cfg.server.base_url] if cfg.server.base_url else []
+        servers = LlamaCppServers(resolve_gguf(cfg.server.gguf), slots=resolve_slots(cfg.server.slots),
+                                  model_alias=cfg.server.model, port=cfg.server.port, n_ctx=cfg.server.n_ctx,
+                                  log_path=run_dir / "logs" / "llama-server.log",
+                                  startup_timeout_s=cfg.server.startup_timeout_s, n_threads=cfg.server.n_threads)
         t0 = time.perf_counter()
-        url = await asyncio.to_thread(server.start)
-        server_info.update(launched=True, startup_s=round(time.perf_counter() - t0, 2), gguf=server.gguf.name,
-                           base_url=url)
-        return url
+        urls = await asyncio.to_thread(servers.start)
+        server_info.update(launched=True, startup_s=round(time.perf_counter() - t0, 2), gguf=servers.gguf.name,
+                           base_url=urls[0], base_urls=urls, slots=len(urls),
+                           threads_per_slot=servers.threads_per_slot)
+        return urls
 
     spent = spent or {}
     client = LLMClient(cfg.server, cfg.sampling, cache, before_first_request=launch, seed=seed,
@@ -141,8 +143,8 @@ def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int, *
     try:
         outcomes = asyncio.run(_run_jobs(client, jobs, cfg.server.mode, cfg.max_parse_retries, ask))
     finally:
-        if server is not None:
-            server.stop()
+        if servers is not None:
+            servers.stop()
         cache_size = len(cache)
         cache.close()
     return outcomes, {**client.stats.as_dict(), "cache_size": cache_size, "server": server_info}

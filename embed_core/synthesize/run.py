@@ -141,7 +141,8 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
     t_gen = time.perf_counter()
     outcomes, client_stats = generate(cfg, jobs, run_dir, config.seed) if jobs else ([], {"requests": 0})
     gen_s = time.perf_counter() - t_gen
-    _refuse_an_outage(cfg, outcomes, client_stats.get("server", {}).get("base_url"))
+    launched = client_stats.get("server", {}).get("base_urls")
+    _refuse_an_outage(cfg, outcomes, ", ".join(launched) if launched else None)
     kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora)
     kept, filtered, judged = (_judge(cfg, kept, filtered, templates, run_dir, config.seed, client_stats) if corpora
                               else (kept, filtered, None))

