@@ -74,9 +74,11 @@ class ReleaseConfig(StrictModel):
     allow_unchanged: bool = Field(False, description="Release a model equal to its base anyway (the figures are "
                                   "still recorded). Evaluating only the base model never releases and never checks.")
     export: list[Literal["onnx"]] = Field(default_factory=list, description="Exports written beside the released "
-                                          "model and checked on the probe like it: onnx (sentence-transformers' ONNX "
-                                          "backend, model/onnx/model.onnx; needs the onnx extra: "
-                                          "pip install -e '.[onnx]').")
+                                          "model and checked on the probe like it: onnx (model/onnx/model.onnx, "
+                                          "written by torch's ONNX exporter: the transformer, its pooling and "
+                                          "normalisation as one float32 graph with dynamic batch and sequence axes, "
+                                          "encoded by onnxruntime with the model's tokenizer and prompts; needs the "
+                                          "onnx extra: pip install -e '.[onnx]').")
 
 
 class EvaluateConfig(StrictModel):

@@ -7,7 +7,8 @@ without one). Here the same texts are encoded by
 * the saved model, as a user loads it: ``SentenceTransformer(path).encode(texts, prompt_name=…)``;
   with LoRA the saved weights are the merged ones, so this is the merge's check too;
 * the base model (the model the train stage started from), through the in-training encoder's code;
-* each export (``evaluate.release.export``: onnx, sentence-transformers' ONNX backend).
+* each export (``evaluate.release.export``: onnx, torch's ONNX exporter encoded by onnxruntime,
+  ``embed_core.evaluate.onnx_export``).
 
 Figures are 1 − cosine, the largest over probe texts and prompts ("deviation"):
 ``saved_vs_training`` must be ≤ the tolerance (bf16_tolerance for an encoder that held bfloat16
@@ -31,7 +32,6 @@ from embed_core.model.probe import PROBE_FILE, encode_probe, normalized, read_pr
 from embed_core.paths import resolve_within
 
 log = logging.getLogger("embedpipe.evaluate")
-ONNX_DIR = "onnx"
 
 
 def deviation(a: np.ndarray, b: np.ndarray) -> float:
@@ -46,7 +46,8 @@ def deviation(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def encode_saved(model, probe: dict[str, Any]) -> np.ndarray:
-    """The probe under each recorded prompt name ("" = none) by a loaded ``SentenceTransformer``."""
+    """The probe under each recorded prompt name ("" = none) by a loaded ``SentenceTransformer`` (or
+    an ``onnx_export.OnnxEncoder``, which encodes alike)."""
     return np.stack([normalized(model.encode(probe["texts"], prompt_name=name or None, convert_to_numpy=True,
                                              batch_size=16, show_progress_bar=False))
                      for name in probe["names"]])
@@ -166,35 +167,17 @@ def _agreement(where: str, saved: np.ndarray, probe: dict[str, Any], figures: di
 def check_export(kind: str, model_dir: Path, export_dir: Path | None, probe: dict[str, Any], saved: np.ndarray,
                  tol: float) -> float:
     """Write the ``kind`` export of ``model_dir`` into ``export_dir`` and return its deviation from
-    the saved model on the probe; refused beyond ``tol``."""
+    the saved model on the probe (the export encoding through onnxruntime and the model's own
+    tokenizer and prompts); refused beyond ``tol``."""
     if kind != "onnx" or export_dir is None:
         raise ReleaseError(f"evaluate.release.export: unknown export {kind!r} (known: onnx)")
-    model = export_onnx(model_dir, export_dir)
-    dev = deviation(encode_saved(model, probe), saved)
+    from embed_core.evaluate.onnx_export import ONNX_DIR, export_onnx
+
+    dev = deviation(encode_saved(export_onnx(model_dir, export_dir), probe), saved)
     if dev > tol:
         raise ReleaseError(f"{export_dir / ONNX_DIR}: release refused: the ONNX export encodes the probe unlike the "
                            f"saved model (largest 1 − cosine {dev:.2e}, tolerance {tol:g})")
     return dev
-
-
-def export_onnx(model_dir: Path, export_dir: Path):
-    """``model_dir`` exported by sentence-transformers' ONNX backend (optimum); its ``onnx/`` folder
-    is written into ``export_dir``; returns the ONNX-backed ``SentenceTransformer``."""
-    import importlib.util
-    import shutil
-    import tempfile
-
-    missing = [m for m in ("optimum", "onnxruntime") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ReleaseError(f"evaluate.release.export: onnx needs {' and '.join(missing)}, not installed: "
-                           f"pip install -e '.[onnx]' (or drop onnx from evaluate.release.export)")
-    from sentence_transformers import SentenceTransformer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        model = SentenceTransformer(str(model_dir), backend="onnx", device="cpu")
-        model.save_pretrained(tmp)
-        shutil.copytree(Path(tmp) / ONNX_DIR, export_dir / ONNX_DIR, dirs_exist_ok=True)
-    return model
 
 
 def release_section(release: dict[str, Any] | None) -> str:

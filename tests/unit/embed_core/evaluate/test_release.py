@@ -19,11 +19,12 @@ STS = [{"name": "LocalSTS", "type": "sts", "path": "stsb/test.csv", "header": Fa
         "columns": {"text1": 0, "text2": 1, "score": 2}, "max_rows": 20}]
 
 
-def _train(tmp, tiny_model, name: str, **stage):
+def _train(tmp, tiny_model, name: str, train: dict | None = None, **stage):
     from embed_core.prepare.run import run_prepare
     from embed_core.train.run import run_train_stage
 
     raw = _config_dict(tmp / name, tiny_model)
+    raw["train"].update(train or {})
     raw["train"]["stages"] = raw["train"]["stages"][:1]
     raw["train"]["stages"][0].update(tasks=["retrieval", "sts"], **stage)
     raw["train"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.0}
@@ -38,6 +39,16 @@ def _train(tmp, tiny_model, name: str, **stage):
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory, tiny_model):
     return _train(tmp_path_factory.mktemp("release"), tiny_model, "lora", steps=4, lr=1e-2)
+
+
+@pytest.fixture(scope="module")
+def qwen3_run(tmp_path_factory, tiny_model):
+    """A tiny Qwen3 decoder trained with LoRA into a last-token embedder: the decoder recipes' shape."""
+    from tests.helpers.tiny_model import build_tiny_decoder
+
+    tmp = tmp_path_factory.mktemp("release")
+    qwen3 = build_tiny_decoder(tmp / "qwen3", "qwen3", tiny_model)
+    return _train(tmp, qwen3, "qwen3", train={"pooling": "last_token"}, steps=4, lr=1e-2)
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:
@@ -114,26 +125,28 @@ def test_evaluating_only_the_base_model_releases_nothing_and_checks_nothing(lora
     assert manifest["release"] is None and {m["label"] for m in manifest["models"]} == {"base"}
 
 
-def test_an_onnx_export_without_the_onnx_extra_is_a_one_line_error(lora_run, tmp_path):
-    import importlib.util
-
-    from embed_core.evaluate.release import export_onnx
-
-    if importlib.util.find_spec("onnxruntime") is not None:
-        pytest.skip("onnxruntime is installed: the export itself is tested")
-    with pytest.raises(ReleaseError) as exc:
-        export_onnx(lora_run[1] / "train-stage1/model", tmp_path)
-    assert "onnx needs" in _one_line(exc) and "onnxruntime" in str(exc.value) and "pip install -e '.[onnx]'" in str(exc.value)
-
-
-def test_an_onnx_export_encodes_the_probe_within_tolerance_of_the_saved_model(lora_run, tmp_path):
-    pytest.importorskip("optimum")
-    pytest.importorskip("onnxruntime")
+@pytest.mark.parametrize("run", ["lora_run", "qwen3_run"])
+def test_an_onnx_export_encodes_the_probe_within_tolerance_of_the_saved_model(run, request, tmp_path):
     from embed_core.artifacts import read_manifest
     from embed_core.evaluate.release import check_release
 
-    _, run_dir = lora_run
+    _, run_dir = request.getfixturevalue(run)
     check = check_release(run_dir / "train-stage1/model", read_manifest(run_dir, "train-stage1"),
                           ReleaseConfig(export=["onnx"]), tmp_path)
-    assert check["onnx_vs_saved"] <= 1e-3 and (tmp_path / "onnx/model.onnx").is_file()
-    assert np.isfinite(check["onnx_vs_saved"])
+    assert check["saved_vs_training"] <= 1e-3 and check["saved_vs_base"] > 1e-4  # the model moved in training
+    assert check["onnx_vs_saved"] <= 1e-6 and (tmp_path / "onnx/model.onnx").is_file()
+    assert len(check["prompts"]) > 1  # every prompt of the probe, through the export's tokenizer and prompts
+
+
+def test_a_release_with_the_onnx_export_carries_it_and_reports_its_figure(lora_run, tmp_path):
+    from embed_core.evaluate.run import run_evaluate
+
+    config, run_dir = lora_run
+    fresh = tmp_path / "demo"
+    shutil.copytree(run_dir, fresh, ignore=shutil.ignore_patterns("evaluate"))
+    raw = config.model_dump(mode="json")
+    raw["evaluate"]["release"] = {"export": ["onnx"]}
+    check = run_evaluate(parse_config(raw), fresh)["release"]["check"]
+    assert check["onnx_vs_saved"] <= 1e-6 and (fresh / "evaluate/model/onnx/model.onnx").is_file()
+    assert (fresh / "evaluate/model/tokenizer.json").is_file()  # what the export is encoded with
+    assert f"| onnx vs saved | {check['onnx_vs_saved']:.2e} |" in (fresh / "evaluate/report.md").read_text()
