@@ -98,7 +98,20 @@ class Clock:
         return {"seconds": seconds, "tokens": tokens, "parts": {**self.parts, "rest": seconds - sum(self.parts.values())}}
 
 
-def run_ours(steps: int, batch: int, dataset: str, bf16: bool) -> dict:
+def _settings(pairs: list[str]) -> tuple[dict, dict]:
+    """``--set key=value`` pairs as (train-config, stage-config) overrides, by which model has the field."""
+    import yaml
+
+    from embed_core.train.config import TrainConfig
+
+    train, stage = {}, {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        (train if key in TrainConfig.model_fields else stage)[key] = yaml.safe_load(value)
+    return train, stage
+
+
+def run_ours(steps: int, batch: int, dataset: str, bf16: bool, settings: list[str] = ()) -> dict:
     import torch
 
     from embed_core.schema import Record, records_to_table
@@ -110,12 +123,14 @@ def run_ours(steps: int, batch: int, dataset: str, bf16: bool) -> dict:
     rows = load_pairs()[dataset]
     recs = [Record(id=f"{dataset}:{i}", dataset=dataset, task="retrieval", instruction="", query=a, positives=[b],
                    origin="original", source_ref=f"{dataset}:{i}") for i, (a, b) in enumerate(rows)]
+    train_set, stage_set = _settings(list(settings))
     stage = TrainStageConfig(name="bench", tasks=["retrieval"], steps=steps + 1, lr=2e-5, warmup_steps=0,
                              scheduler="linear", batch_size={"retrieval": batch}, num_hard_negatives=0,
                              losses={"retrieval": {"name": "infonce", "tau": 0.05, "query_negatives": False}},
                              alpha=1.0, query_max_length=MAX_LEN, passage_max_length=MAX_LEN, checkpoint_every=10**9,
-                             log_every=10**9, max_grad_norm=1.0, weight_decay=0.01)
-    cfg = TrainConfig(use_instructions=False, max_length=MAX_LEN, stages=[stage], precision="bf16" if bf16 else "fp32")
+                             log_every=10**9, max_grad_norm=1.0, weight_decay=0.01, **stage_set)
+    cfg = TrainConfig(use_instructions=False, max_length=MAX_LEN, stages=[stage], precision="bf16" if bf16 else "fp32",
+                      **train_set)
     trainer = Trainer(cfg, stage, {dataset: DatasetRecords(dataset, records_to_table(recs))}, init_model="default",
                       checkpoint_dir=Path("/tmp/bench-train-ckpt"), seed=0, log=lambda _: None)
     clock = Clock()
@@ -183,8 +198,8 @@ def run_peer(steps: int, batch: int, dataset: str, bf16: bool) -> dict:
     return clock.result(CountingMNRL.tokens)
 
 
-def child(which: str, steps: int, batch: int, dataset: str, bf16: bool) -> None:
-    result = run_ours(steps, batch, dataset, bf16) if which == "ours" else run_peer(steps, batch, dataset, bf16)
+def child(which: str, steps: int, batch: int, dataset: str, bf16: bool, settings: list[str]) -> None:
+    result = run_ours(steps, batch, dataset, bf16, settings) if which == "ours" else run_peer(steps, batch, dataset, bf16)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
 
@@ -196,12 +211,13 @@ def native_bf16() -> bool:
 
 
 def _measure(args, bf16: bool) -> dict[str, dict[str, dict]]:
-    results: dict[str, dict[str, dict]] = {"ours": {}, "peer": {}}
-    for dataset in ("stsb", "scifact"):
+    results: dict[str, dict[str, dict]] = {w: {} for w in ("ours", "peer") if args.only in (None, w)}
+    for dataset in args.datasets.split(","):
         for which in results:
             proc = subprocess.run([sys.executable, __file__, "--child", which, "--steps", str(args.steps),
                                    "--batch-size", str(args.batch_size), "--dataset", dataset,
-                                   "--precision", "bf16" if bf16 else "fp32"],
+                                   "--precision", "bf16" if bf16 else "fp32",
+                                   *[f"--set={x}" for x in args.set]],
                                   capture_output=True, text=True, cwd=REPO,
                                   env={**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -214,20 +230,27 @@ def _measure(args, bf16: bool) -> dict[str, dict[str, dict]]:
 def _report(results: dict[str, dict[str, dict]], steps: int, batch: int, share: dict[str, float]) -> None:
     mixed = {}
     for which, name in (("ours", "embedpipe"), ("peer", "sentence-transformers")):
+        if which not in results:
+            continue
         for dataset, r in results[which].items():
             parts = "  ".join(f"{k} {v / steps:5.2f}" for k, v in r["parts"].items())
             print(f"{name:<22} {dataset:<8} {r['seconds'] / steps:6.2f} s/step ({parts})  "
                   f"{r['tokens'] / r['seconds']:7.0f} tokens/s  {batch * steps / r['seconds']:6.1f} examples/s  "
                   f"peak RSS {r['peak_rss_mb']:.0f} MB")
+        if set(results[which]) != set(share):
+            continue
         tokens = sum(share[d] * r["tokens"] / steps for d, r in results[which].items())
         seconds = sum(share[d] * r["seconds"] / steps for d, r in results[which].items())
         mixed[which] = tokens / seconds
         print(f"{name:<22} mixed    {mixed[which]:7.0f} tokens/s (dataset shares "
               f"{', '.join(f'{d} {v:.2f}' for d, v in share.items())})")
-    for dataset in share:
+    if len(results) < 2:
+        return
+    for dataset in results["ours"]:
         o, q = results["ours"][dataset], results["peer"][dataset]
         print(f"RATIO train_vs_sentence_transformers_{dataset}={(o['tokens'] / o['seconds']) / (q['tokens'] / q['seconds']):.3f}")
-    print(f"RATIO train_vs_sentence_transformers={mixed['ours'] / mixed['peer']:.3f}")
+    if len(mixed) == 2:
+        print(f"RATIO train_vs_sentence_transformers={mixed['ours'] / mixed['peer']:.3f}")
 
 
 def main() -> None:
@@ -236,17 +259,23 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="Both sides' precision; auto: bf16 where the hardware has it natively, else fp32.")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="A train or stage setting of ours (e.g. prefetch=false, length_buckets=1): compare a setting "
+                        "against the peer.")
+    p.add_argument("--only", choices=["ours", "peer"], help="Run one side (the other's figures are then missing).")
+    p.add_argument("--datasets", default="stsb,scifact", help="Comma-separated: stsb, scifact.")
     p.add_argument("--child", choices=["ours", "peer"])
     p.add_argument("--dataset", choices=["stsb", "scifact"])
     args = p.parse_args()
     if args.child:
-        child(args.child, args.steps, args.batch_size, args.dataset, args.precision == "bf16")
+        child(args.child, args.steps, args.batch_size, args.dataset, args.precision == "bf16", args.set)
         return
     bf16 = native_bf16() if args.precision == "auto" else args.precision == "bf16"
     sizes = {k: len(v) for k, v in load_pairs().items()}
     print(f"precision (both sides): {'bf16' if bf16 else 'fp32'}"
           f"{' (native bf16 on this CPU)' if args.precision == 'auto' and bf16 else ''}; "
-          f"{args.steps} timed steps of batch {args.batch_size} per side and dataset")
+          f"{args.steps} timed steps of batch {args.batch_size} per side and dataset"
+          + (f"; ours with {', '.join(args.set)}" if args.set else ""))
     _report(_measure(args, bf16), args.steps, args.batch_size, {k: n / sum(sizes.values()) for k, n in sizes.items()})
 
 
