@@ -39,8 +39,9 @@ def packed_vs_padded(model: Path, datasets: dict, profile: Profile, device: torc
             "loss_max_abs_diff": _losses_diff(runs["on"]["losses"], runs["off"]["losses"]),
             "flash_attn_importable": flash, "attention": attention,
             "auto_packs": attention.startswith("flash"),
-            "note": "packing: auto packs only under FlashAttention (flash_attn installed, CUDA); "
-                    "without it packed passes are rows with a block-diagonal mask under SDPA"}
+            "note": "packing: auto packs every group under FlashAttention (flash_attn installed, CUDA); "
+                    "under SDPA only groups whose packed rows are at most 3/4 of their texts (rows with a "
+                    "block-diagonal mask); auto_packs: whether it packs every group"}
 
 
 def _brief(run: dict[str, Any]) -> dict[str, Any]:

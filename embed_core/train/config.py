@@ -325,10 +325,11 @@ class TrainConfig(StrictModel):
         "auto", description="Packed passes: each text group of a batch is encoded as one packed pass (its texts "
         "back to back, positions, attention and pooling per text) instead of length-bucketed padded passes, with "
         "the padded embeddings up to float rounding. auto = packed where the model's attention is FlashAttention "
-        "(attn_implementation flash_attention_2/3: one row, variable-length kernel, no padding, no mask), padded "
-        "passes elsewhere; on = packed under SDPA / eager too, as rows as wide as the group's longest text with a "
-        "block-diagonal mask (runnable anywhere, but slower than the buckets on CPU on a length-skewed set: "
-        "docs/stages.md); off = always padded passes. A sliding-window model keeps padded passes for a group "
+        "(attn_implementation flash_attention_2/3: one row, variable-length kernel, no padding, no mask); under "
+        "SDPA / eager, a group is packed (rows as wide as its longest text, a block-diagonal mask) where that "
+        "needs at most 3/4 of its padded rows: short, length-skewed texts (STS-B batches: 1.8x faster in bf16, "
+        "1.45x in fp32 on a 2-core CPU), not 256-token passages (one to a row either way, 10 % slower with the "
+        "mask); on = every group packed; off = always padded passes. A sliding-window model keeps padded passes for a group "
         "with a text longer than its window.")
     attention: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="Attention implementation the trained model is loaded with: auto = FlashAttention-2 on "

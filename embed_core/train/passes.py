@@ -4,7 +4,8 @@ A *pass* is one call of the encoder on some texts of one group (queries, positiv
 
 * without GradCache a group's texts are sorted by length and encoded in up to ``length_buckets``
   passes, each cut to its own longest text (right padding: the cut removes only padding), or in
-  one packed pass (``train.packing``, ``Embedder.pack``);
+  one packed pass (``train.packing``, ``Embedder.pack``; with ``auto``, under FlashAttention always,
+  elsewhere where packing saves a quarter of the padded rows or more);
 * with GradCache (Gao et al. 2021) the group is first cut into chunks (``grad_cache_chunk`` texts,
   or texts by decreasing length within ``grad_cache_max_tokens`` padded tokens), and each chunk's
   passes are made the same way. Every pass is embedded without a graph (its RNG state kept), the
@@ -34,6 +35,7 @@ from torch import Tensor
 
 from embed_core.train.batches import TaskBatch, TextGroup
 from embed_core.train.checkpoint import rng_state, set_rng_state
+from embed_core.model.packing import packing_pays
 from embed_core.train.distributed import max_over_ranks
 
 
@@ -105,6 +107,13 @@ class Passes:
         kernel (variable-length, no mask)."""
         return self.packing == "on" or (self.packing == "auto" and self.model.varlen_attention)
 
+    def _packs(self, lengths: Tensor) -> bool:
+        """Whether a group of texts of ``lengths`` goes as one packed pass: always where ``packs``;
+        with ``packing: auto`` under a masked attention (SDPA, eager), where packing needs at most
+        3/4 of the padded rows (``embed_core.model.packing.packing_pays``: short, length-skewed
+        texts such as STS-B's; not 256-token passages, one to a row either way)."""
+        return self.packs or (self.packing == "auto" and packing_pays(lengths.tolist()))
+
     @property
     def cached(self) -> bool:
         return self.stage.grad_cache_chunk is not None or self.stage.grad_cache_max_tokens is not None
@@ -132,7 +141,7 @@ class Passes:
         """The passes of texts ``rows`` of a group: one packed pass, or length buckets."""
         picked = {k: v.index_select(0, rows) for k, v in feats.items()}
         lengths = picked["attention_mask"].sum(dim=1)
-        packed = self.model.pack(picked) if self.packs else None
+        packed = self.model.pack(picked) if self._packs(lengths) else None
         if packed is not None:
             return [Pass(name, rows, packed, int(lengths.sum()))]
         order = torch.argsort(lengths, descending=True, stable=True)

@@ -176,12 +176,26 @@ def test_a_packed_training_step_gives_the_padded_loss_gradients_and_token_counts
         torch.testing.assert_close(grads_on[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_auto_packs_under_flash_attention_only_and_off_never(model_dirs, tmp_path):
+def test_auto_packs_every_group_under_flash_attention_and_under_sdpa_the_groups_whose_rows_it_cuts_by_a_quarter(
+        model_dirs, tmp_path):
     auto, off = _trainer(model_dirs, tmp_path, "auto"), _trainer(model_dirs, tmp_path, "off")
-    assert not auto.passes.packs  # SDPA on CPU: padded passes
+    short_and_skewed, one_per_row = torch.tensor([8, 2, 2, 2, 2, 2, 2, 2]), torch.tensor([8, 8, 8, 7])
+    assert not auto.passes.packs  # SDPA on CPU: group by group
+    assert auto.passes._packs(short_and_skewed) and not auto.passes._packs(one_per_row)
+    assert not off.passes._packs(short_and_skewed)
     for trainer in (auto, off):
         trainer.model.model.config._attn_implementation = "flash_attention_2"  # read, never run, here
-    assert auto.passes.packs and not off.passes.packs
+    assert auto.passes.packs and auto.passes._packs(one_per_row) and not off.passes.packs
+
+
+def test_packing_pays_where_best_fit_rows_as_wide_as_the_longest_text_number_at_most_three_quarters_of_the_texts():
+    from embed_core.model.packing import packing_pays
+
+    assert packing_pays([8, 2, 2, 2, 2, 2, 2, 2])  # rows of 8: [8] [2 2 2 2] [2 2 2] = 3 rows for 8 texts
+    assert packing_pays([4, 4, 2, 2])              # [4] [4] [2 2] = 3 rows for 4 texts: exactly 3/4
+    assert not packing_pays([4, 4, 3, 2])          # [4] [4] [3] [2]... best fit: [4] [4] [3] [2] = 4 rows
+    assert not packing_pays([8, 8, 8, 7])          # one text a row (SciFact's 256-token passages)
+    assert not packing_pays([5])
 
 
 def test_packing_rejects_a_value_other_than_auto_on_or_off():
