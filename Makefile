@@ -48,20 +48,27 @@ install-llm: $(LLM_STAMP)
 demo: $(LLM_STAMP)
 	$(VENV)/bin/embedpipe run --config deployments/configs/demo.yaml
 
-# llama.cpp compiles in the background while the tests that do not need it run; then the tests
-# that start the real llama.cpp server run (and must not skip: EMBEDPIPE_REQUIRE_LLAMA).
-# TEST_WORKERS=2 (the default): two pytest-xdist processes, each taking whole test files (a module's
-# fixtures run once); every test that starts processes picks free ports and waits for what it
-# checks (docs/testing.md). TEST_WORKERS=0: pytest's own process, one test at a time.
-TEST_WORKERS ?= 2
+# llama.cpp compiles in the background while the tests that do not need it run; as soon as it is
+# built, the tests that start the real llama.cpp server run beside them (and must not skip:
+# EMBEDPIPE_REQUIRE_LLAMA; their output is shown at the end, log in $(VENV)/llama-tests.log).
+# TEST_WORKERS=3 (the default): three pytest-xdist processes, each taking whole test files, the files
+# that took longest first (tests/durations.json; a module's fixtures run once); every test that
+# starts processes picks free ports and waits for what it checks (docs/testing.md). TEST_WORKERS=0:
+# pytest's own process, one test at a time.
+TEST_WORKERS ?= 3
 test: $(STAMP)
-	@if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
+	@rm -f $(VENV)/llm-install.rc $(VENV)/llama-tests.rc; \
+	if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
 	  ( $(MAKE) -s install-llm > $(VENV)/llm-install.log 2>&1; echo $$? > $(VENV)/llm-install.rc ) & fi; \
+	( while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
+	  if [ -f $(LLM_STAMP) ]; then EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider \
+	    > $(VENV)/llama-tests.log 2>&1; echo $$? > $(VENV)/llama-tests.rc; else echo 1 > $(VENV)/llama-tests.rc; fi ) & \
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not llama_server and not matrix"; rc=$$?; \
-	while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
-	if [ ! -f $(LLM_STAMP) ]; then tail -30 $(VENV)/llm-install.log; rm -f $(VENV)/llm-install.rc; exit 1; fi; \
-	rm -f $(VENV)/llm-install.rc; \
-	EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider || rc=1; \
+	while [ ! -f $(VENV)/llama-tests.rc ]; do sleep 5; done; \
+	if [ ! -f $(LLM_STAMP) ]; then echo "llama-cpp-python did not build:"; tail -30 $(VENV)/llm-install.log; \
+	else echo "--- the tests with the real llama.cpp server:"; tail -15 $(VENV)/llama-tests.log; fi; \
+	[ "$$(cat $(VENV)/llama-tests.rc)" = 0 ] || rc=1; \
+	rm -f $(VENV)/llm-install.rc $(VENV)/llama-tests.rc; \
 	exit $$rc
 
 # The unit tests alone (tests/unit, no real servers, no whole-stage runs): under one minute.
