@@ -178,10 +178,20 @@ class Passes:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def _run(self, p: Pass) -> Tensor:
-        if p.group is not None and torch.is_grad_enabled():
+        inputs = {k: v.to(self.device) for k, v in p.inputs.items()}
+        if p.group is None:
+            # a padding pass leaves the random streams as it found them: its dropout masks must not
+            # shift the real passes' masks of this and later steps, or a rank that needed padding (its
+            # groups split into fewer passes than another rank's) would train unlike an unsharded run
+            state = rng_state()
+            try:
+                return self.forward(inputs)
+            finally:
+                set_rng_state(state)
+        if torch.is_grad_enabled():
             self.tokens += p.tokens
             self.texts += len(p.rows)
-        return self.forward({k: v.to(self.device) for k, v in p.inputs.items()})
+        return self.forward(inputs)
 
     @staticmethod
     def _assemble(passes: list[Pass], outs: list[Tensor]) -> dict[str, Tensor]:

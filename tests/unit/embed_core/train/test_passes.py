@@ -74,3 +74,20 @@ def test_fsdp_ranks_whose_texts_make_different_pass_counts_agree_on_one_count_an
 def test_without_the_agreement_the_same_step_waits_until_the_collective_timeout(tmp_path, tiny_model):
     got = _run(tmp_path, tiny_model, collective=False)
     assert "aborted" in got or any(v.startswith("failed") for v in got.values()), got
+
+
+def test_a_padding_pass_leaves_the_random_streams_as_it_found_them_so_later_dropout_masks_do_not_shift(tiny_model):
+    from embed_core.model.embedder import Embedder
+    from embed_core.train.batches import TextGroup
+    from embed_core.train.config import TrainStageConfig
+    from embed_core.train.passes import Passes
+
+    model = Embedder(str(tiny_model), pooling="mean", max_length=64).train()  # dropout 0.1: passes draw masks
+    passes = Passes(model, model, device=torch.device("cpu"), bf16=False, stage=TrainStageConfig(name="s"),
+                    packing="off", collective=True)
+    before = torch.get_rng_state()
+    passes._run(passes._padding())
+    assert torch.equal(torch.get_rng_state(), before)
+    real = passes._split("query", model.tokenize(["a text", "another text"], [None, None], 64), torch.arange(2))[0]
+    passes._run(real)
+    assert not torch.equal(torch.get_rng_state(), before)  # a real pass draws: the check above can fail
