@@ -51,8 +51,8 @@ demo: $(LLM_STAMP)
 # llama.cpp compiles in the background while the tests that do not need it run; as soon as it is
 # built, the tests that start the real llama.cpp server run beside them (and must not skip:
 # EMBEDPIPE_REQUIRE_LLAMA; their output is shown at the end, log in $(VENV)/llama-tests.log).
-# TEST_WORKERS=3 (the default): three pytest-xdist processes, each taking whole test files, the files
-# that took longest first (tests/durations.json; a module's fixtures run once); every test that
+# TEST_WORKERS=3 (the default): three pytest-xdist processes, each taking whole test files in
+# collection order (a module's fixtures run once; tests/durations.json, when written, puts the longest first); every test that
 # starts processes picks free ports and waits for what it checks (docs/testing.md). TEST_WORKERS=0:
 # pytest's own process, one test at a time.
 TEST_WORKERS ?= 3
