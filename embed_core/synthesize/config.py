@@ -37,9 +37,9 @@ class LLMServerConfig(StrictModel):
         "auto", description="launch: parallel slots. llama-cpp-python's server answers one request at a time (no "
         "continuous batching), so N slots are N server processes, started together on their own loopback ports, "
         "each with n_threads // N threads (at least 1), and the requests are shared among them as with base_urls "
-        "(failover, answered/failed per endpoint in the manifest); all are stopped at the end. auto = 1 for now: "
-        "no measurement on an idle machine has shown more slots to be faster yet "
-        "(tests/benchmarks/bench_llama_slots.py, docs/experiments.md).")
+        "(failover, answered/failed per endpoint in the manifest); all are stopped at the end. auto = 2 on a "
+        "machine with 2 or more cores (1 if n_threads is 1): measured 1.41-1.68x the requests per minute of one "
+        "server on an idle 2-core machine (tests/benchmarks/bench_llama_slots.py, docs/experiments.md).")
     startup_timeout_s: float = Field(300.0, gt=0, description="launch: seconds to wait for the server's health check.")
     timeout_s: float = Field(60.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(4, ge=0, description="Retries of a request on timeouts, 429, 5xx and connection errors.")

@@ -27,6 +27,7 @@ from embed_core.synthesize.cache import RequestCache
 from embed_core.synthesize.client import LLMClient
 from embed_core.synthesize.config import LLMServerConfig, SamplingConfig
 from embed_core.synthesize.prompts import load_templates
+from embed_core.synthesize.queries import persona_note
 from embed_core.synthesize.server import LlamaCppServers, resolve_gguf, split_threads
 
 CORPUS = Path(os.environ.get("EMBEDPIPE_DATA", "/work/shared/data")) / "beir" / "scifact" / "corpus.jsonl"
@@ -39,7 +40,8 @@ def prompts(n: int) -> tuple[list[str], tuple[str, ...]]:
     with CORPUS.open(encoding="utf-8") as f:
         for line in f:
             doc = json.loads(line)
-            rendered.append(template.render("completion", {"passage": f"{doc['title']}\n\n{doc['text']}", "k": "1"}))
+            rendered.append(template.render("completion", {"passage": f"{doc['title']}\n\n{doc['text']}", "k": "1",
+                                                         "persona_note": persona_note(None)}))
             if len(rendered) == n:
                 break
     return rendered, tuple(template.stop)
