@@ -54,8 +54,11 @@ demo: $(LLM_STAMP)
 # TEST_WORKERS=3 (the default): three pytest-xdist processes, each taking whole test files in
 # collection order (a module's fixtures run once; tests/durations.json, when written, puts the longest first); every test that
 # starts processes picks free ports and waits for what it checks (docs/testing.md). TEST_WORKERS=0:
-# pytest's own process, one test at a time.
+# pytest's own process, one test at a time. TEST_THREADS: torch's (OpenMP's) threads in each worker
+# and in the processes the tests start (tiny models: one thread each keeps the workers from
+# fighting over the cores).
 TEST_WORKERS ?= 3
+TEST_THREADS ?= 1
 test: $(STAMP)
 	@rm -f $(VENV)/llm-install.rc $(VENV)/llama-tests.rc; \
 	if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
@@ -63,7 +66,7 @@ test: $(STAMP)
 	( while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
 	  if [ -f $(LLM_STAMP) ]; then EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider \
 	    > $(VENV)/llama-tests.log 2>&1; echo $$? > $(VENV)/llama-tests.rc; else echo 1 > $(VENV)/llama-tests.rc; fi ) & \
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not llama_server and not matrix"; rc=$$?; \
+	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not llama_server and not matrix"; rc=$$?; \
 	while [ ! -f $(VENV)/llama-tests.rc ]; do sleep 5; done; \
 	if [ ! -f $(LLM_STAMP) ]; then echo "llama-cpp-python did not build:"; tail -30 $(VENV)/llm-install.log; \
 	else echo "--- the tests with the real llama.cpp server:"; tail -15 $(VENV)/llama-tests.log; fi; \
