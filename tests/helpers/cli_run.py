@@ -5,13 +5,9 @@
 
 from __future__ import annotations
 
-import io
-import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,45 +42,9 @@ def in_process(capfd, *argv) -> CliResult:
     from flows.cli import main
 
     capfd.readouterr()
-    with _console_handlers_on_this_stderr():
-        rc = main([str(a) for a in argv])
+    rc = main([str(a) for a in argv])
     out, err = capfd.readouterr()
     return CliResult(rc, out, err)
-
-
-@contextmanager
-def _console_handlers_on_this_stderr() -> Iterator[None]:
-    """In a process of its own, every console log handler (Prefect's included) writes to that
-    process's stderr. In this one, a handler set up during an earlier test still holds the stream
-    pytest captured then, which ``capfd`` does not see: for the command, such handlers write to the
-    current ``sys.stderr``, as they would in a fresh process, and go back afterwards."""
-    current = (sys.stdout, sys.stderr)
-    moved: list[tuple[logging.StreamHandler, object]] = []
-    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
-    for lg in loggers:
-        for handler in getattr(lg, "handlers", []):
-            if _a_console_handler(handler) and handler.stream not in current:
-                moved.append((handler, handler.stream))
-                _write_to(handler, sys.stderr)
-    try:
-        yield
-    finally:
-        for handler, stream in moved:
-            _write_to(handler, stream)
-
-
-def _a_console_handler(handler: logging.Handler) -> bool:
-    """A handler writing to a console stream: not a file, not pytest's own (caplog's StringIO), not
-    one that already follows whatever stdout is (``flows.console``)."""
-    return (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
-            and not type(handler).__module__.startswith("_pytest") and not isinstance(handler.stream, io.StringIO)
-            and type(handler.stream).__name__ != "_CurrentStdout")
-
-
-def _write_to(handler: logging.StreamHandler, stream) -> None:
-    handler.stream = stream  # not setStream: it flushes the old stream, which may be closed
-    if hasattr(handler, "console"):  # Prefect's rich console handler writes through its Console
-        handler.console.file = stream
 
 
 def session_server() -> dict[str, str]:
