@@ -190,7 +190,7 @@ class LLMClient:
         """Endpoints the requests will be shared among: the base_urls, or the launched servers."""
         if server.base_urls:
             return len(server.base_urls)
-        return resolve_slots(server.slots, server.n_threads) if server.launch == "llama_cpp" else 1
+        return resolve_slots(server) if server.launch == "llama_cpp" else 1
 
     def _api_key(self) -> str:
         if self.server.launch != "none":

@@ -125,8 +125,7 @@ def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int, *
         nonlocal servers
         if cfg.server.launch != "llama_cpp":
             return [cfg.server.base_url] if cfg.server.base_url else []
-        slots = resolve_slots(cfg.server.slots, cfg.server.n_threads)
-        servers = LlamaCppServers(resolve_gguf(cfg.server.gguf), slots=slots,
+        servers = LlamaCppServers(resolve_gguf(cfg.server.gguf), slots=resolve_slots(cfg.server),
                                   model_alias=cfg.server.model, port=cfg.server.port, n_ctx=cfg.server.n_ctx,
                                   log_path=run_dir / "logs" / "llama-server.log",
                                   startup_timeout_s=cfg.server.startup_timeout_s, n_threads=cfg.server.n_threads)

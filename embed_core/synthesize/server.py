@@ -25,9 +25,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.procs import dying_with_parent, free_port
+
+if TYPE_CHECKING:
+    from embed_core.synthesize.config import LLMServerConfig
 
 log = logging.getLogger("embedpipe.synthesize")
 
@@ -75,10 +79,10 @@ def default_slots(cores: int | None = None, n_threads: int | None = None) -> int
     return 2
 
 
-def resolve_slots(slots: int | str, n_threads: int | None = None) -> int:
-    """The number of server processes for the config's ``slots`` (an int, or ``"auto"``; ``n_threads``:
-    the config's llama.cpp threads, if it sets them)."""
-    return default_slots(n_threads=n_threads) if slots == "auto" else int(slots)
+def resolve_slots(server: LLMServerConfig) -> int:
+    """The number of server processes ``server`` launches: its ``slots`` (an int, or ``"auto"``, which
+    depends on its ``n_threads``)."""
+    return default_slots(n_threads=server.n_threads) if server.slots == "auto" else int(server.slots)
 
 
 def split_threads(n_threads: int | None, slots: int) -> int:

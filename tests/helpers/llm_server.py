@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import socket
 import threading
 import time
-import os
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 

@@ -128,7 +128,6 @@ def test_the_logprobs_are_read_at_the_first_answer_token_that_is_not_blank_in_bo
     assert first_token_logprobs(no_logprobs.choices[0], chat=False) is None
 
 
-
 @pytest.mark.llama_server
 @needs_llama
 def test_the_real_llama_cpp_server_returns_the_logprobs_the_judge_scores_from(tmp_path):

@@ -35,13 +35,14 @@ def test_slots_share_the_threads_equally_and_every_server_gets_at_least_one():
     assert split_threads(8, 2) == 4 and split_threads(7, 2) == 3 and split_threads(8, 3) == 2
     assert split_threads(1, 2) == 1 and split_threads(2, 4) == 1
     assert split_threads(None, 1) == default_threads()  # the config leaves n_threads open: the rule, shared
-    assert resolve_slots(3) == 3 and resolve_slots(3, n_threads=8) == 3
+    assert resolve_slots(_server(launch="llama_cpp", slots=3)) == 3
+    assert resolve_slots(_server(launch="llama_cpp", slots=3, n_threads=8)) == 3
 
 
 def test_auto_slots_are_two_servers_on_two_or_more_cores_and_one_where_llama_cpp_gets_one_thread():
     assert default_slots(cores=2) == 2 and default_slots(cores=16) == 2  # measured on 2 cores; more not measured
     assert default_slots(cores=1) == 1 and default_slots(cores=8, n_threads=1) == 1
-    assert resolve_slots("auto", n_threads=1) == 1
+    assert resolve_slots(_server(launch="llama_cpp", n_threads=1)) == 1
 
 
 def test_every_slot_gets_its_own_port_log_and_threads_and_no_request_is_ever_interrupted(tmp_path):

@@ -304,7 +304,6 @@ def test_api_key_reaches_the_server_and_no_file_or_log(demo_copy, tmp_path, pref
     assert scanned > 5
 
 
-
 @pytest.mark.llama_server
 @needs_llama
 def test_real_llama_cpp_server_paraphrase_and_hard_negatives(demo_copy, tmp_path):
