@@ -74,6 +74,20 @@ def _local_metadata(spec: EvalTaskSpec):
     )
 
 
+def _labels_read_once(calculate_scores: Callable) -> Callable:
+    """mteb's classification ``_calculate_scores`` with the gold labels read into one array first.
+    mteb passes them as the test split's lazy ``datasets`` column, which each of sklearn's seven
+    metrics reads again row by row (Banking77: 40 experiments × 7 metrics × 3,080 rows, 20 of the
+    27 s a classification evaluation took on 2 cores); ``[:]`` reads a column, a list or an array
+    whole."""
+    import numpy as np
+
+    def read_once(self, y_test, y_pred):
+        return calculate_scores(self, np.asarray(y_test[:]), y_pred)
+
+    return read_once
+
+
 def build_task(spec: EvalTaskSpec, resolve: Callable[[str], Path], seed: int = 42) -> Any:
     """An mteb task object for ``spec`` that loads its data with ``resolve``d local paths."""
     registered = mteb_task(spec.name)
@@ -113,6 +127,8 @@ def build_task(spec: EvalTaskSpec, resolve: Callable[[str], Path], seed: int = 4
     attrs: dict[str, Any] = {"metadata": metadata, "load_data": load_data, "__module__": __name__}
     if spec.type == "classification":
         attrs["train_split"] = "train"
+        if hasattr(base, "_calculate_scores"):
+            attrs["_calculate_scores"] = _labels_read_once(base._calculate_scores)
     task_cls = type(f"Local{base.__name__}", (base,), attrs)
     task = task_cls(seed=seed)
     if metadata.is_multilingual:
