@@ -12,6 +12,7 @@ from embed_core.model.config import EngineConfig
 
 EvalTaskType = Literal["sts", "retrieval", "classification", "pair_classification"]
 EvalPrecision = Literal["float32", "int8", "ubinary"]
+RescoreWith = Literal["quantized", "int8", "float32"]
 
 
 class EvalTaskSpec(FileFormat):
@@ -108,6 +109,12 @@ class EvaluateConfig(StrictModel):
                                            "that takes top_k × this many candidates by the quantized vectors and "
                                            "rescores them with the float32 query against the quantized document "
                                            "(sentence-transformers' semantic_search_* rescore); None = no rescored rows.")
+    rescore_with: RescoreWith = Field("quantized", description="The document vectors the rescored rows rescore "
+                                      "with: quantized (the vectors searched, as sentence-transformers' "
+                                      "semantic_search_* rescore); int8 (int8 vectors kept on disk beside a binary "
+                                      "index, sentence-transformers' quantized-retrieval demo); float32 (the original "
+                                      "vectors on disk, as Qdrant's binary quantization rescores). The index in "
+                                      "memory stays at its precision: the bytes per vector do not change.")
     geometry: GeometryConfig | None = Field(None, description="Token-embedding geometry of every evaluated model "
                                             "(CoDiEmb §4) on the sentences of an STS task; omitted = not computed.")
     push_to_hub: bool = Field(False, description="Upload the released model ({run_dir}/evaluate/model: weights, "
@@ -135,6 +142,9 @@ class EvaluateConfig(StrictModel):
                 raise ValueError(f"dims has a repeated size (got {self.dims})")
         if len(set(self.precisions)) != len(self.precisions):
             raise ValueError(f"precisions has a repeated precision (got {self.precisions})")
+        if self.rescore_with != "quantized" and self.rescore_multiplier is None:
+            raise ValueError(f"rescore_with {self.rescore_with!r} needs rescore_multiplier (the candidates to "
+                             "rescore: top_k × it)")
         return self
 
     @model_validator(mode="after")

@@ -122,7 +122,10 @@ def geometry_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _variant(r: dict[str, Any]) -> str:
-    return r["precision"] + (f" rescored ×{r['rescore']}" if r.get("rescore") else "")
+    if not r.get("rescore"):
+        return r["precision"]
+    source = r.get("rescore_with") or "quantized"
+    return f"{r['precision']} rescored ×{r['rescore']}" + ("" if source == "quantized" else f" with {source}")
 
 
 def sizes_tables(rows: list[dict[str, Any]]) -> str:

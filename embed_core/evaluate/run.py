@@ -63,7 +63,8 @@ RESULT_SCHEMA = pa.schema([
 SIZES = "sizes.parquet"  # scores by embedding size and precision (embed_core.evaluate.sizes); report.SIZES_FILE
 SIZE_SCHEMA = pa.schema([
     ("model", pa.string()), ("task", pa.string()), ("task_type", pa.string()), ("metric", pa.string()),
-    ("dim", pa.int64()), ("precision", pa.string()), ("rescore", pa.int64()), ("bytes_per_vector", pa.int64()),
+    ("dim", pa.int64()), ("precision", pa.string()), ("rescore", pa.int64()),
+    ("rescore_with", pa.string()), ("bytes_per_vector", pa.int64()),
     ("value", pa.float64()),
 ])
 
@@ -248,12 +249,14 @@ def _size_rows(model, task, main: dict[str, Any], sizes: list[int], cfg: Evaluat
     for variant in variants(sizes, list(cfg.precisions), cfg.rescore_multiplier, task.metadata.type == "Retrieval"):
         dim, precision, rescore = variant
         value = main["value"] if variant == (sizes[0], "float32", 0) else \
-            check_main_score(main["task"], main["metric"], score_variant(model, task, variant, recorded))
+            check_main_score(main["task"], main["metric"], score_variant(model, task, variant, recorded,
+                                                                         cfg.rescore_with))
         out.append({"model": main["model"], "task": main["task"], "task_type": main["task_type"],
                     "metric": main["metric"], "dim": dim, "precision": precision, "rescore": rescore,
+                    "rescore_with": cfg.rescore_with if rescore else None,
                     "bytes_per_vector": bytes_per_vector(dim, precision), "value": value})
         log.info("evaluate %s on %s at %d dims, %s%s: %.4f", main["model"], main["task"], dim, precision,
-                 f" rescored ×{rescore}" if rescore else "", value)
+                 f" rescored ×{rescore} with {cfg.rescore_with}" if rescore else "", value)
     return out
 
 

@@ -21,7 +21,11 @@ evaluator. Exactly what is computed:
   over ``i8``); ubinary by Hamming distance. With ``rescore_multiplier`` k, a second row: top_k·k
   candidates by the quantized score, rescored with the float32 query against the candidate's
   quantized vector as sentence-transformers rescores (int8 dequantized to its bucket's lower edge;
-  ubinary as 0/1 bits), best top_k kept. The corpus stays quantized: same bytes per vector.
+  ubinary as 0/1 bits), best top_k kept. The corpus stays quantized: same bytes per vector. With
+  ``rescore_with: int8`` (``float32``) the candidates are rescored with the documents' int8
+  (original float32) vectors instead, as read from disk beside a binary index. When top_k × k is at
+  least the corpus size (mteb asks for 1,000 hits), every document is rescored: the multiplier
+  changes nothing.
 * **STS, pair classification, classification**: mteb's own evaluator on the quantized vectors as
   floats (int8 codes; ±1 for ubinary), like mteb's ``CompressionWrapper`` but with ranges from the
   whole task: STS's main score is then the Spearman correlation of the codes' cosine.
@@ -91,8 +95,8 @@ class QuantizedIndex:
     """mteb's ``IndexEncoderSearchProtocol`` over the corpus at one precision (module docstring):
     the int8 ranges come from the documents added, so the corpus calibrates the quantizer."""
 
-    def __init__(self, precision: str, rescore_multiplier: int = 0):
-        self.precision, self.rescore_multiplier = precision, rescore_multiplier
+    def __init__(self, precision: str, rescore_multiplier: int = 0, rescore_with: str = "quantized"):
+        self.precision, self.rescore_multiplier, self.rescore_with = precision, rescore_multiplier, rescore_with
         self.docs: list[np.ndarray] = []
         self.idxs: list[str] = []
 
@@ -109,8 +113,17 @@ class QuantizedIndex:
         if self.precision == "float32":
             return docs, None, None
         ranges = int8_ranges(docs) if self.precision == "int8" else None
-        rescore = rescoring_vectors(docs, self.precision, ranges) if self.rescore_multiplier else None
-        return quantized(docs, self.precision, ranges), ranges, rescore
+        return quantized(docs, self.precision, ranges), ranges, self._rescoring(docs, ranges)
+
+    def _rescoring(self, docs: np.ndarray, ranges: np.ndarray | None) -> np.ndarray | None:
+        """The documents' vectors the candidates are rescored with (``rescore_with``), or None."""
+        if not self.rescore_multiplier:
+            return None
+        if self.rescore_with == "float32":
+            return docs
+        if self.rescore_with == "int8":
+            return rescoring_vectors(docs, "int8", int8_ranges(docs))
+        return rescoring_vectors(docs, self.precision, ranges)
 
     def search(self, embeddings, top_k: int, similarity_fn: Callable | None = None, top_ranked=None,
                query_idx_to_id: dict[int, str] | None = None) -> tuple[list[list[float]], list[list[int]]]:
@@ -195,14 +208,16 @@ def variants(sizes: list[int], precisions: list[str], rescore: int | None, retri
     return [full] + [v for v in out if v != full]
 
 
-def score_variant(model: Any, task: Any, variant: tuple[int, str, int], recorded: np.ndarray | None) -> float:
-    """The task's main score (mteb's) with ``model``'s embeddings as ``variant`` says."""
+def score_variant(model: Any, task: Any, variant: tuple[int, str, int], recorded: np.ndarray | None,
+                  rescore_with: str = "quantized") -> float:
+    """The task's main score (mteb's) with ``model``'s embeddings as ``variant`` says (a rescored
+    retrieval variant rescores with ``rescore_with``'s document vectors)."""
     import mteb
 
     dim, precision, rescore = variant
     if task.metadata.type == "Retrieval":
         search = IndexedSearch(SizedModel(model, dim, "float32"),
-                                      index_backend=QuantizedIndex(precision, rescore))
+                                      index_backend=QuantizedIndex(precision, rescore, rescore_with))
         result = mteb.evaluate(search, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
     else:
         ranges = int8_ranges(cut(recorded, dim)) if precision == "int8" else None

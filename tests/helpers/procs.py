@@ -77,3 +77,11 @@ def still_running(tree: dict[int, tuple[str, str]]) -> dict[int, str]:
         if state != "Z" and _start_time(pid) == start:
             out[pid] = command
     return out
+
+
+def left_running(tree: dict[int, tuple[str, str]], seconds: float) -> dict[int, str]:
+    """``still_running(tree)`` once it is empty, or after ``seconds``: what outlived the wait."""
+    deadline = time.time() + seconds
+    while (left := still_running(tree)) and time.time() < deadline:
+        time.sleep(0.2)
+    return left

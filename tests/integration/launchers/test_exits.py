@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.procs import gone, process_tree, still_running
+from tests.helpers.procs import gone, left_running, process_tree
 from tests.helpers.repo import REPO, demo_prepare_only
 from tests.helpers.tiny_model import build_tiny_bert
 
@@ -131,8 +131,7 @@ def test_a_sigkilled_torchrun_leaves_no_rank_alive_even_one_blocked_in_a_collect
     launcher, tree, _ = _start_stalled(prepared, tmp_path, timeout_s=300)
     launcher.kill()
     launcher.communicate()
-    time.sleep(10)
-    assert still_running(tree) == {}
+    assert left_running(tree, seconds=10) == {}
 
 
 def test_a_sigtermed_torchrun_stops_a_rank_blocked_in_a_collective_within_seconds(prepared, tmp_path):
@@ -147,5 +146,4 @@ def test_a_sigtermed_torchrun_stops_a_rank_blocked_in_a_collective_within_second
     finally:
         launcher.kill()
         launcher.communicate()
-    time.sleep(10)
-    assert still_running(tree) == {}
+    assert left_running(tree, seconds=10) == {}

@@ -36,6 +36,42 @@ def test_binary_search_ranks_by_hamming_distance_and_rescoring_restores_the_floa
     assert order == [[1, 0]] and scores[0] == pytest.approx([1.8, 1.75])
 
 
+def test_binary_candidates_rescored_with_int8_or_float32_vectors_rank_by_those_vectors_not_the_bits():
+    # per-dimension range [-128, 127]: int8 codes equal the values, so int8 rescoring equals float32 here
+    docs = np.array([[127.0, -128.0], [1.0, 1.0], [-128.0, 127.0]], dtype=np.float32)
+    query = np.array([[1.0, 0.1]], dtype=np.float32)
+    found = {}
+    for source in ("quantized", "int8", "float32"):
+        index = QuantizedIndex("ubinary", rescore_multiplier=3, rescore_with=source)
+        index.add_documents(docs, ["a", "b", "c"])
+        found[source] = index.search(query, top_k=2)
+    # bits a 10, b 11, c 01: the query against the bits gives a 1.0, b 1.1, c 0.1
+    assert found["quantized"][1] == [[1, 0]] and found["quantized"][0][0] == pytest.approx([1.1, 1.0])
+    # against the vectors: a 127 − 12.8 = 114.2, b 1.1, c −128 + 12.7 = −115.3
+    for source in ("int8", "float32"):
+        assert found[source][1] == [[0, 1]] and found[source][0][0] == pytest.approx([114.2, 1.1], abs=1e-4)
+
+
+def test_rescoring_with_other_vectors_without_a_multiplier_is_refused_at_load():
+    from embed_core.evaluate.config import EvaluateConfig
+
+    with pytest.raises(ValueError, match="rescore_with 'int8' needs rescore_multiplier"):
+        EvaluateConfig(tasks=LOCAL_TASKS[:1], precisions=["float32", "ubinary"], rescore_with="int8")
+    assert EvaluateConfig(tasks=LOCAL_TASKS[:1], precisions=["ubinary"], rescore_multiplier=4,
+                          rescore_with="int8").rescore_with == "int8"
+
+
+def test_the_sizes_table_names_the_vectors_a_rescored_column_rescored_with():
+    from embed_core.evaluate.report import sizes_tables
+
+    row = {"model": "m", "task": "T", "metric": "ndcg_at_10", "dim": 8, "precision": "ubinary", "rescore": 4,
+           "bytes_per_vector": 1, "value": 0.5}
+    table = sizes_tables([{**row, "rescore_with": "int8"}, {**row, "rescore_with": "quantized", "value": 0.25},
+                          {**row, "rescore": 0, "rescore_with": None, "value": 0.125}])
+    assert "| model | dims | ubinary rescored ×4 with int8 | ubinary rescored ×4 | ubinary |" in table
+    assert "| m | 8 | 50.00 (1 B) | 25.00 (1 B) | 12.50 (1 B) |" in table
+
+
 def test_int8_codes_come_from_the_corpus_ranges_and_rank_by_their_inner_product():
     # a corpus whose per-dimension range is [-128, 127]: buckets of width 1, so a code is the value itself
     docs = np.array([[-128.0, 0.0], [127.0, 127.0], [0.0, -128.0]], dtype=np.float32)
@@ -81,6 +117,7 @@ def test_evaluation_at_sizes_and_precisions_gives_a_table_per_task_with_bytes_pe
             k: b for k, b in {(16, "float32", 0): 64, (16, "int8", 0): 16, (16, "ubinary", 0): 2,
                               (16, "int8", 2): 16, (16, "ubinary", 2): 2}.items() if k in mine}
         assert mine[(32, "float32", 0)]["value"] == main[task]  # the full float32 row is the task's main score
+        assert {r["rescore_with"] for r in mine.values()} == ({None, "quantized"} if rescored else {None})
         assert all(-1 <= r["value"] <= 1 for r in mine.values())
     report = (run_dir / "evaluate/report.md").read_text()
     assert "### LocalSTS (cosine_spearman)" in report
