@@ -106,9 +106,13 @@ class EvaluateConfig(StrictModel):
         "calibrated on the task's corpus embeddings); ubinary (one bit per dimension, sign > 0). How each task type "
         "scores them: docs/stages.md, 'Sizes and precisions'."))
     rescore_multiplier: int | None = Field(None, ge=1, description="Retrieval at int8 / ubinary: also score a search "
-                                           "that takes top_k × this many candidates by the quantized vectors and "
-                                           "rescores them with the float32 query against the quantized document "
+                                           "that takes rescore_top_k × this many candidates by the quantized vectors "
+                                           "and rescores them with the float32 query against the quantized document "
                                            "(sentence-transformers' semantic_search_* rescore); None = no rescored rows.")
+    rescore_top_k: int = Field(10, ge=1, description="The hits the rescored search returns (sentence-transformers' "
+                               "top_k): rescore_top_k × rescore_multiplier candidates are rescored and ranked first, "
+                               "the rest of mteb's 1,000 hits follow in first-stage order. At least the k of the main "
+                               "score (10 for nDCG@10) to measure it.")
     rescore_with: RescoreWith = Field("quantized", description="The document vectors the rescored rows rescore "
                                       "with: quantized (the vectors searched, as sentence-transformers' "
                                       "semantic_search_* rescore); int8 (int8 vectors kept on disk beside a binary "

@@ -250,7 +250,7 @@ def _size_rows(model, task, main: dict[str, Any], sizes: list[int], cfg: Evaluat
         dim, precision, rescore = variant
         value = main["value"] if variant == (sizes[0], "float32", 0) else \
             check_main_score(main["task"], main["metric"], score_variant(model, task, variant, recorded,
-                                                                         cfg.rescore_with))
+                                                                         cfg.rescore_with, cfg.rescore_top_k))
         out.append({"model": main["model"], "task": main["task"], "task_type": main["task_type"],
                     "metric": main["metric"], "dim": dim, "precision": precision, "rescore": rescore,
                     "rescore_with": cfg.rescore_with if rescore else None,

@@ -18,14 +18,15 @@ evaluator. Exactly what is computed:
   ranking and correlation equals that of the Hamming distance.
 * **retrieval** (``QuantizedIndex``, mteb's index backend): float32 by cosine; int8 by the inner
   product of the int8 codes (sentence-transformers' ``semantic_search_usearch``: an ``ip`` index
-  over ``i8``); ubinary by Hamming distance. With ``rescore_multiplier`` k, a second row: top_k·k
-  candidates by the quantized score, rescored with the float32 query against the candidate's
-  quantized vector as sentence-transformers rescores (int8 dequantized to its bucket's lower edge;
-  ubinary as 0/1 bits), best top_k kept. The corpus stays quantized: same bytes per vector. With
-  ``rescore_with: int8`` (``float32``) the candidates are rescored with the documents' int8
-  (original float32) vectors instead, as read from disk beside a binary index. When top_k × k is at
-  least the corpus size (mteb asks for 1,000 hits), every document is rescored: the multiplier
-  changes nothing.
+  over ``i8``); ubinary by Hamming distance. With ``rescore_multiplier`` k, a second row: the
+  search a user deploys, ``rescore_top_k`` (n) hits from n·k candidates by the quantized score,
+  rescored with the float32 query against the candidate's quantized vector as sentence-transformers
+  rescores (int8 dequantized to its bucket's lower edge; ubinary as 0/1 bits). The corpus stays
+  quantized: same bytes per vector. With ``rescore_with: int8`` (``float32``) the candidates are
+  rescored with the documents' int8 (original float32) vectors instead, as read from disk beside a
+  binary index. mteb asks for 1,000 hits: the n·k rescored candidates come first, in rescored order,
+  then the rest in first-stage order (their scores only order them, below every rescored one), so
+  the main score at 10 measures the deployed search, not a rescoring of the whole corpus.
 * **STS, pair classification, classification**: mteb's own evaluator on the quantized vectors as
   floats (int8 codes; ±1 for ubinary), like mteb's ``CompressionWrapper`` but with ranges from the
   whole task: STS's main score is then the Spearman correlation of the codes' cosine.
@@ -95,8 +96,10 @@ class QuantizedIndex:
     """mteb's ``IndexEncoderSearchProtocol`` over the corpus at one precision (module docstring):
     the int8 ranges come from the documents added, so the corpus calibrates the quantizer."""
 
-    def __init__(self, precision: str, rescore_multiplier: int = 0, rescore_with: str = "quantized"):
+    def __init__(self, precision: str, rescore_multiplier: int = 0, rescore_with: str = "quantized",
+                 rescore_top_k: int = 10):
         self.precision, self.rescore_multiplier, self.rescore_with = precision, rescore_multiplier, rescore_with
+        self.rescore_top_k = rescore_top_k
         self.docs: list[np.ndarray] = []
         self.idxs: list[str] = []
 
@@ -148,14 +151,17 @@ class QuantizedIndex:
     def _ranked(self, first: np.ndarray, pool: np.ndarray, top_k: int, rescore: np.ndarray | None,
                 query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One query's best ``top_k`` documents of ``pool`` and their scores: by the first-stage score,
-        or top_k × multiplier candidates rescored with the float32 query."""
-        k = min(top_k * (self.rescore_multiplier if rescore is not None else 1), len(pool))
-        order = pool[np.argsort(-first[pool], kind="stable")[:k]]
+        or min(top_k, rescore_top_k) × multiplier candidates rescored with the float32 query, then
+        the first-stage order below them (module docstring)."""
+        order = pool[np.argsort(-first[pool], kind="stable")]
         if rescore is None:
-            return order, first[order]
-        score = rescore[order] @ query
-        keep = np.argsort(-score, kind="stable")[:top_k]
-        return order[keep], score[keep]
+            return order[:top_k], first[order[:top_k]]
+        n = min(min(top_k, self.rescore_top_k) * self.rescore_multiplier, len(order))
+        head, tail = order[:n], order[n:top_k]
+        score = rescore[head] @ query
+        keep = np.argsort(-score, kind="stable")
+        below = (score.min() if n else 0.0) - 1.0 - np.arange(len(tail))
+        return np.concatenate([head[keep], tail])[:top_k], np.concatenate([score[keep], below])[:top_k]
 
 
 class IndexedSearch(SearchEncoderWrapper):
@@ -209,15 +215,16 @@ def variants(sizes: list[int], precisions: list[str], rescore: int | None, retri
 
 
 def score_variant(model: Any, task: Any, variant: tuple[int, str, int], recorded: np.ndarray | None,
-                  rescore_with: str = "quantized") -> float:
+                  rescore_with: str = "quantized", rescore_top_k: int = 10) -> float:
     """The task's main score (mteb's) with ``model``'s embeddings as ``variant`` says (a rescored
-    retrieval variant rescores with ``rescore_with``'s document vectors)."""
+    retrieval variant: ``rescore_top_k`` hits rescored with ``rescore_with``'s document vectors)."""
     import mteb
 
     dim, precision, rescore = variant
     if task.metadata.type == "Retrieval":
         search = IndexedSearch(SizedModel(model, dim, "float32"),
-                                      index_backend=QuantizedIndex(precision, rescore, rescore_with))
+                                      index_backend=QuantizedIndex(precision, rescore, rescore_with,
+                                                                                 rescore_top_k))
         result = mteb.evaluate(search, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
     else:
         ranges = int8_ranges(cut(recorded, dim)) if precision == "int8" else None

@@ -52,6 +52,22 @@ def test_binary_candidates_rescored_with_int8_or_float32_vectors_rank_by_those_v
         assert found[source][1] == [[0, 1]] and found[source][0][0] == pytest.approx([114.2, 1.1], abs=1e-4)
 
 
+def test_only_rescore_top_k_times_the_multiplier_candidates_are_rescored_and_the_rest_follow_in_hamming_order():
+    # query bits 1110; Hamming distances d1 0, d0 1, d2 2, d3 3; by the float vectors d2 is far the best
+    docs = np.array([[0.1, 0.1, 0.1, 0.1], [0.2, 0.2, 0.2, -0.2], [3.0, 3.0, -0.1, 0.1], [-1.0, -1.0, -1.0, -1.0]],
+                    dtype=np.float32)
+    query = np.array([[1.0, 1.0, 1.0, -0.1]], dtype=np.float32)
+    found = {}
+    for multiplier in (1, 3):
+        index = QuantizedIndex("ubinary", rescore_multiplier=multiplier, rescore_with="float32", rescore_top_k=1)
+        index.add_documents(docs, ["d0", "d1", "d2", "d3"])
+        found[multiplier] = index.search(query, top_k=4)
+    # ×1: only d1 is rescored (0.2·3 + 0.02 = 0.62); d0, d2, d3 follow in Hamming order, scored below it
+    assert found[1][1] == [[1, 0, 2, 3]] and found[1][0][0] == pytest.approx([0.62, -0.38, -1.38, -2.38])
+    # ×3: d1, d0, d2 are rescored (0.62, 0.3 − 0.01 = 0.29, 6 − 0.1 − 0.01 = 5.89): d2 first; d3 below
+    assert found[3][1] == [[2, 1, 0, 3]] and found[3][0][0] == pytest.approx([5.89, 0.62, 0.29, -0.71])
+
+
 def test_rescoring_with_other_vectors_without_a_multiplier_is_refused_at_load():
     from embed_core.evaluate.config import EvaluateConfig
 
