@@ -148,7 +148,7 @@ class EvaluateConfig(StrictModel):
             raise ValueError(f"precisions has a repeated precision (got {self.precisions})")
         if self.rescore_with != "quantized" and self.rescore_multiplier is None:
             raise ValueError(f"rescore_with {self.rescore_with!r} needs rescore_multiplier (the candidates to "
-                             "rescore: top_k × it)")
+                             "rescore: rescore_top_k × it)")
         return self
 
     @model_validator(mode="after")

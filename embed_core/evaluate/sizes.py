@@ -97,7 +97,7 @@ class QuantizedIndex:
     the int8 ranges come from the documents added, so the corpus calibrates the quantizer."""
 
     def __init__(self, precision: str, rescore_multiplier: int = 0, rescore_with: str = "quantized",
-                 rescore_top_k: int = 10):
+                 rescore_top_k: int | None = None):
         self.precision, self.rescore_multiplier, self.rescore_with = precision, rescore_multiplier, rescore_with
         self.rescore_top_k = rescore_top_k
         self.docs: list[np.ndarray] = []
@@ -125,7 +125,7 @@ class QuantizedIndex:
         if self.rescore_with == "float32":
             return docs
         if self.rescore_with == "int8":
-            return rescoring_vectors(docs, "int8", int8_ranges(docs))
+            return rescoring_vectors(docs, "int8", int8_ranges(docs) if ranges is None else ranges)
         return rescoring_vectors(docs, self.precision, ranges)
 
     def search(self, embeddings, top_k: int, similarity_fn: Callable | None = None, top_ranked=None,
@@ -151,12 +151,14 @@ class QuantizedIndex:
     def _ranked(self, first: np.ndarray, pool: np.ndarray, top_k: int, rescore: np.ndarray | None,
                 query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One query's best ``top_k`` documents of ``pool`` and their scores: by the first-stage score,
-        or min(top_k, rescore_top_k) × multiplier candidates rescored with the float32 query, then
-        the first-stage order below them (module docstring)."""
+        or min(top_k, rescore_top_k) × multiplier candidates (top_k × multiplier without
+        rescore_top_k, as sentence-transformers) rescored with the float32 query, then the
+        first-stage order below them (module docstring)."""
         order = pool[np.argsort(-first[pool], kind="stable")]
         if rescore is None:
             return order[:top_k], first[order[:top_k]]
-        n = min(min(top_k, self.rescore_top_k) * self.rescore_multiplier, len(order))
+        hits = top_k if self.rescore_top_k is None else min(top_k, self.rescore_top_k)
+        n = min(hits * self.rescore_multiplier, len(order))
         head, tail = order[:n], order[n:top_k]
         score = rescore[head] @ query
         keep = np.argsort(-score, kind="stable")
@@ -215,16 +217,15 @@ def variants(sizes: list[int], precisions: list[str], rescore: int | None, retri
 
 
 def score_variant(model: Any, task: Any, variant: tuple[int, str, int], recorded: np.ndarray | None,
-                  rescore_with: str = "quantized", rescore_top_k: int = 10) -> float:
+                  rescore_with: str, rescore_top_k: int) -> float:
     """The task's main score (mteb's) with ``model``'s embeddings as ``variant`` says (a rescored
     retrieval variant: ``rescore_top_k`` hits rescored with ``rescore_with``'s document vectors)."""
     import mteb
 
     dim, precision, rescore = variant
     if task.metadata.type == "Retrieval":
-        search = IndexedSearch(SizedModel(model, dim, "float32"),
-                                      index_backend=QuantizedIndex(precision, rescore, rescore_with,
-                                                                                 rescore_top_k))
+        index = QuantizedIndex(precision, rescore, rescore_with, rescore_top_k)
+        search = IndexedSearch(SizedModel(model, dim, "float32"), index_backend=index)
         result = mteb.evaluate(search, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
     else:
         ranges = int8_ranges(cut(recorded, dim)) if precision == "int8" else None
