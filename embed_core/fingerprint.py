@@ -7,7 +7,7 @@ A cache hit must mean "the same result". So a stage's key (``Fingerprint.key``) 
   SQLite table — so a 1 GB weights file is read once, not at every ``embedpipe status``;
 * its config section (canonical JSON of the validated values, defaults included);
 * the **identity of its code**: a hash of the source of every ``embed_core`` module the stage's
-  module imports, directly or not (found by parsing ``import`` statements, function-level ones
+  module imports, directly or not (found by reading the ``import`` statements in its bytecode, function-level ones
   included; a package that hands its ``__path__`` to a discovery call (``embed_core.registry``,
   ``pkgutil.iter_modules``), like the loss registry, depends on all its modules), plus the versions of the libraries that shape its output (torch, transformers,
   faiss, mteb, ...). A fixed bug in a converter recomputes prepare; a README or test edit
@@ -23,13 +23,13 @@ outputs a stage read is in its key as their content hashes.
 
 from __future__ import annotations
 
-import ast
+import dis
 import functools
 import hashlib
 import json
 import os
 import sqlite3
-import threading
+import types
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -131,41 +131,47 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
-# CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread: two
-# threads parsing at once (a flow's tasks run in threads) can fail with "SystemError: AST constructor
-# recursion depth mismatch" (python/cpython#106905). One parse at a time.
-_PARSE = threading.Lock()
-
-
-def _parse(path: Path) -> ast.Module:
-    source = path.read_text(encoding="utf-8")
-    with _PARSE:
-        return ast.parse(source, filename=str(path))
+def _code_objects(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
 
 
 def _imported_names(path: Path, module: str) -> set[str]:
-    """Every module an ``import`` anywhere in the file may load (``from a import b``: a and a.b)."""
+    """Every module an ``import`` anywhere in the file may load (``from a import b``: a and a.b).
+
+    Read from the compiled bytecode (``IMPORT_NAME`` and the level and names loaded before it),
+    not from ``ast.parse``: CPython 3.11 before 3.11.8 keeps the AST constructor's recursion depth
+    per interpreter, not per thread, so a parse here while another thread of a flow run parses too
+    (pydantic's ``inspect.signature`` in Prefect's event-loop thread does) fails with "SystemError:
+    AST constructor recursion depth mismatch" (python/cpython#106905). Compiling to bytecode
+    builds no Python AST objects.
+    """
     is_package = path.name == "__init__.py"
     names: set[str] = set()
-    for node in ast.walk(_parse(path)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = module.split(".")
-                base_parts = parts if is_package else parts[:-1]
-                base_parts = base_parts[:len(base_parts) - node.level + 1]
-                base = ".".join(base_parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-        elif is_package and isinstance(node, ast.Call) and any(
-                isinstance(arg, ast.Name) and arg.id == "__path__" for arg in node.args):
-            # a registry that imports every module of its package: its __path__ handed to
-            # embed_core.registry.discover or pkgutil.iter_modules (embed_core.losses)
-            names.update(f"{module}.{p.stem}" for p in path.parent.glob("*.py") if p.name != "__init__.py")
+    code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    for obj in _code_objects(code):
+        instructions = list(dis.get_instructions(obj))
+        for i, ins in enumerate(instructions):
+            if ins.opname == "IMPORT_NAME":
+                level, fromlist = instructions[i - 2].argval, instructions[i - 1].argval
+                names.update(_import_targets(module, is_package, ins.argval, level, fromlist or ()))
+            elif is_package and ins.argval == "__path__" and ins.opname in {"LOAD_NAME", "LOAD_GLOBAL"}:
+                # a registry that imports every module of its package: its __path__ handed to
+                # embed_core.registry.discover or pkgutil.iter_modules (embed_core.losses)
+                names.update(f"{module}.{p.stem}" for p in path.parent.glob("*.py") if p.name != "__init__.py")
     return names
+
+
+def _import_targets(module: str, is_package: bool, name: str, level: int, fromlist: tuple) -> set[str]:
+    """``import name`` or ``from <level dots>name import fromlist`` in ``module``, as absolute names."""
+    if level:
+        parts = module.split(".")
+        base_parts = parts if is_package else parts[:-1]
+        base_parts = base_parts[:len(base_parts) - level + 1]
+        name = ".".join(base_parts + ([name] if name else []))
+    return {name} | {f"{name}.{alias}" for alias in fromlist}
 
 
 def module_closure(root: str) -> dict[str, Path]:

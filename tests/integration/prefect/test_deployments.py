@@ -84,11 +84,11 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
 
             flow_run = run_deployment("pipeline/embedpipe-pipeline", timeout=600,
                                       parameters={"config_path": str(demo_copy), "run_name": "from-api"})
-            assert flow_run.state.is_completed(), flow_run.state
+            assert flow_run.state.is_completed(), _why(flow_run)
             # rerun under a name typed for it: the name stays, and no stage is stale, so nothing goes to the gpu pool
             rerun = run_deployment("pipeline/embedpipe-pipeline", timeout=600, flow_run_name="rerun typed by hand",
                                    parameters={"config_path": str(demo_copy), "run_name": "from-api"})
-            assert rerun.state.is_completed() and rerun.name == "rerun typed by hand", rerun.state
+            assert rerun.state.is_completed() and rerun.name == "rerun typed by hand", _why(rerun)
             # a misspelt key, run by a worker: one ERROR line (the CLI's), no traceback, the run named after the run
             broken = tmp_path / "broken.yaml"
             typo = yaml.safe_load(demo_copy.read_text())
@@ -233,3 +233,16 @@ async def _run_logs(client, run_id) -> list:
     while page := await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), offset=len(logs)):
         logs += page
     return logs
+
+
+def _why(run) -> str:
+    """A run's state and its error log lines with their tracebacks (a failed assertion's message:
+    the state alone cuts the exception to one line and drops where it was raised)."""
+    from prefect import get_client
+
+    async def read():
+        async with get_client() as client:
+            await asyncio.sleep(5)  # the run's process ships its last log lines in batches
+            return await _run_logs(client, run.id)
+
+    return "\n".join([str(run.state), *(log.message for log in asyncio.run(read()) if log.level >= 40)])

@@ -28,6 +28,79 @@ def test_each_stage_depends_only_on_the_code_it_imports():
     assert "embed_core.mine.miner" in mine and "embed_core.mine.miner" not in prepare
 
 
+def test_the_import_scan_reads_every_kind_of_import_statement(tmp_path):
+    pkg = tmp_path / "embed_core" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text(
+        "import json, embed_core.a.b as ab\n"
+        "from . import sibling\n"
+        "from .. import top\n"
+        "from ..other import thing, other_thing\n"
+        "class K:\n"
+        "    def f(self):\n"
+        "        from embed_core.lazy import heavy\n")
+    (pkg / "__init__.py").write_text("from embed_core.registry import discover\ndiscover(__path__)\n")
+    (pkg / "one.py").write_text("")
+    assert fingerprint._imported_names(pkg / "mod.py", "embed_core.pkg.mod") == {
+        "json", "embed_core.a.b", "embed_core.pkg", "embed_core.pkg.sibling", "embed_core", "embed_core.top",
+        "embed_core.other", "embed_core.other.thing", "embed_core.other.other_thing",
+        "embed_core.lazy", "embed_core.lazy.heavy"}
+    # a package that hands its __path__ to a discovery call depends on every module in it
+    assert fingerprint._imported_names(pkg / "__init__.py", "embed_core.pkg") == {
+        "embed_core.registry", "embed_core.registry.discover", "embed_core.pkg.mod", "embed_core.pkg.one"}
+
+
+def _race(scan, seconds: float) -> list[SystemError]:
+    """``scan`` in one thread while another parses a builtin's text signature through ``ast.parse``
+    (what pydantic's ``inspect.signature`` does in Prefect's event-loop thread during a flow run),
+    with a thread switch possible at every garbage collection."""
+    import gc
+    import inspect
+    import threading
+
+    errors: list[SystemError] = []
+    stop = time.monotonic() + seconds
+
+    def loop(fn):
+        while time.monotonic() < stop and not errors:
+            try:
+                fn()
+            except SystemError as exc:
+                errors.append(exc)
+
+    def callback(*_):
+        return None
+
+    interval, threshold = sys.getswitchinterval(), gc.get_threshold()
+    gc.callbacks.append(callback)
+    gc.set_threshold(50)
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=loop, args=(fn,)) for fn in (scan, lambda: inspect.signature(len))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.callbacks.remove(callback)
+        gc.set_threshold(*threshold)
+        sys.setswitchinterval(interval)
+    return errors
+
+
+def test_the_import_scan_survives_another_thread_parsing_python_at_the_same_time():
+    path = REPO / "embed_core" / "fingerprint.py"
+    assert _race(lambda: fingerprint._imported_names(path, "embed_core.fingerprint"), seconds=3) == []
+    if sys.version_info[:3] < (3, 11, 8):
+        # the control: the same race with ast.parse in place of the scan fails on this interpreter
+        # (python/cpython#106905), which is why the scan reads bytecode
+        import ast
+
+        source = path.read_text(encoding="utf-8")
+        errors = _race(lambda: ast.parse(source), seconds=10)
+        assert errors and "AST constructor recursion depth mismatch" in str(errors[0])
+
+
 def test_code_identity_changes_with_a_module_in_the_closure_and_a_library_version(tmp_path, monkeypatch):
     pkg = tmp_path / "embed_core"
     shutil.copytree(REPO / "embed_core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
