@@ -18,7 +18,11 @@ Some modules are leaves of that walk. The config modules (``embed_core.config``,
 to a stage (defaults, validators) is already in the hashed config values, and following them
 would tie every stage to every loss and converter file (the registries validate parameters at
 load time). ``embed_core.stages``: the registry only wires stages together; which upstream
-outputs a stage read is in its key as their content hashes.
+outputs a stage read is in its key as their content hashes. ``embed_core.train.dev``: a train stage
+loads its dev evaluation (and through it the evaluate modules and mteb) only when it has dev tasks;
+its key then adds that module's own code identity with the scoring libraries' versions, so an
+evaluate-only edit does not retrain a stage without dev tasks, and does retrain one whose dev
+scores choose the weights it keeps. A leaf is still followed when it is the walk's root.
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ from pydantic import BaseModel, ConfigDict, Field
 PACKAGE = "embed_core"
 PACKAGE_ROOT = Path(__file__).resolve().parent
 # Modules whose effect on a stage is captured elsewhere in the key (see the module docstring):
-# the config modules, named config or config_base at any level, and the stage registry.
+# the config modules, named config or config_base at any level, the stage registry, and the dev
+# evaluation, which a train stage loads only when it has dev tasks (its key then adds that code).
 CONFIG_MODULE_NAMES = frozenset({"config", "config_base"})
-LEAF_MODULES = frozenset({"embed_core.stages"})
+LEAF_MODULES = frozenset({"embed_core.stages", "embed_core.train.dev"})
 
 
 def is_leaf(module: str) -> bool:
@@ -188,7 +193,7 @@ def module_closure(root: str) -> dict[str, Path]:
         seen[name] = path
         parts = name.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # importing a.b.c runs a and a.b
-        if not is_leaf(name):
+        if name == root or not is_leaf(name):  # a leaf of other walks is followed as a root
             todo.extend(_imported_names(path, name))
     return seen
 

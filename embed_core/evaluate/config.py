@@ -13,6 +13,9 @@ from embed_core.model.config import EngineConfig
 EvalTaskType = Literal["sts", "retrieval", "classification", "pair_classification"]
 EvalPrecision = Literal["float32", "int8", "ubinary"]
 RescoreWith = Literal["quantized", "int8", "float32"]
+# Libraries whose versions shape an MTEB score (part of the code identity of evaluate, and of a train
+# stage with dev tasks: embed_core.fingerprint).
+SCORING_LIBRARIES = ("torch", "transformers", "mteb", "numpy", "scikit-learn")
 
 
 class EvalTaskSpec(FileFormat):

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from embed_core.artifacts import StageWriter, model_artifact_dir, read_manifest, stage_is_intact
 from embed_core.config import RunConfig, config_hash
-from embed_core.evaluate.config import EvalTaskSpec, EvaluateConfig
+from embed_core.evaluate.config import SCORING_LIBRARIES, EvalTaskSpec, EvaluateConfig
 from embed_core.evaluate.release import check_release, release_section
 from embed_core.evaluate.tasks import check_main_score
 from embed_core.model.config import EngineConfig
@@ -52,7 +52,7 @@ from embed_core.train.stage import instance_name, stage_name_of, trained_model_d
 
 log = logging.getLogger("embedpipe.evaluate")
 # Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
-LIBRARIES = ("torch", "transformers", "mteb", "numpy", "scikit-learn")
+LIBRARIES = SCORING_LIBRARIES
 RESULTS = "results.parquet"
 GEOMETRY = "geometry.parquet"
 RESULT_SCHEMA = pa.schema([

@@ -174,13 +174,15 @@ def _stage_model_hashes(run_dir: Path, stage_name: str) -> dict[str, Any]:
 
 
 def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, str]:
-    """Hashes of what the dev tasks read (with select: best they decide which weights are kept):
-    prepare's dev records of their datasets and their files."""
+    """Hashes of what the dev tasks read and run (with select: best they decide which weights are
+    kept): prepare's dev records of their datasets, their files, and the dev evaluation's code with
+    the scoring libraries' versions (``embed_core.train.dev`` is a leaf of this stage's code walk)."""
     if stage.dev is None:
         return {}
+    from embed_core.evaluate.config import SCORING_LIBRARIES
     from embed_core.fingerprint import sha256_file
 
-    out: dict[str, str] = {}
+    out: dict[str, str] = {"code": code_identity("embed_core.train.dev", SCORING_LIBRARIES)}
     prepared = read_manifest(run_dir, "prepare") or {"outputs": {}}
     for task in stage.dev.tasks:
         if task.dataset:

@@ -118,6 +118,40 @@ def test_code_identity_changes_with_a_module_in_the_closure_and_a_library_versio
     code_identity.cache_clear()
 
 
+def test_an_evaluate_edit_retrains_only_a_stage_whose_dev_scores_choose_its_weights(tmp_path, monkeypatch):
+    from embed_core.config import parse_config
+    from embed_core.evaluate.config import SCORING_LIBRARIES
+    from embed_core.train import run as train_run
+
+    pkg = tmp_path / "embed_core"
+    shutil.copytree(REPO / "embed_core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(fingerprint, "PACKAGE_ROOT", pkg)
+    roots = ("embed_core.train.run", "embed_core.train.dev", "embed_core.evaluate.run")
+    code_identity.cache_clear()
+    before = {m: code_identity(m, SCORING_LIBRARIES) for m in roots}
+    with open(pkg / "evaluate" / "tasks.py", "a") as fh:
+        fh.write("\n# a change\n")
+    code_identity.cache_clear()
+    after = {m: code_identity(m, SCORING_LIBRARIES) for m in roots}
+    assert after["embed_core.train.run"] == before["embed_core.train.run"]  # training without dev tasks
+    assert after["embed_core.train.dev"] != before["embed_core.train.dev"]
+    assert after["embed_core.evaluate.run"] != before["embed_core.evaluate.run"]
+
+    (tmp_path / "dev.csv").write_text("a,b,1.0\n")
+    config = parse_config({"data_root": str(tmp_path), "prepare": {"sources": [
+        {"name": "s", "kind": "sts", "path": "dev.csv", "header": False, "columns": {"text1": 0, "text2": 1, "score": 2}}]},
+        "train": {"stages": [
+        {"name": "plain"},
+        {"name": "chosen", "dev": {"tasks": [{"name": "D", "type": "sts", "path": "dev.csv", "header": False,
+                                              "columns": {"text1": 0, "text2": 1, "score": 2}}]}}]}})
+    plain, chosen = config.train.stages
+    assert train_run._dev_inputs(config, tmp_path, plain) == {}
+    dev = train_run._dev_inputs(config, tmp_path, chosen)
+    # the dev evaluation's code and mteb's version are in the key of the stage they select weights for
+    assert dev["code"] == after["embed_core.train.dev"] and dev["D:dev.csv"] == fingerprint.sha256_file(tmp_path / "dev.csv")
+    code_identity.cache_clear()
+
+
 def test_file_hashes_are_remembered_across_processes_and_forgotten_on_change(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "cache"))
     f = tmp_path / "weights.bin"
