@@ -10,7 +10,6 @@ machine-wide cache, other models' in ``<run_dir>/cache/embeddings/`` (``embed_co
 
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 import time
@@ -29,8 +28,8 @@ from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mine.miner import eligible, mine_records
 from embed_core.mine.teacher import teacher_fingerprint, teacher_scorer
 from embed_core.mine.stage import NAME as STAGE
-from embed_core.model.embedding_cache import LazyCachedEmbed, open_cache
-from embed_core.model.encoder import model_dim, model_fingerprint, model_source, uses_bf16
+from embed_core.model.embedding_cache import LazyCachedEmbed, model_embed
+from embed_core.model.encoder import default_device_type, model_fingerprint, model_source, uses_bf16
 from embed_core.model.settings import read_model_settings
 from embed_core.plots import pyplot, to_png
 from embed_core.prepare.convert.beir import load_corpus
@@ -62,26 +61,16 @@ def _encoder(cfg: MineConfig, path: str, dim: int):
 def _cached_embed(config: RunConfig, run_dir: Path, cfg: MineConfig) -> LazyCachedEmbed:
     """texts -> embeddings under ``cfg``'s model through the run's cache (the model is resolved and
     loaded only when something needs encoding: a GGUF model is de-quantised then)."""
-    from embed_core.model.encoder import resolve_model_path
-
-    path = functools.cache(lambda: resolve_model_path(cfg.model))  # resolved once, on first use
-
-    def open_():
-        bf16 = uses_bf16(cfg.precision, _encode_device(cfg))
-        return open_cache(path(), run_dir, config.embedding_cache,
-                          model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, bf16), model_dim(path()),
-                          cfg.cache_dtype)
-
-    return LazyCachedEmbed(open_, lambda cache: _encoder(cfg, path(), cache.dim))
+    return model_embed(cfg.model, run_dir, config.embedding_cache, pooling=cfg.pooling, max_length=cfg.max_length,
+                       bf16=lambda: uses_bf16(cfg.precision, _encode_device(cfg)), dtype=cfg.cache_dtype,
+                       make_encoder=lambda path, dim: _encoder(cfg, path, dim))
 
 
 def _encode_device(cfg: MineConfig) -> str:
     """The device type the texts are encoded on (it decides bf16 under precision: auto)."""
     if cfg.engine.kind == "ray":
         return "cuda" if cfg.engine.num_gpus_per_worker > 0 else "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return default_device_type()
 
 
 def input_dirs(config: RunConfig, run_dir: str | Path, *, upstream: str) -> list[Path]:

@@ -65,6 +65,26 @@ def open_cache(model_path: str | Path, run_dir: str | Path, settings: Any, model
     return EmbeddingCache(root, model_fingerprint, dim, dtype, max_bytes=max_bytes)
 
 
+def model_embed(model: str, run_dir: str | Path, settings: Any, *, pooling: str, max_length: int, bf16: Callable[[], bool],
+                dtype: str, make_encoder: Callable[[str, int], Callable[[list[str]], np.ndarray]]) -> "LazyCachedEmbed":
+    """texts -> embeddings of ``model`` (a name or directory) through the run's embedding cache, keyed
+    by the model's fingerprint under these encoding settings (``bf16()``: whether it encodes in
+    bf16), so two stages encoding with the same model, pooling, length and precision share one set
+    of embeddings (synthesize's round trip and mine read a corpus once). The model is resolved when
+    the cache opens, and ``make_encoder(path, dim)`` runs only for a text the cache lacks."""
+    import functools
+
+    from embed_core.model.encoder import model_dim, model_fingerprint, resolve_model_path
+
+    path = functools.cache(lambda: str(resolve_model_path(model)))
+
+    def open_() -> "EmbeddingCache":
+        return open_cache(path(), run_dir, settings, model_fingerprint(model, pooling, max_length, bf16()),
+                          model_dim(path()), dtype)
+
+    return LazyCachedEmbed(open_, lambda cache: make_encoder(path(), cache.dim))
+
+
 class LazyCachedEmbed:
     """texts -> embeddings through a run's cache: the cache is opened (``open``) on the first call and
     the encoder built (``make_encoder(cache)``: texts -> embeddings) on the first text the cache

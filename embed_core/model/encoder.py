@@ -106,6 +106,13 @@ def uses_bf16(precision: str, device_type: str) -> bool:
     return precision == "bf16" or (precision == "auto" and (device_type == "cuda" or cpu_has_bf16()))
 
 
+def default_device_type() -> str:
+    """Where an encoder without a ``device`` runs in this process: "cuda" when torch sees a GPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def model_dim(path: str | Path) -> int:
     """Embedding width of a model directory, read from its config (no weights loaded)."""
     from transformers import AutoConfig
@@ -161,7 +168,7 @@ class Encoder:
         self.path = resolve_model_path(model)
         self.pooling = pooling
         self.max_length = max_length
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device or default_device_type())
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         if pooling == "compress" and compress_tokens < 1:
             raise ConfigError(f"{self.path}: pooling 'compress' needs compress_tokens >= 1")

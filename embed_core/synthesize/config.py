@@ -128,6 +128,11 @@ class RoundTripConfig(StrictModel):
                        "all-MiniLM-L6-v2 without a train section), 'default', or a model directory.")
     pooling: Literal["mean", "cls", "last_token"] = Field("mean", description="Pooling of that model.")
     max_length: int = Field(256, ge=8, description="Tokens the model reads per text.")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="Encoding precision, as mine's (auto: "
+                                                       "bf16 on a GPU or a CPU with native bf16). The embeddings go "
+                                                       "into the run's embedding cache: with mine's model, pooling, "
+                                                       "max_length and precision, mine reads the corpus's from there "
+                                                       "instead of encoding it again.")
     top_k: int = Field(5, ge=1, description="The passage must rank at or above this among the corpus.")
 
 

@@ -75,7 +75,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
     The LLM's weights are not hashed (a remote server's cannot be): the model *name* is in the
     config, and the request cache is keyed by it.
     """
-    from embed_core.model.encoder import model_fingerprint
+    from embed_core.model.encoder import default_device_type, model_fingerprint, uses_bf16
 
     cfg = _cfg(config)
     up = read_manifest(Path(run_dir), upstream)
@@ -85,7 +85,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
     filter_fp = model_fingerprint(cfg.filter.model, "mean", cfg.filter.max_length, False)
     rt = cfg.queries.round_trip
     round_trip = {} if QUERIES not in cfg.strategies or rt is None else {"round_trip_model": model_fingerprint(
-        round_trip_model(config, cfg), rt.pooling, rt.max_length, False)}
+        round_trip_model(config, cfg), rt.pooling, rt.max_length, uses_bf16(rt.precision, default_device_type()))}
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in up["outputs"].items()}, "config": config_hash(cfg),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp, **round_trip,
@@ -143,7 +143,7 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
     gen_s = time.perf_counter() - t_gen
     launched = client_stats.get("server", {}).get("base_urls")
     _refuse_an_outage(cfg, outcomes, ", ".join(launched) if launched else None)
-    kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora)
+    kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora, run_dir)
     kept, filtered, judged = (_judge(cfg, kept, filtered, templates, run_dir, config.seed, client_stats) if corpora
                               else (kept, filtered, None))
     by_ds: dict[str, list[Candidate]] = defaultdict(list)
@@ -235,7 +235,7 @@ def _chosen_datasets(cfg: SynthesizeConfig, run_dir: Path, upstream: str) -> tup
 
 
 def _filtered(config: RunConfig, cfg: SynthesizeConfig, records: dict[str, list], chosen: list[str],
-              outcomes: list, corpora: dict[str, pa.Table]) -> tuple[list[Candidate], list[dict[str, Any]]]:
+              outcomes: list, corpora: dict[str, pa.Table], run_dir: Path) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Step 3: the answered requests as candidates, through the filters (``filters.py``; generated
     queries then through ``queries.filter_queries``)."""
     from embed_core.prepare.run import collect_eval_texts
@@ -250,10 +250,31 @@ def _filtered(config: RunConfig, cfg: SynthesizeConfig, records: dict[str, list]
     queries = [c for c in kept if c.outcome.job.strategy == QUERIES]
     if not queries:
         return kept, filtered
-    rt = cfg.queries.round_trip
-    kept_queries, dropped = filter_queries(cfg, queries, corpora, lambda: _embedder(
-        round_trip_model(config, cfg), rt.pooling if rt else "mean", rt.max_length if rt else 256))
+    kept_queries, dropped = filter_queries(cfg, queries, corpora, lambda: _round_trip_embed(config, cfg, run_dir))
     return [c for c in kept if c.outcome.job.strategy != QUERIES] + kept_queries, filtered + dropped
+
+
+def _round_trip_embed(config: RunConfig, cfg: SynthesizeConfig, run_dir: Path):
+    """texts -> embeddings for round-trip consistency, through the run's embedding cache (keyed like
+    mine's: with the same model and settings, mine reads the corpus's embeddings instead of
+    encoding it again)."""
+    from embed_core.mine.config import MineConfig
+    from embed_core.model.embedding_cache import model_embed
+    from embed_core.model.encoder import default_device_type, uses_bf16
+
+    rt = cfg.queries.round_trip
+
+    def make_encoder(path: str, dim: int):
+        from embed_core.model.encoder import Encoder
+
+        encoder = Encoder(path, pooling=rt.pooling, max_length=rt.max_length, precision=rt.precision)
+        return lambda texts: encoder.encode(texts, batch_size=64)
+
+    # stored as mine stores its embeddings, so that mine finds them
+    dtype = config.mine.cache_dtype if config.mine is not None else MineConfig.model_fields["cache_dtype"].default
+    return model_embed(round_trip_model(config, cfg), run_dir, config.embedding_cache, pooling=rt.pooling,
+                       max_length=rt.max_length, bf16=lambda: uses_bf16(rt.precision, default_device_type()),
+                       dtype=dtype, make_encoder=make_encoder)
 
 
 def _embedder(model: str, pooling: str, max_length: int):

@@ -59,7 +59,9 @@ def twin_config(recipe: dict, *, tiny_model: str, run_root, url: str, data_root)
     return cfg
 
 
-def test_the_corpus_recipe_runs_from_documents_to_an_evaluated_model(tmp_path, capfd, tiny_model, prefect_harness):
+def test_the_corpus_recipe_runs_from_documents_to_an_evaluated_model(tmp_path, capfd, tiny_model, prefect_harness,
+                                                                     monkeypatch):
+    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "cache"))  # an empty embedding cache
     recipe = yaml.safe_load(RECIPE.read_text())
     # what the twin is a twin of: if the recipe drops one of these, this test says so before it runs
     assert recipe["prepare"]["sources"][0]["kind"] == "corpus" and recipe["synthesize"]["strategies"] == ["queries"]
@@ -82,6 +84,8 @@ def test_the_corpus_recipe_runs_from_documents_to_an_evaluated_model(tmp_path, c
     assert len(records) == queries["kept"] > 0 and {r.origin for r in records} == {"synthetic"}
     (mined,) = read_manifest(run_dir, "mine")["counts"]["datasets"]
     assert mined["dataset"] == "scifact-corpus" and mined["mined"] and mined["pool"] == "corpus"  # every passage
+    # the corpus is encoded once: the round trip's embeddings (same model and settings) are mine's
+    assert read_manifest(run_dir, "mine")["counts"]["texts_encoded"] == 0
     assert read_metadata(pq.read_schema(run_dir / "train-stage1" / LINEAGE_FILE))["origin_weight"] == {"synthetic": 0.5}
     scores = read_manifest(run_dir, "evaluate")["counts"]["main_scores"]
     assert {(s["task"], s["metric"]) for s in scores} == {("SciFact", "ndcg_at_10")} and len(scores) == 2  # base, trained
