@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,41 +111,71 @@ async def _run_jobs(client: LLMClient, jobs: list[Job], mode: str, max_parse_ret
         await client.aclose()
 
 
+class Servers:
+    """Where a stage's requests go, for all its rounds (generation, then the judge): the configured
+    URLs, or the local llama.cpp server(s), started at the first request that misses the cache of
+    any round and stopped when the stage's ``with`` block ends (so the judge reuses them)."""
+
+    def __init__(self, cfg: SynthesizeConfig, run_dir: Path):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.info: dict[str, Any] = {"launched": False, "starts": 0}
+        self._servers = None
+        self._urls: list[str] | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "Servers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._servers is not None:
+            self._servers.stop()
+            self._servers = None
+
+    def _start(self) -> list[str]:
+        from embed_core.synthesize.server import LlamaCppServers, resolve_gguf, resolve_slots
+
+        with self._lock:
+            if self._urls is not None:
+                return self._urls
+            server = self.cfg.server
+            self._servers = LlamaCppServers(resolve_gguf(server.gguf), slots=resolve_slots(server),
+                                            model_alias=server.model, port=server.port, n_ctx=server.n_ctx,
+                                            log_path=self.run_dir / "logs" / "llama-server.log",
+                                            startup_timeout_s=server.startup_timeout_s, n_threads=server.n_threads)
+            t0 = time.perf_counter()
+            self._urls = self._servers.start()
+            self.info.update(launched=True, starts=self.info["starts"] + 1, startup_s=round(time.perf_counter() - t0, 2), gguf=self._servers.gguf.name,
+                             base_url=self._urls[0], base_urls=self._urls, slots=len(self._urls),
+                             threads_per_slot=self._servers.threads_per_slot)
+            return self._urls
+
+    async def urls(self) -> list[str]:
+        """The endpoints to send requests to (launching the local servers the first time). They start
+        in the calling thread, the stage's own (each round's event loop runs in it): a server dies
+        with the thread that started it (``embed_core.procs``), and an executor thread of one
+        round's loop would end with that round, taking the judge's server with it."""
+        if self.cfg.server.launch != "llama_cpp":
+            return [self.cfg.server.base_url] if self.cfg.server.base_url else []
+        return self._start()
+
+
 def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int, *, ask: Ask = _run_job,
-             spent: dict[str, Any] | None = None) -> tuple[list[Outcome], dict[str, Any]]:
+             spent: dict[str, Any] | None = None, servers: Servers | None = None) -> tuple[list[Outcome], dict[str, Any]]:
     """Ask the LLM for every job (cache first); launches the local llama.cpp server(s) if configured
     and only if some request is not cached. ``ask``: how one job is asked (the judge's differs);
-    ``spent``: client stats of an earlier round of this run, taken off the run budget."""
-    from embed_core.synthesize.server import LlamaCppServers, resolve_gguf, resolve_slots
-
+    ``spent``: client stats of an earlier round of this run, taken off the run budget; ``servers``:
+    the stage's servers, shared with its other rounds (without it, this round's own, stopped at its end)."""
+    if servers is None:
+        with Servers(cfg, run_dir) as own:
+            return generate(cfg, jobs, run_dir, seed, ask=ask, spent=spent, servers=own)
     cache = RequestCache(run_dir / "cache" / "llm.sqlite")
-    servers: LlamaCppServers | None = None
-    server_info: dict[str, Any] = {"launched": False}
-
-    async def launch() -> list[str]:
-        nonlocal servers
-        if cfg.server.launch != "llama_cpp":
-            return [cfg.server.base_url] if cfg.server.base_url else []
-        servers = LlamaCppServers(resolve_gguf(cfg.server.gguf), slots=resolve_slots(cfg.server),
-                                  model_alias=cfg.server.model, port=cfg.server.port, n_ctx=cfg.server.n_ctx,
-                                  log_path=run_dir / "logs" / "llama-server.log",
-                                  startup_timeout_s=cfg.server.startup_timeout_s, n_threads=cfg.server.n_threads)
-        t0 = time.perf_counter()
-        urls = await asyncio.to_thread(servers.start)
-        server_info.update(launched=True, startup_s=round(time.perf_counter() - t0, 2), gguf=servers.gguf.name,
-                           base_url=urls[0], base_urls=urls, slots=len(urls),
-                           threads_per_slot=servers.threads_per_slot)
-        return urls
-
     spent = spent or {}
-    client = LLMClient(cfg.server, cfg.sampling, cache, before_first_request=launch, seed=seed,
+    client = LLMClient(cfg.server, cfg.sampling, cache, before_first_request=servers.urls, seed=seed,
                        max_requests=None if cfg.max_requests is None else max(0, cfg.max_requests - spent.get("requests", 0)),
                        max_tokens=None if cfg.max_tokens is None else max(0, cfg.max_tokens - spent.get("tokens", 0)))
     try:
         outcomes = asyncio.run(_run_jobs(client, jobs, cfg.server.mode, cfg.max_parse_retries, ask))
     finally:
-        if servers is not None:
-            servers.stop()
         cache_size = len(cache)
         cache.close()
-    return outcomes, {**client.stats.as_dict(), "cache_size": cache_size, "server": server_info}
+    return outcomes, {**client.stats.as_dict(), "cache_size": cache_size, "server": dict(servers.info)}

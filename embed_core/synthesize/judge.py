@@ -18,7 +18,7 @@ from embed_core.errors import ConfigError
 from embed_core.synthesize.client import LLMClient, RequestFailed
 from embed_core.synthesize.config import JudgeConfig, SynthesizeConfig
 from embed_core.synthesize.filters import Candidate
-from embed_core.synthesize.jobs import Job, Outcome, generate
+from embed_core.synthesize.jobs import Job, Outcome, Servers, generate
 from embed_core.synthesize.prompts import JUDGMENT, PromptTemplate
 
 STRATEGY = "judge"
@@ -102,13 +102,14 @@ class Judged:
 
 
 def judge_queries(cfg: SynthesizeConfig, candidates: list[Candidate], templates: dict[str, PromptTemplate],
-                  run_dir: Path, seed: int, spent: dict[str, Any]) -> Judged:
-    """Ask the judge about every candidate (``spent``: the run's client stats so far, off the budget)."""
+                  run_dir: Path, seed: int, spent: dict[str, Any], servers: Servers | None = None) -> Judged:
+    """Ask the judge about every candidate (``spent``: the run's client stats so far, off the budget;
+    ``servers``: the stage's LLM servers, already up when generation launched them)."""
     jc = cfg.queries.judge
     tpl = judge_template(jc, templates)
     jobs = [Job(STRATEGY, c.record.dataset, c.record, tpl, {"query": c.record.query, "passage": c.record.positives[0]})
             for c in candidates]
-    outcomes, stats = generate(cfg, jobs, run_dir, seed, ask=_ask_for(jc), spent=spent) if jobs else ([], {})
+    outcomes, stats = generate(cfg, jobs, run_dir, seed, ask=_ask_for(jc), spent=spent, servers=servers) if jobs else ([], {})
     out = Judged([], [], {}, outcomes, stats)
     for c, o in zip(candidates, outcomes):
         if o.answer is None:

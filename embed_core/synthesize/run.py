@@ -51,7 +51,7 @@ from embed_core.fingerprint import Fingerprint
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import records_to_table, table_to_records
 from embed_core.synthesize.filters import Candidate, filter_candidates, to_candidate
-from embed_core.synthesize.jobs import generate, plan_jobs
+from embed_core.synthesize.jobs import Servers, generate, plan_jobs
 from embed_core.synthesize.judge import Judged, judge_queries
 from embed_core.synthesize.queries import STRATEGY as QUERIES, filter_queries, plan_query_jobs, query_candidates
 from embed_core.synthesize.queries import query_dropped
@@ -138,14 +138,16 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
     jobs += plan_query_jobs(cfg, corpora, templates, config.seed)
     log.info("%s: %d requests planned over %d datasets", instance, len(jobs), len(chosen))
 
-    t_gen = time.perf_counter()
-    outcomes, client_stats = generate(cfg, jobs, run_dir, config.seed) if jobs else ([], {"requests": 0})
-    gen_s = time.perf_counter() - t_gen
-    launched = client_stats.get("server", {}).get("base_urls")
-    _refuse_an_outage(cfg, outcomes, ", ".join(launched) if launched else None)
-    kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora, run_dir)
-    kept, filtered, judged = (_judge(cfg, kept, filtered, templates, run_dir, config.seed, client_stats) if corpora
-                              else (kept, filtered, None))
+    with Servers(cfg, run_dir) as servers:  # one launch of the local servers for generation and the judge
+        t_gen = time.perf_counter()
+        outcomes, client_stats = (generate(cfg, jobs, run_dir, config.seed, servers=servers) if jobs
+                                  else ([], {"requests": 0}))
+        gen_s = time.perf_counter() - t_gen
+        launched = client_stats.get("server", {}).get("base_urls")
+        _refuse_an_outage(cfg, outcomes, ", ".join(launched) if launched else None)
+        kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora, run_dir)
+        kept, filtered, judged = (_judge(cfg, kept, filtered, templates, run_dir, config.seed, client_stats, servers)
+                                  if corpora else (kept, filtered, None))
     by_ds: dict[str, list[Candidate]] = defaultdict(list)
     for c in kept:
         by_ds[c.outcome.job.dataset].append(c)
@@ -192,14 +194,15 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
 
 
 def _judge(cfg: SynthesizeConfig, kept: list[Candidate], filtered: list[dict[str, Any]], templates: dict,
-           run_dir: Path, seed: int, client_stats: dict[str, Any]) -> tuple[list[Candidate], list[dict], Judged | None]:
+           run_dir: Path, seed: int, client_stats: dict[str, Any],
+           servers: Servers) -> tuple[list[Candidate], list[dict], Judged | None]:
     """Step 4, with ``queries.judge``: the LLM judge over the generated queries the other filters
     kept (``judge.py``); its drops join ``filtered``. An outage of the judge's requests fails the
     stage like one of the generation requests."""
     if cfg.queries.judge is None:
         return kept, filtered, None
     queries = [c for c in kept if c.outcome.job.strategy == QUERIES]
-    judged = judge_queries(cfg, queries, templates, run_dir, seed, client_stats)
+    judged = judge_queries(cfg, queries, templates, run_dir, seed, client_stats, servers)
     _refuse_an_outage(cfg, judged.outcomes, judged.client.get("server", {}).get("base_url"))
     rows = [query_dropped(c, reason, scores) for c, reason, scores in judged.dropped]
     return [c for c in kept if c.outcome.job.strategy != QUERIES] + judged.kept, filtered + rows, judged
