@@ -303,7 +303,8 @@ def _models_in(annotation: object) -> list[type[BaseModel]]:
     return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
-def config_hash(model: BaseModel) -> str:
-    """Content hash of a config section (canonical JSON)."""
-    blob = json.dumps(model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+def config_hash(model: BaseModel, exclude: set[str] | None = None) -> str:
+    """Content hash of a config section (canonical JSON), less the ``exclude`` fields (settings that
+    do not change the result: where a cache lives)."""
+    blob = json.dumps(model.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()

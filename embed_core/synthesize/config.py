@@ -3,6 +3,7 @@ and the strategies and budgets of LLM data synthesis."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -213,6 +214,11 @@ class SynthesizeConfig(StrictModel):
                                           "hard negative (QZhou §6.1: 30%).")
     max_parse_retries: int = Field(2, ge=0, description="Extra requests for an answer that does not parse or validate.")
     max_requests: int | None = Field(None, ge=0, description="Run budget: HTTP requests (cached answers are free).")
+    request_cache: str | None = Field(None, description="SQLite file of cached LLM answers. None: the run's own "
+                                      "cache/llm.sqlite. A path (relative to the working directory, like run_root) "
+                                      "shares one cache among runs — an ablation's rows and seeds, a run in a fresh "
+                                      "run directory — so no request any of them made is made again. Not part of the "
+                                      "stage's key.")
     max_tokens: int | None = Field(None, ge=0, description="Run budget: prompt + completion tokens.")
     max_failed_share: float = Field(0.5, ge=0, le=1, description="Largest share of the requests that may get no "
                                     "answer from the server (connection, timeout, HTTP errors, after the retries; "
@@ -242,3 +248,12 @@ class TargetedConfig(StrictModel):
     strategies: list[SynthStrategy] = Field(default_factory=lambda: ["paraphrase", "hard_negative"],
                                             description="What is generated for a selected record (hard negatives "
                                                         "for every selected retrieval record).")
+
+
+# where a stage's cached LLM answers live when synthesize.request_cache is unset
+RUN_REQUEST_CACHE = Path("cache") / "llm.sqlite"
+
+
+def request_cache_path(cfg: SynthesizeConfig, run_dir: Path) -> Path:
+    """The SQLite file of cached LLM answers a run uses (``request_cache``, or the run's own)."""
+    return Path(cfg.request_cache).expanduser() if cfg.request_cache else Path(run_dir) / RUN_REQUEST_CACHE

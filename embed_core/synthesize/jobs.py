@@ -17,7 +17,7 @@ from embed_core.progress import Progress
 from embed_core.schema import Record
 from embed_core.synthesize.cache import RequestCache
 from embed_core.synthesize.client import LLMClient, RequestFailed
-from embed_core.synthesize.config import SynthesizeConfig
+from embed_core.synthesize.config import SynthesizeConfig, request_cache_path
 from embed_core.synthesize.prompts import MalformedAnswer, PromptTemplate
 
 log = logging.getLogger("embedpipe.synthesize")
@@ -168,7 +168,7 @@ def generate(cfg: SynthesizeConfig, jobs: list[Job], run_dir: Path, seed: int, *
     if servers is None:
         with Servers(cfg, run_dir) as own:
             return generate(cfg, jobs, run_dir, seed, ask=ask, spent=spent, servers=own)
-    cache = RequestCache(run_dir / "cache" / "llm.sqlite")
+    cache = RequestCache(request_cache_path(cfg, run_dir))
     spent = spent or {}
     client = LLMClient(cfg.server, cfg.sampling, cache, before_first_request=servers.urls, seed=seed,
                        max_requests=None if cfg.max_requests is None else max(0, cfg.max_requests - spent.get("requests", 0)),

@@ -26,7 +26,7 @@ Writes ``<run_dir>/synthesize/<dataset>.parquet`` (every dataset; untouched ones
 ``_filtered.parquet`` (answers a filter removed, with the reason and scores), ``_samples.parquet``
 (source vs. kept generated text), ``_queries.parquet`` (with corpus sources: each kept generated
 query's passage, kind, persona and judge score) and ``manifest.json`` (requests, cache hits, tokens, failures by
-reason, kept vs. filtered per strategy). Requests are cached in ``<run_dir>/cache/llm.sqlite``.
+reason, kept vs. filtered per strategy). Requests are cached in ``<run_dir>/cache/llm.sqlite`` (or ``request_cache``).
 When more than ``max_failed_share`` of the requests got no answer from the server (an outage), the
 stage writes nothing and fails with one line, so Prefect's retry applies.
 """
@@ -87,7 +87,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
     round_trip = {} if QUERIES not in cfg.strategies or rt is None else {"round_trip_model": model_fingerprint(
         round_trip_model(config, cfg), rt.pooling, rt.max_length, uses_bf16(rt.precision, default_device_type()))}
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "upstream": {n: i["sha256"] for n, i in up["outputs"].items()}, "config": config_hash(cfg),
+        "upstream": {n: i["sha256"] for n, i in up["outputs"].items()}, "config": config_hash(cfg, exclude={"request_cache"}),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp, **round_trip,
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
         details={"prompt_versions": template_versions(templates)})

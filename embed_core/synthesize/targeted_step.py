@@ -7,7 +7,7 @@ Writes what the synthesize stage writes (every record of its upstream plus the k
 failures, filtered answers, samples) and ``_targets.parquet``: one row per selected training
 record, with the dev record that selected it, how badly the model got that one wrong and why. The
 manifest's ``targeted`` section counts failures and selected records per dataset. The LLM's
-answers are cached by prompt (``<run_dir>/cache/llm.sqlite``, shared with the synthesize stage).
+answers are cached by prompt (``<run_dir>/cache/llm.sqlite`` or ``request_cache``, shared with the synthesize stage).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def targeted_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str
     return Fingerprint.of(instance, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in ups[upstream]["outputs"].items() if i.get("kind") == "records"},
         "dev": {n: i["sha256"] for n, i in ups["prepare"]["outputs"].items() if n.startswith("dev/")},
-        "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg),
+        "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg, exclude={"request_cache"}),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()},
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
         details={"model_fingerprint": model_fp, "prompt_versions": template_versions(templates)})

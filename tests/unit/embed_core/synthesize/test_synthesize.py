@@ -277,6 +277,28 @@ def test_budget_stops_cleanly_and_a_bigger_budget_resumes_from_the_cache(demo_co
 
 
 @pytest.mark.slow
+def test_runs_that_share_a_request_cache_ask_the_server_once_and_keep_their_keys(demo_copy, tmp_path):
+    from embed_core.synthesize.run import input_fingerprint
+
+    shared = tmp_path / "shared" / "llm.sqlite"
+    with ScriptedLLMServer() as server:
+        config, first = _prepared(demo_copy, tmp_path, _server_cfg(server.base_url, request_cache=str(shared)))
+        upstream = records_upstream(config, "synthesize")
+        m1 = run_synthesize(config, first, upstream=upstream)
+        calls = server.total_calls
+        assert calls == m1["counts"]["client"]["requests"] == 15 and shared.is_file()
+        assert not (first / "cache" / "llm.sqlite").exists()  # the answers went to the shared file only
+        second = tmp_path / "runs" / "another"
+        run_prepare(config, second)
+        m2 = run_synthesize(config, second, upstream=upstream)
+        assert server.total_calls == calls and m2["counts"]["client"]["cache_hits"] == 15  # nothing asked again
+    assert _rows(second) == _rows(first)
+    # where the answers are cached is not part of the stage's key
+    alone = config.model_copy(update={"synthesize": config.synthesize.model_copy(update={"request_cache": None})})
+    assert input_fingerprint(alone, second, upstream=upstream).key == input_fingerprint(config, second, upstream=upstream).key
+
+
+@pytest.mark.slow
 def test_api_key_reaches_the_server_and_no_file_or_log(demo_copy, tmp_path, prefect_harness, capfd, caplog,
                                                        monkeypatch):
     from flows.stage import synthesize_flow
