@@ -90,7 +90,7 @@ def _race(scan, seconds: float) -> list[SystemError]:
 
 def test_the_import_scan_survives_another_thread_parsing_python_at_the_same_time():
     path = REPO / "embed_core" / "fingerprint.py"
-    assert _race(lambda: fingerprint._imported_names(path, "embed_core.fingerprint"), seconds=3) == []
+    assert _race(lambda: fingerprint._imported_names(path, "embed_core.fingerprint"), seconds=1.5) == []
     if sys.version_info[:3] < (3, 11, 8):
         # the control: the same race with ast.parse in place of the scan fails on this interpreter
         # (python/cpython#106905), which is why the scan reads bytecode
