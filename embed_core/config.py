@@ -303,7 +303,7 @@ def _models_in(annotation: object) -> list[type[BaseModel]]:
     return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
-def config_hash(model: BaseModel, exclude: set[str] | None = None) -> str:
+def config_hash(model: BaseModel, exclude: set[str] | frozenset[str] | None = None) -> str:
     """Content hash of a config section (canonical JSON), less the ``exclude`` fields (settings that
     do not change the result: where a cache lives)."""
     blob = json.dumps(model.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))

@@ -250,6 +250,8 @@ class TargetedConfig(StrictModel):
                                                         "for every selected retrieval record).")
 
 
+# settings that do not change what synthesize produces: left out of its config hash (its key)
+NOT_IN_KEY = frozenset({"request_cache"})
 # where a stage's cached LLM answers live when synthesize.request_cache is unset
 RUN_REQUEST_CACHE = Path("cache") / "llm.sqlite"
 

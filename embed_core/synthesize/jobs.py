@@ -118,7 +118,7 @@ class Servers:
 
     def __init__(self, cfg: SynthesizeConfig, run_dir: Path):
         self.cfg, self.run_dir = cfg, run_dir
-        self.info: dict[str, Any] = {"launched": False, "starts": 0}
+        self.info: dict[str, Any] = {"launched": False}
         self._servers = None
         self._urls: list[str] | None = None
         self._lock = threading.Lock()
@@ -144,7 +144,7 @@ class Servers:
                                             startup_timeout_s=server.startup_timeout_s, n_threads=server.n_threads)
             t0 = time.perf_counter()
             self._urls = self._servers.start()
-            self.info.update(launched=True, starts=self.info["starts"] + 1, startup_s=round(time.perf_counter() - t0, 2), gguf=self._servers.gguf.name,
+            self.info.update(launched=True, startup_s=round(time.perf_counter() - t0, 2), gguf=self._servers.gguf.name,
                              base_url=self._urls[0], base_urls=self._urls, slots=len(self._urls),
                              threads_per_slot=self._servers.threads_per_slot)
             return self._urls

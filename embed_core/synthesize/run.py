@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from embed_core.artifacts import StageWriter, read_manifest, read_records
 from embed_core.config import RunConfig, config_hash
-from embed_core.synthesize.config import SynthesizeConfig
+from embed_core.synthesize.config import NOT_IN_KEY, SynthesizeConfig
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint
 from embed_core.prepare.cleaning import normalize_text
@@ -75,7 +75,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
     The LLM's weights are not hashed (a remote server's cannot be): the model *name* is in the
     config, and the request cache is keyed by it.
     """
-    from embed_core.model.encoder import default_device_type, model_fingerprint, uses_bf16
+    from embed_core.model.encoder import model_fingerprint
 
     cfg = _cfg(config)
     up = read_manifest(Path(run_dir), upstream)
@@ -85,9 +85,9 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
     filter_fp = model_fingerprint(cfg.filter.model, "mean", cfg.filter.max_length, False)
     rt = cfg.queries.round_trip
     round_trip = {} if QUERIES not in cfg.strategies or rt is None else {"round_trip_model": model_fingerprint(
-        round_trip_model(config, cfg), rt.pooling, rt.max_length, uses_bf16(rt.precision, default_device_type()))}
+        round_trip_model(config, cfg), rt.pooling, rt.max_length, _round_trip_bf16(cfg))}
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "upstream": {n: i["sha256"] for n, i in up["outputs"].items()}, "config": config_hash(cfg, exclude={"request_cache"}),
+        "upstream": {n: i["sha256"] for n, i in up["outputs"].items()}, "config": config_hash(cfg, exclude=NOT_IN_KEY),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp, **round_trip,
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
         details={"prompt_versions": template_versions(templates)})
@@ -257,13 +257,19 @@ def _filtered(config: RunConfig, cfg: SynthesizeConfig, records: dict[str, list]
     return [c for c in kept if c.outcome.job.strategy != QUERIES] + kept_queries, filtered + dropped
 
 
+def _round_trip_bf16(cfg: SynthesizeConfig) -> bool:
+    """Whether the round trip encodes in bf16 on this machine (its key and its cache say the same)."""
+    from embed_core.model.encoder import default_device_type, uses_bf16
+
+    return uses_bf16(cfg.queries.round_trip.precision, default_device_type())
+
+
 def _round_trip_embed(config: RunConfig, cfg: SynthesizeConfig, run_dir: Path):
     """texts -> embeddings for round-trip consistency, through the run's embedding cache (keyed like
     mine's: with the same model and settings, mine reads the corpus's embeddings instead of
     encoding it again)."""
     from embed_core.mine.config import MineConfig
     from embed_core.model.embedding_cache import model_embed
-    from embed_core.model.encoder import default_device_type, uses_bf16
 
     rt = cfg.queries.round_trip
 
@@ -276,7 +282,7 @@ def _round_trip_embed(config: RunConfig, cfg: SynthesizeConfig, run_dir: Path):
     # stored as mine stores its embeddings, so that mine finds them
     dtype = config.mine.cache_dtype if config.mine is not None else MineConfig.model_fields["cache_dtype"].default
     return model_embed(round_trip_model(config, cfg), run_dir, config.embedding_cache, pooling=rt.pooling,
-                       max_length=rt.max_length, bf16=lambda: uses_bf16(rt.precision, default_device_type()),
+                       max_length=rt.max_length, bf16=lambda: _round_trip_bf16(cfg),
                        dtype=dtype, make_encoder=make_encoder)
 
 

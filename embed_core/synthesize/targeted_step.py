@@ -25,7 +25,7 @@ from embed_core.fingerprint import Fingerprint
 from embed_core.model.settings import instructed, read_model_settings
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import table_to_records
-from embed_core.synthesize.config import SynthesizeConfig, TargetedConfig
+from embed_core.synthesize.config import NOT_IN_KEY, SynthesizeConfig, TargetedConfig
 from embed_core.synthesize.targeted import failures_of, select_records
 
 log = logging.getLogger("embedpipe.synthesize")
@@ -70,7 +70,7 @@ def targeted_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str
     return Fingerprint.of(instance, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in ups[upstream]["outputs"].items() if i.get("kind") == "records"},
         "dev": {n: i["sha256"] for n, i in ups["prepare"]["outputs"].items() if n.startswith("dev/")},
-        "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg, exclude={"request_cache"}),
+        "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg, exclude=NOT_IN_KEY),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()},
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
         details={"model_fingerprint": model_fp, "prompt_versions": template_versions(templates)})
