@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from flows.env import apply_defaults
-from tests.helpers import schedule
+from tests.helpers import schedule, shared_prefect
 from tests.helpers.repo import REPO, SHARED_DATA
 
 # Before anything imports prefect: the defaults every process that runs flows gets (no telemetry,
@@ -42,6 +42,15 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config._embedpipe_durations = schedule.Recorder() if config.getoption("--store-durations") else None
+    # pytest-xdist's controlling process, with workers to come: one Prefect server for all of them
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        config._embedpipe_shared_prefect = shared_prefect.start()
+
+
+def pytest_unconfigure(config):
+    shared = getattr(config, "_embedpipe_shared_prefect", None)
+    if shared is not None:
+        shared_prefect.stop(shared)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -104,9 +113,21 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
+    """A Prefect server for the session: the run's shared one under pytest-xdist
+    (tests/helpers/shared_prefect.py), else Prefect's own test harness."""
+    api_url = os.environ.get(shared_prefect.ENV)
+    if not api_url:
+        from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+        with prefect_test_harness(server_startup_timeout=120):
+            yield
+        return
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    shared_prefect.wait_until_healthy(api_url)
+    with temporary_settings(updates={PREFECT_API_URL: api_url}), \
+            _temporary_global_settings_context(get_settings_context()):
         yield
 
 

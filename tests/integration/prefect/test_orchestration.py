@@ -15,9 +15,13 @@ pytestmark = pytest.mark.prefect
 
 
 def _cli(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """The command line as its own process, on the session's Prefect server (a temporary server of
+    its own is tested in tests/unit/flows/test_cli_plumbing.py)."""
     import os
 
-    env = dict(os.environ, **(env_extra or {}))
+    from tests.helpers.cli_run import session_server
+
+    env = dict(os.environ, **session_server(), **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=REPO,
                           env=env, timeout=600)
 
@@ -60,7 +64,7 @@ def test_lock_is_reentrant_in_process_and_refuses_another_process(tmp_path):
         pass
 
 
-def test_cli_refuses_a_second_run_on_a_busy_run_dir(tmp_path, demo_copy):
+def test_cli_refuses_a_second_run_on_a_busy_run_dir(prefect_harness, tmp_path, demo_copy):
     """Two runs on one run dir: the second exits 2 with a clear message, the first's files untouched."""
     run_dir = tmp_path / "busy-run"
     first = _cli("prepare", "--config", str(demo_copy), "--run-dir", str(run_dir))

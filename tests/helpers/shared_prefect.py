@@ -1,0 +1,88 @@
+"""One Prefect test server for every pytest-xdist worker of a run, instead of one per worker.
+
+The controlling process starts it as the run begins (:func:`start`, from ``pytest_configure``),
+without waiting: it starts while the workers start and collect. Its API URL reaches the workers
+in ``EMBEDPIPE_TEST_PREFECT_API_URL``; the ``prefect_harness`` fixture of a worker waits for it
+(:func:`wait_until_healthy`) and points Prefect at it. A run without workers (``-n 0``) keeps
+Prefect's own ``prefect_test_harness``.
+
+What it saves, measured on 2 cores (docs/testing.md): each server costs about 11 CPU-seconds to
+start (imports and database migrations) and about 1 CPU-second a minute idle; three workers used
+to start three at once, as their first tests waited. The server is what ``prefect_test_harness``
+runs (uvicorn with Prefect's app factory, a fresh SQLite database, the UI off); it dies with the
+controlling process (``embed_core.procs.dying_with_parent``) and is stopped by :func:`stop`.
+Tests that read the server back filter by their own flow run or run directory, so sharing it
+changes no assertion."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ENV = "EMBEDPIPE_TEST_PREFECT_API_URL"
+_HOST = "127.0.0.1"
+
+
+class Shared:
+    """The server process, its Prefect home (database and log) and its API URL."""
+
+    def __init__(self, process: subprocess.Popen, home: Path, api_url: str):
+        self.process, self.home, self.api_url = process, home, api_url
+
+
+def start() -> Shared:
+    """Start the server (not waiting for it) and export its API URL to the workers to come."""
+    from embed_core.procs import dying_with_parent, free_port
+
+    home = Path(tempfile.mkdtemp(prefix="embedpipe-prefect-shared-"))
+    port = free_port(_HOST)
+    site = Path(importlib.util.find_spec("prefect").submodule_search_locations[0]).parent
+    uvicorn = ["-m", "uvicorn", "--app-dir", str(site), "--factory", "prefect.server.api.server:create_app",
+               "--host", _HOST, "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+           "PREFECT_HOME": str(home),
+           "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect-test.db'}"}
+    with open(home / "server.log", "wb") as log:
+        process = subprocess.Popen(dying_with_parent([sys.executable, *uvicorn], signal.SIGTERM), env=env,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    api_url = f"http://{_HOST}:{port}/api"
+    os.environ[ENV] = api_url
+    return Shared(process, home, api_url)
+
+
+def stop(shared: Shared) -> None:
+    shared.process.terminate()
+    try:
+        shared.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        shared.process.kill()
+        shared.process.wait()
+    shutil.rmtree(shared.home, ignore_errors=True)
+    os.environ.pop(ENV, None)
+
+
+def wait_until_healthy(api_url: str, timeout_s: float = 180.0) -> None:
+    """Return once ``/health`` answers; fail with the reason after ``timeout_s``."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    last: object = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            answer = httpx.get(f"{api_url}/health", timeout=5)
+            if answer.status_code == 200:
+                return
+            last = f"HTTP {answer.status_code}"
+        except httpx.TransportError as exc:
+            last = exc
+        time.sleep(0.2)
+    raise RuntimeError(f"the shared Prefect test server at {api_url} did not answer /health within {timeout_s:.0f} s "
+                       f"(last: {last}); its log is server.log in its home, kept until the run ends")
