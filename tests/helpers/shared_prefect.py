@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 ENV = "EMBEDPIPE_TEST_PREFECT_API_URL"
+LOG_ENV = "EMBEDPIPE_TEST_PREFECT_LOG"
 _HOST = "127.0.0.1"
 
 
@@ -54,7 +55,7 @@ def start() -> Shared:
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     api_url = f"http://{_HOST}:{port}/api"
-    os.environ[ENV] = api_url
+    os.environ[ENV], os.environ[LOG_ENV] = api_url, str(home / "server.log")
     return Shared(process, home, api_url)
 
 
@@ -67,10 +68,12 @@ def stop(shared: Shared) -> None:
         shared.process.wait()
     shutil.rmtree(shared.home, ignore_errors=True)
     os.environ.pop(ENV, None)
+    os.environ.pop(LOG_ENV, None)
 
 
 def wait_until_healthy(api_url: str, timeout_s: float = 180.0) -> None:
-    """Return once ``/health`` answers; fail with the reason after ``timeout_s``."""
+    """Return once ``/health`` answers; fail with the reason and the server's last log lines after
+    ``timeout_s``."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -84,5 +87,7 @@ def wait_until_healthy(api_url: str, timeout_s: float = 180.0) -> None:
         except httpx.TransportError as exc:
             last = exc
         time.sleep(0.2)
+    log = Path(os.environ.get(LOG_ENV, "/nonexistent"))
+    tail = log.read_text(errors="replace").splitlines()[-20:] if log.is_file() else ["(no log)"]
     raise RuntimeError(f"the shared Prefect test server at {api_url} did not answer /health within {timeout_s:.0f} s "
-                       f"(last: {last}); its log is server.log in its home, kept until the run ends")
+                       f"(last: {last}); the end of its log {log}:\n" + "\n".join(tail))
