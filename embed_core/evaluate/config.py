@@ -97,7 +97,7 @@ class EvaluateConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "fp32", description="fp32 by default so published scores reproduce on any hardware.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Where the task texts are encoded "
-                                 "(local, or Ray Data actors); not part of the stage's key: any engine gives the "
+                                 "(local, or Ray actors); not part of the stage's key: any engine gives the "
                                  "same scores.")
     dims: list[int] | None = Field(None, description="Also score every task with the embeddings cut to these sizes "
                                    "(first d coordinates, normalised again; each at most the model's size, checked "

@@ -12,11 +12,11 @@ from embed_core.config_base import StrictModel
 class EngineConfig(StrictModel):
     """Where the encode-heavy work of a stage runs (``embed_core.engine``)."""
 
-    kind: Literal["local", "ray"] = Field("local", description="local: in the stage's process; ray: Ray Data actors "
-                                          "that hold the model (needs the 'ray' extra).")
+    kind: Literal["local", "ray"] = Field("local", description="local: in the stage's process; ray: Ray actors that "
+                                          "hold the model, once per stage and model (needs the 'ray' extra).")
     address: str | None = Field(None, description="ray: None = start a local Ray instance for the stage and stop it "
                                 "after; 'auto' = join the running cluster; 'ray://host:10001' = a remote one.")
-    num_workers: int = Field(2, ge=1, description="ray: encoding actors (each loads the model once).")
+    num_workers: int = Field(2, ge=1, description="ray: encoding actors (each loads the model once per stage).")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="ray: GPUs per actor (1 = one GPU each); 0 = CPU.")
     cpus_per_worker: float = Field(1.0, gt=0, description="ray: CPUs reserved per actor.")
     batch_size: int = Field(4096, ge=1, description="ray: texts per batch sent to an actor (the actor batches "

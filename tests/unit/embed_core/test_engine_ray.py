@@ -20,7 +20,10 @@ def test_mine_on_a_local_two_worker_ray_cluster_gets_exactly_the_local_engines_n
 
     base = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
         {"name": "scifact", "kind": "beir", "path": "beir/scifact", "params": {"split": "train"}}]}})
+    from embed_core import engine as engines
+
     rows, manifests = {}, {}
+    made = engines._ENCODERS.made
     for kind in ("local", "ray"):
         # each engine on its own empty machine-wide cache: both really encode the pool (SciFact's judged
         # documents) and the queries
@@ -35,6 +38,8 @@ def test_mine_on_a_local_two_worker_ray_cluster_gets_exactly_the_local_engines_n
         manifests[kind] = run_mine(cfg, run_dir, upstream=records_upstream(cfg, "mine"))
         rows[kind] = pq.read_table(run_dir / "mine/scifact.parquet").to_pylist()
     assert not ray.is_initialized()  # the stage started its local Ray instance and stopped it
+    # one set of actors loaded the model for the queries and the passage pool, and went with the stage
+    assert engines._ENCODERS.made == made + 1 and engines._ENCODERS.actors == []
     assert manifests["ray"]["counts"]["texts_encoded"] == manifests["local"]["counts"]["texts_encoded"] > 1000
     assert sum(len(r["negatives"]) for r in rows["local"]) >= 3 * 808
     assert [r["negatives"] for r in rows["ray"]] == [r["negatives"] for r in rows["local"]]
@@ -51,7 +56,10 @@ def test_evaluate_on_a_local_two_worker_ray_cluster_scores_exactly_like_the_loca
 
     from embed_core.evaluate.run import run_evaluate
 
+    from embed_core import engine as engines
+
     results, manifests = {}, {}
+    made = engines._ENCODERS.made
     for kind in ("local", "ray"):
         monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / f"cache-{kind}"))  # both encode everything
         cfg = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
@@ -65,6 +73,8 @@ def test_evaluate_on_a_local_two_worker_ray_cluster_scores_exactly_like_the_loca
         results[kind] = {(r["task"], r["metric"]): r["value"]
                          for r in pq.read_table(tmp_path / kind / "evaluate/results.parquet").to_pylist()}
     assert not ray.is_initialized()
+    # mteb asks for each side of the pairs on its own: the same actors encode both
+    assert engines._ENCODERS.made == made + 1 and engines._ENCODERS.actors == []
     encoded = [m["models"][0]["texts_encoded"] for m in (manifests["local"], manifests["ray"])]
     assert encoded[0] == encoded[1] > 2500  # STS-B test's 2,758 sentences, less repeats
     assert results["ray"].keys() == results["local"].keys()
