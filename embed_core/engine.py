@@ -37,7 +37,6 @@ def ray_module():
     """``ray``, or a ConfigError saying how to install it."""
     try:
         import ray
-        import ray.util  # noqa: F401
     except ImportError:
         raise ConfigError("engine kind 'ray' needs Ray: pip install -e '.[ray]'") from None
     return ray

@@ -231,12 +231,10 @@ def _write_stdout(data: bytes) -> None:
         pass
 
 
-def _spawn(port: int) -> tuple[subprocess.Popen, _Log]:
-    """The server process: uvicorn as Prefect runs it, with the death signal armed
-    (``embed_core.procs``), in a session of its own: a signal to the terminal's process group
-    (Ctrl-C) reaches the command, which stops the server after its last report; the server never
-    dies under it. Once it has started, its output goes to the command's stdout (stderr carries only
-    the command's error line), through :class:`_Log`."""
+def server_process(port: int) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a temporary server on ``port``: uvicorn with Prefect's
+    app factory as Prefect's own ``SubprocessASGIServer`` runs it (UI off, this process's settings),
+    with the death signal armed (``embed_core.procs``): it gets SIGTERM when the calling thread ends."""
     import signal
 
     import prefect
@@ -249,9 +247,17 @@ def _spawn(port: int) -> tuple[subprocess.Popen, _Log]:
                "--lifespan", "on"]
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
            **get_current_settings().to_environment_variables(exclude_unset=True)}
-    server = subprocess.Popen(dying_with_parent([sys.executable, *uvicorn], signal.SIGTERM), env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    return dying_with_parent([sys.executable, *uvicorn], signal.SIGTERM), env
+
+
+def _spawn(port: int) -> tuple[subprocess.Popen, _Log]:
+    """The server process (:func:`server_process`) in a session of its own: a signal to the
+    terminal's process group (Ctrl-C) reaches the command, which stops the server after its last
+    report; the server never dies under it. Once it has started, its output goes to the command's
+    stdout (stderr carries only the command's error line), through :class:`_Log`."""
+    command, env = server_process(port)
+    server = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
     log = _Log(server.stdout)
     log.start()
     return server, log

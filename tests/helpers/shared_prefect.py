@@ -10,18 +10,16 @@ What it saves, measured on 2 cores (docs/testing.md): each server costs about 11
 start (imports and database migrations) and about 1 CPU-second a minute idle; three workers used
 to start three at once, as their first tests waited. The server is what ``prefect_test_harness``
 runs (uvicorn with Prefect's app factory, a fresh SQLite database, the UI off); it dies with the
-controlling process (``embed_core.procs.dying_with_parent``) and is stopped by :func:`stop`.
+controlling process and is stopped by :func:`stop` (the command line is the CLI's temporary server's,
+``flows.local_server.server_process``, on its own Prefect home and database).
 Tests that read the server back filter by their own flow run or run directory, so sharing it
 changes no assertion."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,31 +30,27 @@ _HOST = "127.0.0.1"
 
 
 class Shared:
-    """The server process, its Prefect home (database and log) and its API URL."""
+    """The server process and its Prefect home (database and log)."""
 
-    def __init__(self, process: subprocess.Popen, home: Path, api_url: str):
-        self.process, self.home, self.api_url = process, home, api_url
+    def __init__(self, process: subprocess.Popen, home: Path):
+        self.process, self.home = process, home
 
 
 def start() -> Shared:
     """Start the server (not waiting for it) and export its API URL to the workers to come."""
-    from embed_core.procs import dying_with_parent, free_port
+    from embed_core.procs import free_port
+    from flows.local_server import server_process
 
     home = Path(tempfile.mkdtemp(prefix="embedpipe-prefect-shared-"))
     port = free_port(_HOST)
-    site = Path(importlib.util.find_spec("prefect").submodule_search_locations[0]).parent
-    uvicorn = ["-m", "uvicorn", "--app-dir", str(site), "--factory", "prefect.server.api.server:create_app",
-               "--host", _HOST, "--port", str(port), "--log-level", "error", "--lifespan", "on"]
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-           "PREFECT_HOME": str(home),
-           "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect-test.db'}"}
+    command, env = server_process(port)
+    env.update(PREFECT_HOME=str(home),
+               PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect-test.db'}")
     with open(home / "server.log", "wb") as log:
-        process = subprocess.Popen(dying_with_parent([sys.executable, *uvicorn], signal.SIGTERM), env=env,
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-    api_url = f"http://{_HOST}:{port}/api"
-    os.environ[ENV], os.environ[LOG_ENV] = api_url, str(home / "server.log")
-    return Shared(process, home, api_url)
+    os.environ[ENV], os.environ[LOG_ENV] = f"http://{_HOST}:{port}/api", str(home / "server.log")
+    return Shared(process, home)
 
 
 def stop(shared: Shared) -> None:

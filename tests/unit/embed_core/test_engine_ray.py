@@ -3,6 +3,7 @@
 import pyarrow.parquet as pq
 import pytest
 
+from embed_core import engine as engines
 from embed_core.stages import records_upstream
 from embed_core.config import parse_config
 from embed_core.mine.config import MineConfig
@@ -20,8 +21,6 @@ def test_mine_on_a_local_two_worker_ray_cluster_gets_exactly_the_local_engines_n
 
     base = parse_config({"data_root": str(shared_data), "prepare": {"sources": [
         {"name": "scifact", "kind": "beir", "path": "beir/scifact", "params": {"split": "train"}}]}})
-    from embed_core import engine as engines
-
     rows, manifests = {}, {}
     made = engines._ENCODERS.made
     for kind in ("local", "ray"):
@@ -55,8 +54,6 @@ def test_evaluate_on_a_local_two_worker_ray_cluster_scores_exactly_like_the_loca
     import ray
 
     from embed_core.evaluate.run import run_evaluate
-
-    from embed_core import engine as engines
 
     results, manifests = {}, {}
     made = engines._ENCODERS.made
