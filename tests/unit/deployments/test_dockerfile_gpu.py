@@ -57,7 +57,7 @@ def test_every_extra_a_training_config_can_ask_for_is_installed_in_the_gpu_image
 
 def test_the_gpu_image_installs_the_tested_torch_from_the_pytorch_cuda_index():
     version = _arg_defaults()["TORCH_VERSION"]
-    makefile_pin = re.search(r"pip install -q torch==([\d.]+)\s", (REPO / "Makefile").read_text()).group(1)
+    makefile_pin = re.search(r"pip install -q [^\n]*?torch==([\d.]+)\s", (REPO / "Makefile").read_text()).group(1)
     assert version == makefile_pin
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     (torch,) = [Requirement(r) for r in pyproject if Requirement(r).name == "torch"]
