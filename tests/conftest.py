@@ -42,8 +42,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config._embedpipe_durations = schedule.Recorder() if config.getoption("--store-durations") else None
-    # pytest-xdist's controlling process, with workers to come: one Prefect server for all of them
-    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    # pytest-xdist's controlling process, with workers to come: one Prefect server for all of them,
+    # unless the marker expression leaves every Prefect test out (make test-fast: -m "not slow")
+    if (getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+            and shared_prefect.selected(config.option.markexpr)):
         config._embedpipe_shared_prefect = shared_prefect.start()
 
 

@@ -36,6 +36,17 @@ class Shared:
         self.process, self.home = process, home
 
 
+def selected(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` can select a test that needs the server: one marked ``prefect``, which
+    ``tests/conftest.py`` marks ``slow`` too. A worker without the server's URL falls back to
+    ``prefect_test_harness``, so a wrong answer costs time, never a test."""
+    if not markexpr:
+        return True
+    from _pytest.mark.expression import Expression
+
+    return Expression.compile(markexpr).evaluate(lambda name, **_: name in ("prefect", "slow"))
+
+
 def start() -> Shared:
     """Start the server (not waiting for it) and export its API URL to the workers to come."""
     from embed_core.procs import free_port
