@@ -66,7 +66,7 @@ demo: $(LLM_STAMP)
 # fighting over the cores).
 TEST_WORKERS ?= 3
 TEST_THREADS ?= 1
-# Bytecode: machines that set PYTHONDONTWRITEBYTECODE=1 (this project's CI class does) make every
+# Bytecode: machines that set PYTHONDONTWRITEBYTECODE=1 (this workplace's do) make every
 # process a test starts compile the project's modules again (0.2-0.3 CPU-s a process) and every
 # pytest process rewrite and compile every test file (collection 28 -> 20 CPU-s with the cache).
 # The tests let Python write its caches (__pycache__/, ignored by git; an empty value is unset for
@@ -89,8 +89,8 @@ test: $(STAMP)
 	exit $$rc
 
 # The unit tests alone (tests/unit, no real servers, no whole-stage runs) in FAST_WORKERS pytest-xdist
-# processes of one torch thread each (2 on 2 cores: 3 min 12 s in one process -> 2 min 21 s on an
-# AVX2 EPYC; 3 workers took 2 min 31 s). No Prefect server starts: "not slow" selects none of its tests.
+# processes of one torch thread each (2 on 2 cores: 3 min 19 s in one process -> 2 min 7 s on an
+# AVX2 EPYC; 3 workers were slower). No Prefect server starts: "not slow" selects none of its tests.
 FAST_WORKERS ?= 2
 test-fast: $(STAMP)
 	@$(PRECOMPILE)
