@@ -45,7 +45,7 @@ def pytest_configure(config):
     # pytest-xdist's controlling process, with workers to come: one Prefect server for all of them,
     # unless the marker expression leaves every Prefect test out (make test-fast: -m "not slow")
     if (getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
-            and shared_prefect.selected(config.option.markexpr)):
+            and shared_prefect.selected(config.option.markexpr, markers_of("prefect"))):
         config._embedpipe_shared_prefect = shared_prefect.start()
 
 
@@ -55,12 +55,21 @@ def pytest_unconfigure(config):
         shared_prefect.stop(shared)
 
 
+# Tests that start a real server (Prefect, llama.cpp) are slow by nature: marked slow at collection.
+SLOW_BY_NATURE = ("prefect", "llama_server")
+
+
+def markers_of(marker: str) -> set[str]:
+    """The markers a test marked ``marker`` carries once collected."""
+    return {marker, "slow"} if marker in SLOW_BY_NATURE else {marker}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests that start a real server (Prefect, llama.cpp) are slow by nature: `make test-fast`
+    """Tests that start a real server are slow by nature (``SLOW_BY_NATURE``): `make test-fast`
     (-m "not slow") leaves them out with the ones marked slow by hand. The longest files run
     first (tests/helpers/schedule.py)."""
     for item in items:
-        if item.get_closest_marker("prefect") or item.get_closest_marker("llama_server"):
+        if any(item.get_closest_marker(name) for name in SLOW_BY_NATURE):
             item.add_marker(pytest.mark.slow)
     schedule.longest_files_first(items, schedule.load())
 

@@ -36,15 +36,15 @@ class Shared:
         self.process, self.home = process, home
 
 
-def selected(markexpr: str) -> bool:
-    """Whether ``-m markexpr`` can select a test that needs the server: one marked ``prefect``, which
-    ``tests/conftest.py`` marks ``slow`` too. A worker without the server's URL falls back to
-    ``prefect_test_harness``, so a wrong answer costs time, never a test."""
+def selected(markexpr: str, markers: set[str]) -> bool:
+    """Whether ``-m markexpr`` can select a test that needs the server, one carrying ``markers``
+    (``prefect`` and what ``tests/conftest.py`` adds to it). A worker without the server's URL falls
+    back to ``prefect_test_harness``, so a wrong answer costs time, never a test."""
     if not markexpr:
         return True
     from _pytest.mark.expression import Expression
 
-    return Expression.compile(markexpr).evaluate(lambda name, **_: name in ("prefect", "slow"))
+    return Expression.compile(markexpr).evaluate(lambda name, **_: name in markers)
 
 
 def start() -> Shared:
