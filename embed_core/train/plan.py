@@ -13,8 +13,8 @@ Bytes per rank (N ranks, P parameters, P_t of them trained, P_f frozen):
   (BERT's pooler) get neither;
 * activations of one pass (``B`` texts of ``s`` tokens, every text at its group's max length:
   packing and length buckets save only padding, which this worst case has none of), with ``e`` the
-  compute bytes (4 fp32, 2 under bf16 autocast), ``m`` a dropout mask's bytes (1 on CUDA, ``e`` on
-  CPU), q = heads·head_dim, kv = kv heads·head_dim, h hidden, i intermediate, per layer and token::
+  compute bytes (4 fp32, 2 under bf16 autocast), ``m`` a dropout mask's bytes (1: CUDA's dropout and
+  the trainer's CPU dropout, ``embed_core.model.bulk_dropout``, keep a byte an element), q = heads·head_dim, kv = kv heads·head_dim, h hidden, i intermediate, per layer and token::
 
       norms           n_norm · h · (8 RMSNorm: input and normalised, fp32 | 4 LayerNorm: input)
       linear inputs   2h·e (attention's and the MLP's input) | under autocast with fp32 weights each
@@ -26,7 +26,8 @@ Bytes per rank (N ranks, P parameters, P_t of them trained, P_f frozen):
 
   plus per layer and sequence ``heads·s²`` elements: eager attention ``e`` (its softmax) and with
   attention dropout ``m + e`` more; SDPA nothing (flash / memory-efficient kernels), except on a
-  CPU with attention dropout (the math kernel: ``3·4``). Outside the layers ``8 + 16h`` bytes per
+  CPU with attention dropout (the trainer's bulk-dropout attention: the fp32 softmax, the dropped
+  probabilities and the mask, ``4 + e + m``). Outside the layers ``8 + 16h`` bytes per
   token (ids, embedding output, final norm, last hidden state) and a ``B·s²·e`` attention mask per
   pass. Gradient checkpointing keeps only each layer's input, ``4h`` per token per layer, and
   recomputes one layer at a time. Under autocast every graph also holds bf16 copies of the fp32
@@ -227,8 +228,8 @@ def scores_bytes_per_layer(shape: ModelShape, c: Compute, s: int) -> int:
     """Bytes per sequence and layer that grow with s² (attention scores kept for backward)."""
     if shape.attention == "eager":
         per = c.e + (c.mask + c.e if shape.attention_dropout > 0 else 0)
-    elif c.device == "cpu" and shape.attention_dropout > 0:  # SDPA's math kernel (fp32 scores)
-        per = 3 * 4
+    elif c.device == "cpu" and shape.attention_dropout > 0:  # embed_core.model.bulk_dropout.attention
+        per = 4 + c.e + c.mask
     else:
         per = 0
     return shape.heads * s * s * per
@@ -373,7 +374,7 @@ class TaskPlan:
 def _compute(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, bf16: bool, device: str,
              fsdp: bool) -> Compute:
     e = 2 if bf16 else 4
-    mask = 1 if device == "cuda" else e
+    mask = 1  # CUDA's dropout and the trainer's CPU dropout (embed_core.model.bulk_dropout)
     adapters = 0
     if train.lora:
         layer0 = [w for w in lora_targets(shape, train.lora.target_modules) if (m := LAYER_INDEX.search(w))

@@ -39,6 +39,7 @@ from torch import Tensor
 from embed_core.errors import ConfigError
 from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.losses.matryoshka import Matryoshka
+from embed_core.model.bulk_dropout import use_bulk_dropout
 from embed_core.model.embedder import Embedder
 from embed_core.model.encoder import uses_bf16
 from embed_core.model.packing import resolve_attention
@@ -145,6 +146,10 @@ class Trainer:
         schedule), the encoder passes, the sampler and the step counters."""
         self.model = _stored(model, self.train_cfg.weights_dtype).to(self.device)
         self.model.train()
+        if self.device.type == "cpu":
+            # torch's CPU dropout draws its masks one element at a time (a fifth of a step on
+            # 256-token passages on a small CPU; embed_core.model.bulk_dropout)
+            use_bulk_dropout(self.model)
         self.backend = backend_for(self.train_cfg)(self.model, self.stage, self.train_cfg, device=self.device,
                                                    bf16=self.bf16, rank=self.rank, world=self.world)
         self.backend.wrap(lr_lambda(self.stage))
