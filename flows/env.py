@@ -18,13 +18,13 @@ Each is a default: a value the user has set is never overridden.
     the temporary server migrates its SQLite database on first start; on two busy cores that can
     exceed Prefect's 20 s default.
 ``THP_MEM_ALLOC_ENABLE``
-    torch's CPU tensors of 2 MiB and more on transparent huge pages (``madvise``; read once per
-    process, at torch's first allocation, so it must be set before torch loads: child processes and
-    stage subprocesses inherit it). torch caches no CPU memory, so every large activation of a
+    torch's CPU tensors of 2 MiB and more on transparent huge pages (torch's own switch: its CPU
+    allocator ``madvise``-s them; set here before torch loads, and child processes, launched ranks
+    and stage subprocesses inherit it). torch caches no CPU memory, so every large activation of a
     training step is fresh memory the kernel faults in, 4 KiB at a time; on a 2-core AVX2 EPYC
-    ``x * 1.1`` on a 100 MB tensor took 100 ms that way and 33 ms on huge pages, and a MiniLM step on
-    256-token passages ran about a fifth faster (docs/experiments.md). Where the kernel's THP
-    setting is ``never`` it changes nothing.
+    ``x * 1.1`` on a 100 MB tensor took 100 ms that way and 33 ms on huge pages, and a MiniLM step
+    on 256-token passages ran 9 % faster (docs/experiments.md). Where the kernel's THP setting is
+    ``never`` it changes nothing.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ Bytes per rank (N ranks, P parameters, P_t of them trained, P_f frozen):
 * activations of one pass (``B`` texts of ``s`` tokens, every text at its group's max length:
   packing and length buckets save only padding, which this worst case has none of), with ``e`` the
   compute bytes (4 fp32, 2 under bf16 autocast), ``m`` a dropout mask's bytes (1: CUDA's dropout and
-  the trainer's CPU dropout, ``embed_core.model.bulk_dropout``, keep a byte an element), q = heads·head_dim, kv = kv heads·head_dim, h hidden, i intermediate, per layer and token::
+  the trainer's CPU dropout, ``embed_core.model.bulk_dropout``, keep a byte an element),
+  q = heads·head_dim, kv = kv heads·head_dim, h hidden, i intermediate, per layer and token::
 
       norms           n_norm · h · (8 RMSNorm: input and normalised, fp32 | 4 LayerNorm: input)
       linear inputs   2h·e (attention's and the MLP's input) | under autocast with fp32 weights each

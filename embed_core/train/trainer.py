@@ -147,7 +147,7 @@ class Trainer:
         self.model = _stored(model, self.train_cfg.weights_dtype).to(self.device)
         self.model.train()
         if self.device.type == "cpu":
-            # torch's CPU dropout draws its masks one element at a time (a fifth of a step on
+            # torch's CPU dropout draws its masks one element at a time (18 % of a step on
             # 256-token passages on a small CPU; embed_core.model.bulk_dropout)
             use_bulk_dropout(self.model)
         self.backend = backend_for(self.train_cfg)(self.model, self.stage, self.train_cfg, device=self.device,
