@@ -22,9 +22,9 @@ Each is a default: a value the user has set is never overridden.
     allocator ``madvise``-s them; set here before torch loads, and child processes, launched ranks
     and stage subprocesses inherit it). torch caches no CPU memory, so every large activation of a
     training step is fresh memory the kernel faults in, 4 KiB at a time; on a 2-core AVX2 EPYC
-    ``x * 1.1`` on a 100 MB tensor took 100 ms that way and 33 ms on huge pages, and a MiniLM step
-    on 256-token passages ran 9 % faster in one A/B (docs/experiments.md). Where the kernel's THP
-    setting is ``never`` it changes nothing.
+    ``x * 1.1`` on a 100 MB tensor took 100 ms that way and 33 ms on huge pages (a whole MiniLM
+    training step's gain from it was within that machine's run-to-run noise: docs/experiments.md).
+    Where the kernel's THP setting is ``never`` it changes nothing.
 """
 
 from __future__ import annotations
