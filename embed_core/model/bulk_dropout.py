@@ -18,8 +18,10 @@ weights and the attention implementation is not written to ``config.json``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -28,11 +30,7 @@ NAME = "sdpa_bulk_dropout"
 
 def drop_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
     """A boolean tensor of ``shape``: True (dropped) with probability ``p``, independently."""
-    import numpy as np
-
-    n = 1
-    for size in shape:
-        n *= int(size)
+    n = math.prod(shape)
     seed = int(torch.randint(0, 2**62, (1,)))
     bits = np.random.Generator(np.random.PCG64(seed)).bit_generator.random_raw((n + 1) // 2)
     uniform = torch.from_numpy(bits.view(np.int32)[:n]).view(tuple(shape))
@@ -56,7 +54,7 @@ class _Dropped(torch.autograd.Function):
         return grad.mul(ctx.scale).masked_fill_(dropped, 0), None
 
 
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+def bulk_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """``torch.nn.functional.dropout`` with bulk-drawn masks (CPU tensors)."""
     if not training or p == 0.0:
         return x
@@ -69,7 +67,7 @@ class BulkDropout(nn.Dropout):
     """``nn.Dropout`` whose masks are drawn in bulk."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return dropout(x, self.p, self.training)
+        return bulk_dropout(x, self.p, self.training)
 
 
 def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -89,7 +87,7 @@ def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, atte
             scores.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores.add_(attention_mask)
-    probs = _Dropped.apply(torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), dropout)
+    probs = bulk_dropout(torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), dropout, True)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
 
 

@@ -14,7 +14,8 @@ Bytes per rank (N ranks, P parameters, P_t of them trained, P_f frozen):
 * activations of one pass (``B`` texts of ``s`` tokens, every text at its group's max length:
   packing and length buckets save only padding, which this worst case has none of), with ``e`` the
   compute bytes (4 fp32, 2 under bf16 autocast), ``m`` a dropout mask's bytes (1: CUDA's dropout and
-  the trainer's CPU dropout, ``embed_core.model.bulk_dropout``, keep a byte an element),
+  the trainer's CPU dropout, ``embed_core.model.bulk_dropout``, keep a byte an element; eager
+  attention's on the CPU ``e``),
   q = heads·head_dim, kv = kv heads·head_dim, h hidden, i intermediate, per layer and token::
 
       norms           n_norm · h · (8 RMSNorm: input and normalised, fp32 | 4 LayerNorm: input)
@@ -192,13 +193,18 @@ def model_shape(base_model: str, gguf_file: str | None = None) -> ModelShape:
 
 
 # -- activations ------------------------------------------------------------------------------------
+# ``m``: a dropout mask's bytes per element. CUDA's dropout and the trainer's CPU dropout
+# (embed_core.model.bulk_dropout) keep one byte an element; only transformers' eager attention on the
+# CPU, which the trainer leaves as it is, keeps torch's float mask
+MASK_BYTES = 1
+
+
 @dataclass(frozen=True)
 class Compute:
-    """How a pass computes: bytes per activation element, per dropout-mask element, and whether
-    autocast casts each linear's input (and holds bf16 copies of fp32 weights)."""
+    """How a pass computes: bytes per activation element, and whether autocast casts each
+    linear's input (and holds bf16 copies of fp32 weights)."""
 
     e: int
-    mask: int
     casts: bool
     checkpointing: bool
     device: str
@@ -221,16 +227,17 @@ def layer_bytes_per_token(shape: ModelShape, c: Compute) -> int:
         inputs = 2 * h * c.e
     qk = (q + kv) * (4 + (0 if c.frozen else c.e)) if shape.qk_norm else 0
     mlp = ((4 if shape.gated else 2) - (1 if c.frozen else 0)) * i * c.e
-    dropout = 2 * h * c.mask if shape.hidden_dropout > 0 else 0
+    dropout = 2 * h * MASK_BYTES if shape.hidden_dropout > 0 else 0
     return norms + inputs + qk + 4 * q * c.e + mlp + dropout
 
 
 def scores_bytes_per_layer(shape: ModelShape, c: Compute, s: int) -> int:
     """Bytes per sequence and layer that grow with s² (attention scores kept for backward)."""
-    if shape.attention == "eager":
-        per = c.e + (c.mask + c.e if shape.attention_dropout > 0 else 0)
+    if shape.attention == "eager":  # transformers' eager attention keeps torch's dropout: a float mask on the CPU
+        torch_mask = MASK_BYTES if c.device == "cuda" else c.e
+        per = c.e + (torch_mask + c.e if shape.attention_dropout > 0 else 0)
     elif c.device == "cpu" and shape.attention_dropout > 0:  # embed_core.model.bulk_dropout.attention
-        per = 4 + c.e + c.mask
+        per = 4 + c.e + MASK_BYTES
     else:
         per = 0
     return shape.heads * s * s * per
@@ -375,18 +382,17 @@ class TaskPlan:
 def _compute(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, bf16: bool, device: str,
              fsdp: bool) -> Compute:
     e = 2 if bf16 else 4
-    mask = 1  # CUDA's dropout and the trainer's CPU dropout (embed_core.model.bulk_dropout)
     adapters = 0
     if train.lora:
         layer0 = [w for w in lora_targets(shape, train.lora.target_modules) if (m := LAYER_INDEX.search(w))
                   and m.group(1) == "0"]
         if train.lora.dropout > 0:  # each adapter's dropout makes its own copy (and mask) of the input
-            adapters = sum(shape.params[w][1] for w in layer0) * (e + mask)
+            adapters = sum(shape.params[w][1] for w in layer0) * (e + MASK_BYTES)
         else:  # adapters of one block on inputs of one width share them (q, k, v; gate, up)
             block = {("attn" if re.search(r"attn|attention", w) else "mlp", shape.params[w][1]) for w in layer0}
             adapters = sum(width for _, width in block) * e
     frozen_bf16 = bool(train.lora) and train.weights_dtype == "bf16"
-    return Compute(e=e, mask=mask, casts=bf16 and not fsdp and not frozen_bf16,
+    return Compute(e=e, casts=bf16 and not fsdp and not frozen_bf16,
                    checkpointing=stage.gradient_checkpointing, device=device, frozen=bool(train.lora),
                    adapters=adapters)
 

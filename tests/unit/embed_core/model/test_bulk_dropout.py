@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from embed_core.model.bulk_dropout import NAME, BulkDropout, attention, drop_mask, dropout, use_bulk_dropout
+from embed_core.model.bulk_dropout import NAME, BulkDropout, attention, bulk_dropout, drop_mask, use_bulk_dropout
 from tests.helpers.tiny_model import build_tiny_bert, build_tiny_causal_lm
 
 
@@ -37,7 +37,7 @@ def test_torchs_seed_fixes_the_masks_and_each_draw_is_new():
 def test_dropout_zeroes_the_dropped_scales_the_kept_by_1_over_1_minus_p_and_so_does_its_gradient():
     torch.manual_seed(0)
     x = (torch.rand(50, 40) + 0.5).requires_grad_(True)
-    y = dropout(x, 0.2, True)
+    y = bulk_dropout(x, 0.2, True)
     kept = y != 0
     assert 0.7 < kept.float().mean().item() < 0.9
     assert torch.allclose(y[kept], x.detach()[kept] / 0.8)
@@ -47,8 +47,8 @@ def test_dropout_zeroes_the_dropped_scales_the_kept_by_1_over_1_minus_p_and_so_d
 
 def test_in_evaluation_or_at_p_0_dropout_is_the_identity_and_at_p_1_zero():
     x = torch.randn(4, 5)
-    assert dropout(x, 0.1, False) is x and dropout(x, 0.0, True) is x
-    assert torch.equal(dropout(x, 1.0, True), torch.zeros_like(x))
+    assert bulk_dropout(x, 0.1, False) is x and bulk_dropout(x, 0.0, True) is x
+    assert torch.equal(bulk_dropout(x, 1.0, True), torch.zeros_like(x))
     module = BulkDropout(0.3).eval()
     assert module(x) is x
 
