@@ -17,14 +17,6 @@ Each is a default: a value the user has set is never overridden.
 ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``
     the temporary server migrates its SQLite database on first start; on two busy cores that can
     exceed Prefect's 20 s default.
-``THP_MEM_ALLOC_ENABLE``
-    torch's CPU tensors of 2 MiB and more on transparent huge pages (torch's own switch: its CPU
-    allocator ``madvise``-s them; set here before torch loads, and child processes, launched ranks
-    and stage subprocesses inherit it). torch caches no CPU memory, so every large activation of a
-    training step is fresh memory the kernel faults in, 4 KiB at a time; on a 2-core AVX2 EPYC
-    ``x * 1.1`` on a 100 MB tensor took 100 ms that way and 33 ms on huge pages (a whole MiniLM
-    training step's gain from it was within that machine's run-to-run noise: docs/experiments.md).
-    Where the kernel's THP setting is ``never`` it changes nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +30,6 @@ DEFAULTS = {
     "PREFECT_LOGGING_EXTRA_LOGGERS": "embedpipe",
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    "THP_MEM_ALLOC_ENABLE": "1",
 }
 
 

@@ -28,8 +28,8 @@ Bytes per rank (N ranks, P parameters, P_t of them trained, P_f frozen):
 
   plus per layer and sequence ``heads·s²`` elements: eager attention ``e`` (its softmax) and with
   attention dropout ``m + e`` more; SDPA nothing (flash / memory-efficient kernels), except on a
-  CPU with attention dropout (the trainer's bulk-dropout attention: the fp32 softmax, the dropped
-  probabilities and the mask, ``4 + e + m``). Outside the layers ``8 + 16h`` bytes per
+  CPU with attention dropout (the trainer's bulk-dropout attention: the fp32 probabilities and the
+  mask, ``4 + m``, and its q, k and v in fp32: ``12q + q·e`` instead of ``4q·e``). Outside the layers ``8 + 16h`` bytes per
   token (ids, embedding output, final norm, last hidden state) and a ``B·s²·e`` attention mask per
   pass. Gradient checkpointing keeps only each layer's input, ``4h`` per token per layer, and
   recomputes one layer at a time. Under autocast every graph also holds bf16 copies of the fp32
@@ -228,7 +228,15 @@ def layer_bytes_per_token(shape: ModelShape, c: Compute) -> int:
     qk = (q + kv) * (4 + (0 if c.frozen else c.e)) if shape.qk_norm else 0
     mlp = ((4 if shape.gated else 2) - (1 if c.frozen else 0)) * i * c.e
     dropout = 2 * h * MASK_BYTES if shape.hidden_dropout > 0 else 0
-    return norms + inputs + qk + 4 * q * c.e + mlp + dropout
+    attention = 3 * q * 4 + q * c.e if bulk_attention(shape, c) else 4 * q * c.e  # (its q, k, v in fp32)
+    return norms + inputs + qk + attention + mlp + dropout
+
+
+def bulk_attention(shape: ModelShape, c: Compute) -> bool:
+    """Whether the trainer computes this model's attention with ``embed_core.model.bulk_dropout.attention``
+    (training on the CPU with attention dropout, SDPA loaded, as many key/value heads as query heads)."""
+    return c.device == "cpu" and shape.attention_dropout > 0 and shape.attention == "sdpa" \
+        and shape.kv_heads == shape.heads
 
 
 def scores_bytes_per_layer(shape: ModelShape, c: Compute, s: int) -> int:
@@ -236,8 +244,8 @@ def scores_bytes_per_layer(shape: ModelShape, c: Compute, s: int) -> int:
     if shape.attention == "eager":  # transformers' eager attention keeps torch's dropout: a float mask on the CPU
         torch_mask = MASK_BYTES if c.device == "cuda" else c.e
         per = c.e + (torch_mask + c.e if shape.attention_dropout > 0 else 0)
-    elif c.device == "cpu" and shape.attention_dropout > 0:  # embed_core.model.bulk_dropout.attention
-        per = 4 + c.e + MASK_BYTES
+    elif bulk_attention(shape, c):  # its fp32 probabilities and the mask
+        per = 4 + MASK_BYTES
     else:
         per = 0
     return shape.heads * s * s * per

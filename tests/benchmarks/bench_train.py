@@ -199,7 +199,7 @@ def run_peer(steps: int, batch: int, dataset: str, bf16: bool) -> dict:
 
 
 def child(which: str, steps: int, batch: int, dataset: str, bf16: bool, settings: list[str]) -> None:
-    if which == "ours":  # what the embedpipe command sets before torch loads (huge pages for large tensors)
+    if which == "ours":  # what the embedpipe command sets before torch loads
         from flows.env import apply_defaults
 
         apply_defaults()

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -106,31 +105,3 @@ def test_production_code_never_imports_a_mocking_library():
                 bad += [f"{path.relative_to(REPO)}:{node.lineno} imports {n}" for n in names
                         if n.split(".")[0] == "mock" or n.startswith("unittest")]
     assert not bad, "\n".join(bad)
-
-
-FAULTS_PROBE = """
-import resource, torch
-block = torch.ones(64 * 2**20 // 4)  # 64 MiB, written: every page faulted in
-del block
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-block = torch.ones(64 * 2**20 // 4)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
-
-
-@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
-                    or "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
-                    reason="the kernel has no transparent huge pages")
-def test_the_environment_defaults_put_a_processs_large_tensors_on_huge_pages():
-    """torch caches no CPU memory: a 64 MiB tensor made twice is faulted in twice, 16,384 pages of
-    4 KiB each time without huge pages, 32 of 2 MiB with them."""
-    from flows.env import apply_defaults
-
-    faults = {}
-    for name, env in (("defaults", apply_defaults({"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"})),
-                      ("off", {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "0"})):
-        proc = subprocess.run([sys.executable, "-c", FAULTS_PROBE], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=120)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        faults[name] = int(proc.stdout.split()[-1])
-    assert faults["off"] >= 16384 and faults["defaults"] * 8 < faults["off"], faults

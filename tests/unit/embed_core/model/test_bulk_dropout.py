@@ -79,6 +79,48 @@ def test_the_attention_is_softmax_of_scaled_scores_plus_mask_dropped_with_the_dr
     assert torch.allclose(attention(module, q, k, v_far, attends, dropout=0.25, scaling=0.3)[0], out, atol=1e-5)
 
 
+@pytest.mark.parametrize("per_head", [False, True])
+def test_the_attentions_gradients_are_the_formulas_when_a_text_is_computed_a_few_heads_at_a_time(per_head):
+    from embed_core.model.bulk_dropout import CHUNK_SCORES
+
+    torch.manual_seed(2)
+    batch, heads, length = 2, 4, 300  # 300² scores a head: two heads a chunk, four chunks
+    assert 2 * length * length <= CHUNK_SCORES < 4 * length * length
+    q, k, v = (torch.randn(batch, length, heads, 8).transpose(1, 2).requires_grad_(True) for _ in range(3))
+    # an additive mask, one for all heads or one per head (padding, and a different key per head)
+    bias = torch.zeros(batch, heads if per_head else 1, length, length)
+    bias[1, :, :, 250:] = torch.finfo(torch.float32).min
+    if per_head:
+        for h in range(heads):
+            bias[0, h, :, h] = torch.finfo(torch.float32).min
+    module = torch.nn.Module().train()
+    torch.manual_seed(9)
+    out = attention(module, q, k, v, bias, dropout=0.2, scaling=0.25)[0]
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    torch.manual_seed(9)
+    dropped = drop_mask((batch, heads, length, length), 0.2)
+    probs = torch.softmax(q @ k.transpose(2, 3) * 0.25 + bias, dim=-1).masked_fill(dropped, 0) / 0.8
+    expected = (probs @ v).transpose(1, 2)
+    assert torch.allclose(out, expected, atol=1e-5)
+    for ours, theirs in zip(grads, torch.autograd.grad((expected * weights).sum(), (q, k, v))):
+        assert torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_under_bf16_autocast_the_attention_computes_in_fp32_and_returns_the_querys_dtype():
+    q, k, v = (t.bfloat16().requires_grad_(True) for t in _qkv())
+    module = torch.nn.Module().train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(4)
+        out = attention(module, q, k, v, None, dropout=0.1)[0]
+    torch.manual_seed(4)
+    reference = attention(module, q.float(), k.float(), v.float(), None, dropout=0.1)[0]
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), reference, atol=1e-2)
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and q.grad.abs().sum() > 0
+
+
 def test_without_dropout_or_with_grouped_key_value_heads_the_attention_is_sdpas():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
