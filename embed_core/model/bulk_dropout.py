@@ -1,4 +1,5 @@
-"""Dropout on the CPU with its random bits drawn in bulk.
+"""Dropout on the CPU with its random bits drawn in bulk, and an attention that drops them a few
+heads at a time.
 
 torch's CPU dropout draws one Bernoulli sample at a time from its Mersenne Twister (``bernoulli_``,
 a serial kernel on this CPU class), and the attention-probability dropout of a BERT encoder draws
@@ -8,6 +9,13 @@ independently with probability ``p``, the rest scaled by ``1 / (1 - p)`` — com
 which writes 64 random bits per call (two elements: each a 32-bit uniform compared with
 ``round(p · 2³²)``, so ``p`` is exact to 2⁻³²). Each mask's PCG64 seed is one draw from torch's default
 generator, so ``torch.manual_seed`` fixes the masks and a checkpoint's torch RNG state resumes them.
+A mask is applied by multiplying with it (``masked_fill`` is several times slower on the CPU).
+
+With dropout, SDPA on the CPU falls back to its math path: a pass over the layer's whole
+``batch · heads · length²`` probabilities for each of the mask, softmax and dropout, and as many
+in the backward. ``attention`` instead computes one text's heads at a time (as many as keep
+``CHUNK_SCORES`` scores together), so a chunk's scores stay in the cache between those passes; it
+keeps the fp32 probabilities and a byte mask for the backward.
 
 The trainer swaps these in for training on the CPU only (``use_bulk_dropout``): CUDA's dropout is
 fused and fast. The attention function keeps transformers' SDPA wherever it has no dropout to apply
@@ -85,8 +93,8 @@ class BulkDropout(nn.Dropout):
 
 class _DroppedAttention(torch.autograd.Function):
     """``softmax(q·kᵀ·scale + bias)``, dropped with bulk-drawn masks, times ``v``, for ``(rows, length,
-    head_dim)`` inputs (rows = batch · heads), in fp32, computed ``rows_per_chunk`` rows at a time so that
-    each chunk's scores stay in the CPU's cache between the passes over them. The probabilities (fp32)
+    head_dim)`` inputs (rows = batch · heads), in fp32, computed a chunk of rows at a time (``_chunks``) so
+    that each chunk's scores stay in the CPU's cache between the passes over them. The probabilities (fp32)
     and the drop mask (a byte) are what is kept for the backward, which recomputes the dropped
     probabilities chunk by chunk and folds the scales into the products."""
 
@@ -95,56 +103,69 @@ class _DroppedAttention(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, heads: int, scale: float,
                 p: float) -> Tensor:
         rows, lq, lk = q.shape[0], q.shape[1], k.shape[1]
-        chunk = _rows_per_chunk(heads, lq * lk)
+        chunks = _chunks(rows // heads, heads, lq * lk)
         probs, out = q.new_empty(rows, lq, lk), q.new_empty(rows, lq, v.shape[2])
         kept = torch.empty(rows, lq, lk, dtype=torch.uint8)
-        scores, keep = q.new_empty(chunk, lq, lk), q.new_empty(chunk, lq, lk)  # reused: no page faults
+        most = max(c.stop - c.start for c, _, _ in chunks)
+        scores, keep = q.new_empty(most, lq, lk), q.new_empty(most, lq, lk)  # reused: no page faults
         generator, keep_scale = _generator(), 1.0 / (1.0 - p)
-        for r in range(0, rows, chunk):
-            c = slice(r, r + chunk)
+        for c, texts, head in chunks:
+            n = c.stop - c.start
+            torch.bmm(q[c], k[c].transpose(1, 2), out=scores[:n])
             if bias is None:
-                torch.bmm(q[c], k[c].transpose(1, 2), out=scores).mul_(scale)
-            else:
-                torch.baddbmm(_bias_rows(bias, r, chunk, heads), q[c], k[c].transpose(1, 2), alpha=scale, out=scores)
-            torch.ops.aten._softmax.out(scores, -1, False, out=probs[c])
-            kept[c] = _kept(generator, chunk * lq * lk, p).view(chunk, lq, lk)
-            torch.mul(probs[c], keep.copy_(kept[c]), out=scores)
-            torch.bmm(scores, v[c], out=out[c]).mul_(keep_scale)
+                scores[:n].mul_(scale)
+            else:  # bias + scale · scores, the bias broadcast over the chunk's texts and heads
+                by_text = scores[:n].view(texts.stop - texts.start, -1, lq, lk)
+                torch.add(_bias_of(bias, texts, head), by_text, alpha=scale, out=by_text)
+            torch.ops.aten._softmax.out(scores[:n], -1, False, out=probs[c])
+            kept[c] = _kept(generator, n * lq * lk, p).view(n, lq, lk)
+            torch.mul(probs[c], keep[:n].copy_(kept[c]), out=scores[:n])
+            torch.bmm(scores[:n], v[c], out=out[c]).mul_(keep_scale)
         ctx.save_for_backward(q, k, v, probs, kept)
-        ctx.chunk, ctx.scale, ctx.keep_scale = chunk, scale, keep_scale
+        ctx.chunks, ctx.scale, ctx.keep_scale = [c for c, _, _ in chunks], scale, keep_scale
         return out
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, probs, kept = ctx.saved_tensors
-        grad, chunk, scale = grad.contiguous(), ctx.chunk, ctx.scale * ctx.keep_scale
+        grad, scale = grad.contiguous(), ctx.scale * ctx.keep_scale
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        keep, grad_kept, grad_scores = (probs.new_empty(chunk, *probs.shape[1:]) for _ in range(3))
-        for r in range(0, q.shape[0], chunk):
-            c = slice(r, r + chunk)
-            keep.copy_(kept[c])
-            torch.bmm(torch.mul(probs[c], keep, out=grad_kept).transpose(1, 2), grad[c], out=dv[c]).mul_(ctx.keep_scale)
-            torch.bmm(grad[c], v[c].transpose(1, 2), out=grad_kept).mul_(keep)
-            torch.ops.aten._softmax_backward_data.out(grad_kept, probs[c], -1, probs.dtype, grad_input=grad_scores)
-            torch.bmm(grad_scores, k[c], out=dq[c]).mul_(scale)
-            torch.bmm(grad_scores.transpose(1, 2), q[c], out=dk[c]).mul_(scale)
+        most = max(c.stop - c.start for c in ctx.chunks)
+        keep, grad_kept, grad_scores = (probs.new_empty(most, *probs.shape[1:]) for _ in range(3))
+        for c in ctx.chunks:
+            n = c.stop - c.start
+            keep_, kept_grad, scores_grad = keep[:n].copy_(kept[c]), grad_kept[:n], grad_scores[:n]
+            torch.bmm(torch.mul(probs[c], keep_, out=kept_grad).transpose(1, 2), grad[c], out=dv[c])
+            dv[c].mul_(ctx.keep_scale)
+            torch.bmm(grad[c], v[c].transpose(1, 2), out=kept_grad).mul_(keep_)
+            torch.ops.aten._softmax_backward_data.out(kept_grad, probs[c], -1, probs.dtype, grad_input=scores_grad)
+            torch.bmm(scores_grad, k[c], out=dq[c]).mul_(scale)
+            torch.bmm(scores_grad.transpose(1, 2), q[c], out=dk[c]).mul_(scale)
         return dq, dk, dv, None, None, None, None
 
 
 CHUNK_SCORES = 2**18  # attention scores per chunk: 1 MiB of fp32, a few of which fit this CPU class's cache
 
 
-def _rows_per_chunk(heads: int, scores_per_row: int) -> int:
-    """The most heads of one text whose scores fit in a chunk (at least one; a divisor of ``heads``, so
-    a chunk never spans two texts)."""
-    return max(d for d in range(1, heads + 1) if heads % d == 0 and (d == 1 or d * scores_per_row <= CHUNK_SCORES))
+def _chunks(texts: int, heads: int, scores_per_row: int) -> list[tuple[slice, slice, slice]]:
+    """The chunks of a ``(texts · heads)``-row attention, each as (rows, texts, heads): as many whole
+    texts as keep ``CHUNK_SCORES`` scores together, or, where one text's heads hold more, the most
+    heads of one text that do (a divisor of ``heads``; at least one)."""
+    per_text = heads * scores_per_row
+    if per_text <= CHUNK_SCORES:
+        step = CHUNK_SCORES // per_text
+        return [(slice(t * heads, min(t + step, texts) * heads), slice(t, min(t + step, texts)), slice(0, heads))
+                for t in range(0, texts, step)]
+    per = max(d for d in range(1, heads + 1) if heads % d == 0 and (d == 1 or d * scores_per_row <= CHUNK_SCORES))
+    return [(slice(t * heads + h, t * heads + h + per), slice(t, t + 1), slice(h, h + per))
+            for t in range(texts) for h in range(0, heads, per)]
 
 
-def _bias_rows(bias: Tensor, row: int, chunk: int, heads: int) -> Tensor:
-    """The additive mask of rows ``row … row + chunk`` (one text's heads) of a ``(batch, 1 | heads, …)`` bias."""
-    text, head = divmod(row, heads)
-    return bias[text] if bias.shape[1] == 1 else bias[text, head:head + chunk]
+def _bias_of(bias: Tensor, texts: slice, heads: slice) -> Tensor:
+    """The part of a ``(batch | 1, heads | 1, …)`` additive mask that a chunk's texts and heads see."""
+    bias = bias[texts] if bias.shape[0] > 1 else bias
+    return bias[:, heads] if bias.shape[1] > 1 else bias
 
 
 def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,

@@ -28,12 +28,12 @@ Bytes per rank (N ranks, P parameters, P_t of them trained, P_f frozen):
 
   plus per layer and sequence ``heads·s²`` elements: eager attention ``e`` (its softmax) and with
   attention dropout ``m + e`` more; SDPA nothing (flash / memory-efficient kernels), except on a
-  CPU with attention dropout (the trainer's bulk-dropout attention: the fp32 probabilities and the
-  mask, ``4 + m``, and its q, k and v in fp32: ``12q + q·e`` instead of ``4q·e``). Outside the layers ``8 + 16h`` bytes per
-  token (ids, embedding output, final norm, last hidden state) and a ``B·s²·e`` attention mask per
-  pass. Gradient checkpointing keeps only each layer's input, ``4h`` per token per layer, and
-  recomputes one layer at a time. Under autocast every graph also holds bf16 copies of the fp32
-  linear weights, ``2·P_linear``;
+  CPU with attention dropout (the trainer's bulk-dropout attention: the fp32 probabilities and
+  the mask, ``4 + m``; its q, k and v in fp32, ``12q + q·e`` in place of ``4q·e`` above). Outside
+  the layers ``8 + 16h`` bytes per token (ids, embedding output, final norm, last hidden state)
+  and a ``B·s²·e`` attention mask per pass. Gradient checkpointing keeps only each layer's input,
+  ``4h`` per token per layer, and recomputes one layer at a time. Under autocast every graph also
+  holds bf16 copies of the fp32 linear weights, ``2·P_linear``;
 * transients: the backward pass's working buffers, one layer's weight gradients plus
   ``s·B·(i·e + 4h)``; a dense embedding backward makes a whole table's gradient
   (``4·vocab·h``) before adding it into the one already there; the loss's similarity matrices

@@ -79,17 +79,21 @@ def test_the_attention_is_softmax_of_scaled_scores_plus_mask_dropped_with_the_dr
     assert torch.allclose(attention(module, q, k, v_far, attends, dropout=0.25, scaling=0.3)[0], out, atol=1e-5)
 
 
+@pytest.mark.parametrize("length", [300, 20])
 @pytest.mark.parametrize("per_head", [False, True])
-def test_the_attentions_gradients_are_the_formulas_when_a_text_is_computed_a_few_heads_at_a_time(per_head):
-    from embed_core.model.bulk_dropout import CHUNK_SCORES
+def test_the_attentions_output_and_gradients_are_the_formulas_whichever_texts_and_heads_a_chunk_holds(per_head,
+                                                                                                      length):
+    from embed_core.model.bulk_dropout import CHUNK_SCORES, _chunks
 
     torch.manual_seed(2)
-    batch, heads, length = 2, 4, 300  # 300² scores a head: two heads a chunk, four chunks
-    assert 2 * length * length <= CHUNK_SCORES < 4 * length * length
+    batch, heads = 2, 4
+    # 300² scores a head: two heads of one text a chunk, four chunks; 20²: both texts in one chunk
+    assert len(_chunks(batch, heads, length * length)) == (4 if length == 300 else 1)
+    assert 2 * 300 * 300 <= CHUNK_SCORES < 4 * 300 * 300
     q, k, v = (torch.randn(batch, length, heads, 8).transpose(1, 2).requires_grad_(True) for _ in range(3))
     # an additive mask, one for all heads or one per head (padding, and a different key per head)
     bias = torch.zeros(batch, heads if per_head else 1, length, length)
-    bias[1, :, :, 250:] = torch.finfo(torch.float32).min
+    bias[1, :, :, length * 5 // 6:] = torch.finfo(torch.float32).min
     if per_head:
         for h in range(heads):
             bias[0, h, :, h] = torch.finfo(torch.float32).min
