@@ -13,9 +13,9 @@ A mask is applied by multiplying with it (``masked_fill`` is several times slowe
 
 With dropout, SDPA on the CPU falls back to its math path: a pass over the layer's whole
 ``batch · heads · length²`` probabilities for each of the mask, softmax and dropout, and as many
-in the backward. ``attention`` instead computes one text's heads at a time (as many as keep
-``CHUNK_SCORES`` scores together), so a chunk's scores stay in the cache between those passes; it
-keeps the fp32 probabilities and a byte mask for the backward.
+in the backward. ``attention`` instead computes a chunk at a time (as many whole texts, or heads of
+one long text, as keep ``CHUNK_SCORES`` scores together), so a chunk's scores stay in the cache
+between those passes; it keeps the fp32 probabilities and a byte mask for the backward.
 
 The trainer swaps these in for training on the CPU only (``use_bulk_dropout``): CUDA's dropout is
 fused and fast. The attention function keeps transformers' SDPA wherever it has no dropout to apply
