@@ -41,10 +41,14 @@ def _generator() -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(int(torch.randint(0, 2**62, (1,)))))
 
 
-def _kept(generator: np.random.Generator, n: int, p: float) -> Tensor:
-    """``n`` booleans, each False (dropped) with probability ``p``: one 32-bit uniform per element."""
+def _kept(generator: np.random.Generator, n: int, p: float, out: Tensor | None = None) -> Tensor:
+    """``n`` booleans (into ``out``, else a new tensor), each False (dropped) with probability ``p``: one
+    32-bit uniform per element. numpy compares, into memory torch allocated (so torch's memory
+    profiler, and the planner's validation, count the mask)."""
+    out = torch.empty(n, dtype=torch.bool) if out is None else out
     bits = generator.bit_generator.random_raw((n + 1) // 2)
-    return torch.from_numpy(bits.view(np.int32)[:n] >= -(2**31) + round(p * 2**32))
+    np.greater_equal(bits.view(np.int32)[:n], -(2**31) + round(p * 2**32), out=out.numpy().reshape(-1))
+    return out
 
 
 def _scaled(kept: Tensor, scale: float) -> Tensor:
@@ -105,7 +109,7 @@ class _DroppedAttention(torch.autograd.Function):
         rows, lq, lk = q.shape[0], q.shape[1], k.shape[1]
         chunks = _chunks(rows // heads, heads, lq * lk)
         probs, out = q.new_empty(rows, lq, lk), q.new_empty(rows, lq, v.shape[2])
-        kept = torch.empty(rows, lq, lk, dtype=torch.uint8)
+        kept = torch.empty(rows, lq, lk, dtype=torch.bool)
         most = max(c.stop - c.start for c, _, _ in chunks)
         scores, keep = q.new_empty(most, lq, lk), q.new_empty(most, lq, lk)  # reused: no page faults
         generator, keep_scale = _generator(), 1.0 / (1.0 - p)
@@ -118,8 +122,8 @@ class _DroppedAttention(torch.autograd.Function):
                 by_text = scores[:n].view(texts.stop - texts.start, -1, lq, lk)
                 torch.add(_bias_of(bias, texts, head), by_text, alpha=scale, out=by_text)
             torch.ops.aten._softmax.out(scores[:n], -1, False, out=probs[c])
-            kept[c] = _kept(generator, n * lq * lk, p).view(n, lq, lk)
-            torch.mul(probs[c], keep[:n].copy_(kept[c]), out=scores[:n])
+            _kept(generator, n * lq * lk, p, out=kept[c])
+            torch.mul(probs[c], keep[:n].copy_(kept[c].view(torch.uint8)), out=scores[:n])
             torch.bmm(scores[:n], v[c], out=out[c]).mul_(keep_scale)
         ctx.save_for_backward(q, k, v, probs, kept)
         ctx.chunks, ctx.scale, ctx.keep_scale = [c for c, _, _ in chunks], scale, keep_scale
@@ -135,7 +139,7 @@ class _DroppedAttention(torch.autograd.Function):
         keep, grad_kept, grad_scores = (probs.new_empty(most, *probs.shape[1:]) for _ in range(3))
         for c in ctx.chunks:
             n = c.stop - c.start
-            keep_, kept_grad, scores_grad = keep[:n].copy_(kept[c]), grad_kept[:n], grad_scores[:n]
+            keep_, kept_grad, scores_grad = keep[:n].copy_(kept[c].view(torch.uint8)), grad_kept[:n], grad_scores[:n]
             torch.bmm(torch.mul(probs[c], keep_, out=kept_grad).transpose(1, 2), grad[c], out=dv[c])
             dv[c].mul_(ctx.keep_scale)
             torch.bmm(grad[c], v[c].transpose(1, 2), out=kept_grad).mul_(keep_)
