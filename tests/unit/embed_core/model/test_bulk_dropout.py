@@ -1,6 +1,6 @@
 """Bulk-drawn dropout for CPU training: the masks torch's dropout would draw (each element dropped
 with probability p, independently), the same zeroing and scaling forward and backward, the same
-attention, and nothing of it in a saved model."""
+attention and gradients however its rows are chunked, and nothing of it in a saved model."""
 
 import json
 
