@@ -20,8 +20,10 @@ between those passes; it keeps the fp32 probabilities and a byte mask for the ba
 The trainer swaps these in for training on the CPU only (``use_bulk_dropout``): CUDA's dropout is
 fused and fast. The attention function keeps transformers' SDPA wherever it has no dropout to apply
 (evaluation, ``p = 0``) or a shape this path does not handle (grouped key/value heads, a causal
-attention without a mask); its mask is SDPA's. Saved models carry none of it: the modules hold no
-weights and the attention implementation is not written to ``config.json``.
+attention without a mask). Its mask is transformers' eager one, additive, built once per forward
+pass rather than converted from SDPA's boolean mask in every layer (SDPA takes either). Saved models
+carry none of it: the modules hold no weights and the attention implementation is not written to
+``config.json``.
 """
 
 from __future__ import annotations
@@ -185,8 +187,8 @@ def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, atte
                                       **kwargs)
     batch, heads, length, _ = query.shape
     scale = query.size(-1) ** -0.5 if scaling is None else scaling
-    bias = attention_mask
-    if attention_mask is not None and attention_mask.dtype == torch.bool:  # SDPA's mask: True attends
+    bias = attention_mask  # additive (the registered mask function's); a caller's boolean one: True attends
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
         bias = torch.zeros(attention_mask.shape).masked_fill_(~attention_mask, torch.finfo(torch.float32).min)
     q, k, v = (t.reshape(batch * heads, t.shape[2], t.shape[3]).float() for t in (query, key, value))
     out = _DroppedAttention.apply(q, k, v, None if bias is None else bias.float(), heads, scale, dropout)
@@ -199,7 +201,7 @@ def _register() -> None:
 
     if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionInterface.register(NAME, attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
 
 
 def use_bulk_dropout(model: nn.Module) -> int:
