@@ -199,10 +199,6 @@ def run_peer(steps: int, batch: int, dataset: str, bf16: bool) -> dict:
 
 
 def child(which: str, steps: int, batch: int, dataset: str, bf16: bool, settings: list[str]) -> None:
-    if which == "ours":  # what the embedpipe command sets before torch loads
-        from flows.env import apply_defaults
-
-        apply_defaults()
     result = run_ours(steps, batch, dataset, bf16, settings) if which == "ours" else run_peer(steps, batch, dataset, bf16)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
