@@ -7,6 +7,12 @@ failure, its "Finished in state Failed(...)", the flow run's "Encountered except
 worker's flow-run process, "Engine execution exited with unexpected exception". Here the first
 record of a user error becomes its line; later records of the same error lose their ERROR level
 (the traceback is kept only when the logger is at DEBUG, ``PREFECT_LOGGING_LEVEL=DEBUG``).
+
+A caller of the flow gets the error itself back, or, when Prefect hands back a state without it,
+Prefect's ``FailedRun`` with the line as its message; that is the same user error
+(``reported_failure``). It happens when the answer to the run's Failed state is lost (a loaded server
+answering after the client's timeout): the client sends the state again, the server refuses the
+repeat (``PreventDuplicateTransitions``) and answers with the run's state as it stored it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import logging
 from collections import deque
 from typing import Any, Callable
 
-from embed_core.errors import user_error
+from embed_core.errors import register_user_error, user_error
 
 # Where Prefect's engines (and the process worker) log a run's failure.
 _ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
@@ -34,6 +40,7 @@ def reports_user_errors(flow_fn: Callable[..., Any]) -> Callable[..., Any]:
         from prefect.states import Failed
 
         install_log_filter()
+        register_user_error(reported_failure)
         try:
             return flow_fn(*args, **kwargs)
         except Exception as exc:
@@ -48,6 +55,15 @@ def reports_user_errors(flow_fn: Callable[..., Any]) -> Callable[..., Any]:
             return Failed(message=line, data=exc)  # the caller's state.result() raises exc
 
     return flow_body
+
+
+def reported_failure(exc: BaseException) -> str | None:
+    """The line of a user error reported in a flow run of this process, when ``exc`` is Prefect's
+    ``FailedRun`` for that run: its message is the line (the state's message), the error itself lost."""
+    if type(exc).__name__ != "FailedRun" or type(exc).__module__ != "prefect.exceptions":
+        return None
+    line = str(exc)
+    return line if line in _reported_lines else None
 
 
 class _OneLinePerUserError(logging.Filter):

@@ -1,8 +1,10 @@
 """The Prefect server a command needs, when it cannot work: a Prefect home (the temporary server's
 database) on a full or read-only disk or with a file in the way, and a server that answers an error
 while a flow registers. Through the real CLI: one line naming the directory or the server, exit 2,
-within seconds (the start-up timeout cannot help and is not waited for)."""
+within seconds (the start-up timeout cannot help and is not waited for). And a server whose answer
+to a failed run's last state is lost on the way: the user's error is still the command's one line."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,14 +12,16 @@ import time
 
 import pytest
 
-from tests.helpers.cli_run import STS_SOURCE, CliResult, in_process, write_config, write_sts_data
+from tests.helpers.cli_run import STS_SOURCE, CliResult, in_process, session_server, write_config, write_sts_data
 from tests.helpers.faulty_prefect import faulty_prefect_server
+from tests.helpers.lossy_proxy import lossy_proxy
 from tests.helpers.repo import REPO
 
 
-def _cli(tmp_path, **env) -> tuple[CliResult, float]:
-    """``embedpipe prepare`` on a one-pair source, as a shell runs it, with ``env``; and its seconds."""
-    config = write_config(write_sts_data(tmp_path), [STS_SOURCE])
+def _cli(tmp_path, config=None, **env) -> tuple[CliResult, float]:
+    """``embedpipe prepare`` on ``config`` (a one-pair source by default), as a shell runs it, with
+    ``env``; and its seconds."""
+    config = config or write_config(write_sts_data(tmp_path), [STS_SOURCE])
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", **env}
     if "PREFECT_API_URL" not in env:
         full_env.pop("PREFECT_API_URL", None)
@@ -99,3 +103,23 @@ def test_a_prefect_server_that_answers_500_while_the_flow_registers_is_one_line_
     assert "Traceback" not in result.out, result.out[-3000:]
     assert "POST /api/flows/" in requests, requests
     assert not (tmp_path / "runs/r/prepare").exists()
+
+
+def _a_flow_run_failing(request_line: str, body: bytes) -> bool:
+    return (request_line.startswith("POST ") and "/flow_runs/" in request_line and "/set_state" in request_line
+            and json.loads(body)["state"]["type"] == "FAILED")
+
+
+@pytest.mark.prefect
+def test_a_lost_answer_to_a_failed_runs_last_state_still_ends_the_command_with_the_users_one_line(tmp_path,
+                                                                                                 prefect_harness):
+    """The server records the Failed state, its answer is lost, Prefect's client sends the state
+    again and the server refuses the repeat (its answer: the run's state, without the error in it);
+    Prefect then raises its own FailedRun carrying the line as the run's message. Seen in CI, where
+    a loaded server answered after the client's 60 s timeout."""
+    (tmp_path / "s.parquet").write_bytes(os.urandom(3000))
+    config = write_config(tmp_path, [{"name": "sts", "kind": "sts", "path": "s.parquet"}])
+    with lossy_proxy(session_server()["PREFECT_API_URL"], _a_flow_run_failing) as (api_url, lost):
+        result, _ = _cli(tmp_path, config, PREFECT_API_URL=api_url)
+    assert len(lost) == 1, lost  # the fault happened
+    result.assert_one_line_error("s.parquet: not a readable Parquet file")
