@@ -48,7 +48,7 @@ def is_other_rank(command: str) -> bool:
     """True in a rank other than 0 of a launched job; a launched command other than train is an error.
     A launched rank (rank 0 too) is armed here to die with its launcher."""
     from embed_core.procs import die_with_parent
-    from embed_core.train.distributed import env_rank, launched  # torch: only for the commands that run
+    from embed_core.train.world import env_rank, launched  # no torch: most commands never train
 
     if not launched():
         return False

@@ -18,15 +18,7 @@ from typing import Any
 import torch
 
 from embed_core.errors import CollectiveError, register_user_error
-
-
-def launched() -> bool:
-    """True when a launcher started this process as one of several."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def env_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+from embed_core.train.world import env_rank, launched
 
 
 def is_main_process() -> bool:

@@ -23,18 +23,13 @@ imported only inside a multi-process job.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from embed_core.train.world import env_rank, launched
+
 T = TypeVar("T")
-
-
-def launched() -> bool:
-    """True in a process of a multi-process job (its launcher, or ``train.processes``, set
-    ``WORLD_SIZE``); read from the environment, so no torch import decides it."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def _join(timeout_s: float | None) -> Any:
@@ -75,7 +70,7 @@ def on_main_rank(what: str, work: Callable[[], T], read: Callable[[], T], *, tim
     if failure is not None:
         from embed_core.errors import EmbedpipeError
 
-        raise EmbedpipeError(f"{what}: rank 0 failed ({failure}); rank {distributed.env_rank()} has nothing to read")
+        raise EmbedpipeError(f"{what}: rank 0 failed ({failure}); rank {env_rank()} has nothing to read")
     return read()
 
 

@@ -33,7 +33,8 @@ import torch
 from embed_core.errors import EmbedpipeError
 from embed_core.procs import dying_with_parent, end_on_signals, free_port
 from embed_core.train.config import TrainConfig
-from embed_core.train.distributed import collective_error, destroy_process_group, launched, set_stage
+from embed_core.train.distributed import collective_error, destroy_process_group, set_stage
+from embed_core.train.world import launched
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 

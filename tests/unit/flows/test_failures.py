@@ -61,3 +61,22 @@ def test_a_bug_keeps_its_traceback_and_its_level(engine_logger):
     info = _exc_info(KeyError("stage"))
     logger.error("Encountered exception during execution: %r", info[1], exc_info=info)
     assert [(r.levelno, r.exc_info) for r in records] == [(logging.ERROR, info)]
+
+
+def test_prefects_failed_run_carrying_a_reported_line_is_that_user_error_and_any_other_is_not(engine_logger):
+    """What Prefect raises when the server's answer to a run's Failed state was lost: its
+    ``FailedRun`` with the state's message (tests/integration/cli/test_prefect_server_faults.py
+    loses that answer for real)."""
+    from prefect.exceptions import FailedRun
+
+    from embed_core.errors import register_user_error, user_error
+    from flows.failures import reported_failure
+
+    register_user_error(reported_failure)
+    logger, _ = engine_logger
+    line = "s.parquet: not a readable Parquet file: magic bytes not found"
+    info = _exc_info(ConfigError(line))
+    logger.error("Task run failed", exc_info=info)  # reported: the run's one line
+    assert user_error(FailedRun(line)) == line
+    assert user_error(FailedRun("Flow run encountered an exception: KeyError: 'x'")) is None  # a bug
+    assert reported_failure(RuntimeError(line)) is None  # only Prefect's FailedRun stands for the error

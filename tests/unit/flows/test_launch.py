@@ -19,3 +19,20 @@ def test_a_launched_rank_dies_with_its_sigkilled_launcher(rank, other):
         print("ready", flush=True)
         time.sleep(600)
     """.replace("OTHER", repr(other)), env={"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank})
+
+
+def test_a_command_outside_a_launcher_decides_so_without_importing_torch():
+    """``embedpipe prepare`` (and every command) asks whether it was launched before it runs: the
+    answer is read from the environment, so a command that never trains never loads torch (2-3
+    CPU-seconds of its start)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.repo import REPO
+
+    code = ("import sys; from flows import launch; launch.is_other_rank('prepare'); launch.as_launched_rank(); "
+            "print([m for m in ('torch', 'transformers') if m in sys.modules])")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
