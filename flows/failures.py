@@ -60,7 +60,9 @@ def reports_user_errors(flow_fn: Callable[..., Any]) -> Callable[..., Any]:
 def reported_failure(exc: BaseException) -> str | None:
     """The line of a user error reported in a flow run of this process, when ``exc`` is Prefect's
     ``FailedRun`` for that run: its message is the line (the state's message), the error itself lost."""
-    if type(exc).__name__ != "FailedRun" or type(exc).__module__ != "prefect.exceptions":
+    from prefect.exceptions import FailedRun
+
+    if not isinstance(exc, FailedRun):
         return None
     line = str(exc)
     return line if line in _reported_lines else None
