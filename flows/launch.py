@@ -9,7 +9,6 @@ its process groups torn down: ``as_launched_rank``.
 
 from __future__ import annotations
 
-import os
 import signal
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,9 @@ def as_launched_rank() -> AbstractContextManager[None]:
     as one line, the process groups destroyed at the end whatever the outcome (else a gloo rank can
     abort at interpreter exit after a successful run), a SIGTERM from the launcher obeyed within
     seconds even in a rank blocked in a C++ collective."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # torch is not imported for a plain command
+    from embed_core.train.world import launched
+
+    if not launched():  # torch is not imported for a plain command
         return nullcontext()
     from embed_core.procs import die_with_parent
 
