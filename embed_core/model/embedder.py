@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from embed_core import __version__
 from embed_core.errors import ConfigError
+from embed_core.model.compat import require_transformers
 from embed_core.model.encoder import POOLINGS, pool_hidden, resolve_model_path
 from embed_core.model.eos import add_eos, check_saved_tokenizer_appends_eos, ends_with_eos
 from embed_core.model.packing import SEGMENTS, pack_features, packed_model_inputs, pool_packed, uses_varlen_attention
@@ -53,6 +54,7 @@ class Embedder(nn.Module):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+        require_transformers()
         if pooling not in POOLINGS or pooling == "compress":  # compress: embed_core.train.autoregembed
             raise ConfigError(f"pooling must be one of {POOLINGS[:3]}, got {pooling!r}")
         if "{text}" not in instruction_template:
@@ -87,8 +89,22 @@ class Embedder(nn.Module):
         if lora:
             self.model = with_lora(self.model, lora, gradient_checkpointing)
         self.dim = int(getattr(text_config, "hidden_size"))
-        if bidirectional and text_config.model_type not in BIDIRECTIONAL_CHECKED:
-            check_bidirectional(self.model, self.path, text_config.model_type)
+        if bidirectional:
+            self.check_bidirectional()
+
+    def check_bidirectional(self, bf16: bool = False) -> None:
+        """Where ``bidirectional``: one 3-token forward that must let the first token see the last,
+        with the attention implementation and device the model has now (the trainer calls it again
+        once the model is on its device, under its precision: FlashAttention runs only there). A
+        model still on the meta device is checked once it has weights. Under a collective back end
+        every rank must call it (the forward is then a collective)."""
+        if not self.bidirectional or any(p.is_meta for p in self.model.parameters()):
+            return
+        device = next(self.model.parameters()).device
+        if device.type == "cpu" and self.varlen_attention:  # FlashAttention runs on CUDA only
+            return
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            check_bidirectional(self.model, self.path, self._text_config().model_type)
 
     # -- text side -----------------------------------------------------------------------------
     def format(self, instruction: str | None, text: str) -> str:
@@ -216,7 +232,8 @@ class Embedder(nn.Module):
 
 # Decoder types whose bidirectional switch a test checks on a tiny random-init model of the type
 # (tests/unit/embed_core/model/test_bidirectional.py): position 0 then depends on the last token.
-# Any other type is checked once at load (check_bidirectional).
+# Every type, these included, is checked again at load (check_bidirectional): what an attention
+# kernel does with is_causal depends on the installed transformers and the implementation chosen.
 BIDIRECTIONAL_CHECKED = frozenset({"gemma3_text", "qwen2", "qwen3", "mistral", "llama"})
 
 
@@ -231,15 +248,17 @@ def make_bidirectional(text_config: Any) -> None:
 
 
 def check_bidirectional(model: nn.Module, path: str, model_type: str) -> None:
-    """For a type no test covers: the first token's state must change with the last token, else
-    the installed transformers does not run this architecture bidirectionally (a ConfigError)."""
+    """The first token's state must change with the last token, else the installed transformers
+    (or the attention implementation the model runs) keeps this architecture causal (a ConfigError)."""
     ids = torch.tensor([[1, 2, 3], [1, 2, 4]], device=next(model.parameters()).device)
     with torch.no_grad():
         first = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[:, 0].float()
     if torch.allclose(first[0], first[1]):
-        raise ConfigError(f"{path}: bidirectional: the installed transformers runs this architecture ({model_type}) "
-                          "causally even with is_causal=False; use a model type it supports "
-                          f"({', '.join(sorted(BIDIRECTIONAL_CHECKED))}) or bidirectional: false")
+        implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        raise ConfigError(f"{path}: bidirectional: this architecture ({model_type}) still runs causally with "
+                          f"is_causal=False under attention {implementation!r} and the installed transformers; "
+                          f"use another attention, a model type the tests cover ({', '.join(sorted(BIDIRECTIONAL_CHECKED))}) "
+                          "or bidirectional: false")
 
 
 def with_lora(model: nn.Module, lora: dict[str, Any], gradient_checkpointing: bool = False) -> nn.Module:

@@ -57,16 +57,17 @@ def compress_inputs(tokenizer, texts: Sequence[str], max_length: int, compress_i
 
 
 def pool_hidden(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, k: int = 0) -> torch.Tensor:
-    """Pool right-padded hidden states [B, L, H] to [B, H]."""
+    """Pool right-padded hidden states [B, L, H] to [B, H]; means accumulate in fp32 whatever the
+    hidden states' dtype (a bf16 sum of a few hundred tokens loses its low bits)."""
     if pooling == "cls":
         return hidden[:, 0]
     if pooling == "last_token":
         last = mask.sum(dim=1) - 1
         return hidden[torch.arange(hidden.size(0), device=hidden.device), last]
     if pooling == "compress":
-        return compress_states(hidden, mask, k).mean(dim=1)
-    m = mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+        return compress_states(hidden, mask, k).float().mean(dim=1)
+    m = mask.unsqueeze(-1)  # 0/1: the products are exact in any dtype, the sums are fp32
+    return (hidden * m.to(hidden.dtype)).sum(dim=1, dtype=torch.float32) / m.sum(dim=1, dtype=torch.float32).clamp(min=1e-9)
 
 
 def compress_states(hidden: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
@@ -104,6 +105,13 @@ def cpu_has_bf16() -> bool:
 
 def uses_bf16(precision: str, device_type: str) -> bool:
     return precision == "bf16" or (precision == "auto" and (device_type == "cuda" or cpu_has_bf16()))
+
+
+def use_tf32(enabled: bool, device_type: str) -> None:
+    """``train.tf32``: fp32 matrix products on CUDA's TF32 tensor cores (not bit-exact with fp32);
+    the CPU's fp32 is left as it is."""
+    if enabled and device_type == "cuda":
+        torch.set_float32_matmul_precision("high")
 
 
 def default_device_type() -> str:

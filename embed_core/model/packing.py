@@ -149,7 +149,7 @@ def pack_features(features: dict[str, Tensor], *, varlen: bool, pad_id: int = 0)
                first=starts, last=starts + lengths - 1)
     if varlen:
         out["cu_seqlens"] = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(lengths, 0).to(torch.int32)])
-        out["max_seqlen"] = lengths.max().reshape(())
+        out["max_seqlen"] = int(lengths.max())  # a Python int: reading it back from the device would sync
     return out
 
 
@@ -177,32 +177,44 @@ def packed_attention_mask(config: Any, segments: Tensor, causal: bool, dtype: to
         config=config, device=segments.device)
 
 
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the model's attention computes in: autocast's where it is on (the trainer's bf16
+    passes, FSDP2's included, whose stored shards stay fp32), else the embedding weights'."""
+    weight = model.get_input_embeddings().weight
+    if torch.is_autocast_enabled(weight.device.type):
+        return torch.get_autocast_dtype(weight.device.type)
+    return weight.dtype
+
+
 def packed_model_inputs(model: torch.nn.Module, config: Any, features: dict[str, Tensor]) -> dict[str, Any]:
     """Keyword arguments for ``model(...)`` on packed features: the kernel's sequence boundaries
-    for a varlen layout, else the block-diagonal mask (in the embedding weights' dtype)."""
+    for a varlen layout (``max_seqlen`` a Python int: no device sync), else the block-diagonal mask
+    (an eager mask in the dtype attention computes in)."""
     inputs: dict[str, Any] = {k: features[k] for k in ("input_ids", "position_ids", "token_type_ids") if k in features}
     if "cu_seqlens" in features:
-        longest = int(features["max_seqlen"])
+        longest = features["max_seqlen"]
         inputs.update(cu_seq_lens_q=features["cu_seqlens"], cu_seq_lens_k=features["cu_seqlens"],
                       max_length_q=longest, max_length_k=longest)
     else:
-        dtype = model.get_input_embeddings().weight.dtype
-        inputs["attention_mask"] = packed_attention_mask(config, features[SEGMENTS], attends_causally(model, config), dtype)
+        inputs["attention_mask"] = packed_attention_mask(config, features[SEGMENTS], attends_causally(model, config),
+                                                        compute_dtype(model))
     return inputs
 
 
 def pool_packed(hidden: Tensor, features: dict[str, Tensor], pooling: str) -> Tensor:
     """Per-text pooling of packed hidden states [R, W, H] to [N, H]: the first or last token of each
     text, or the mean over its tokens weighted by its pool mask (the padded path's
-    ``sum(h · m) / max(sum(m), 1e-9)``)."""
+    ``sum(h · m) / max(sum(m), 1e-9)``). The mean's sums and counts accumulate in fp32 whatever the
+    hidden states' dtype: in bf16 a count stops at 256 and, on CUDA, every ``index_add_`` into a
+    bf16 buffer is an atomic add rounded to 8 bits (pytorch/pytorch#84981)."""
     flat = hidden.reshape(-1, hidden.size(-1))
     if pooling == "cls":
         return flat.index_select(0, features["first"])
     if pooling == "last_token":
         return flat.index_select(0, features["last"])
     n = features["first"].size(0)
-    weight = features["token_weight"].to(hidden.dtype)
-    sums = flat.new_zeros(n, flat.size(-1)).index_add_(0, features["token_text"],
-                                                       flat.index_select(0, features["token_index"]) * weight[:, None])
+    weight = features["token_weight"].to(device=hidden.device, dtype=torch.float32)
+    tokens = flat.index_select(0, features["token_index"]).float() * weight[:, None]
+    sums = tokens.new_zeros(n, flat.size(-1)).index_add_(0, features["token_text"], tokens)
     counts = weight.new_zeros(n).index_add_(0, features["token_text"], weight)
     return sums / counts.clamp(min=1e-9)[:, None]

@@ -70,6 +70,9 @@ class TaskBatch:
     weights: list[float] = field(default_factory=list)
     # the dataset positions of the whole micro-batch, all ranks' slices (lineage); set by the trainer
     positions: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # this rank's encoder passes, planned with the batch off the step (``Passes.local_plan`` on the
+    # batch source's thread): length buckets, packing and features cost host time the step then saves
+    passes: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:

@@ -321,6 +321,9 @@ class TrainConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="Training compute: auto = bf16 autocast "
                                                         "on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16), "
                                                         "fp32 elsewhere; fp32 for bit-exact resumes.")
+    tf32: bool = Field(False, description="fp32 compute on CUDA (precision fp32, or auto's fp32 parts) runs its "
+                       "matrix products on TF32 tensor cores (torch.set_float32_matmul_precision('high')): several "
+                       "times faster, with a 10-bit mantissa, so not bit-exact with fp32; no effect on the CPU.")
     packing: Literal["auto", "on", "off"] = Field(
         "auto", description="Packed passes: each text group of a batch is encoded as one packed pass (its texts "
         "back to back, positions, attention and pooling per text) instead of length-bucketed padded passes, with "

@@ -88,10 +88,11 @@ class LiveModel(EvalModel):
     """The evaluator's encoder over the model being trained: the same instructions and prompts as
     ``EvalModel``, encoded by the trainer's ``Embedder`` without a cache."""
 
-    def __init__(self, embedder, settings: ModelSettings, *, batch_size: int = 64):
+    def __init__(self, embedder, settings: ModelSettings, *, batch_size: int = 64, bf16: bool = False):
         from mteb.models.model_meta import ModelMeta, ScoringFunction
 
         self.embedder = embedder
+        self.bf16 = bf16
         self.settings = settings
         self.batch_size = batch_size
         self.label = "training"
@@ -104,7 +105,9 @@ class LiveModel(EvalModel):
     def _encode_texts(self, texts: list[str]) -> np.ndarray:
         device = next(self.embedder.parameters()).device
         out = []
-        with torch.no_grad():
+        # the training precision: a bf16 run's dev encodes in bf16 autocast too (fp32 GEMMs would be
+        # several times slower on a GPU, and score a model unlike the one trained)
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
             for i in range(0, len(texts), self.batch_size):
                 features = self.embedder.tokenize(texts[i:i + self.batch_size])  # pools over every token, as EvalModel
                 out.append(self.embedder({k: v.to(device) for k, v in features.items()}).float().cpu().numpy())
@@ -130,14 +133,15 @@ class DevEvaluator:
                 task_spec = task_spec.model_copy(update={"max_rows": dev.max_rows})
             self.tasks.append((spec.name, build_task(task_spec, config.resolve, seed=config.seed)))
 
-    def score(self, embedder) -> dict[str, float]:
-        """Main score of every dev task for the model as it is now (its training mode restored after)."""
+    def score(self, embedder, bf16: bool = False) -> dict[str, float]:
+        """Main score of every dev task for the model as it is now (its training mode restored after),
+        encoded under bf16 autocast when ``bf16`` (the training precision)."""
         import mteb
 
         was_training = embedder.training
         embedder.eval()
         try:
-            model = LiveModel(embedder, self.settings, batch_size=self.batch_size)
+            model = LiveModel(embedder, self.settings, batch_size=self.batch_size, bf16=bf16)
             scores = {}
             for name, task in self.tasks:
                 result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)

@@ -154,13 +154,24 @@ class Passes:
                             {k: v.index_select(0, idx)[:, :width] for k, v in picked.items()}, int(lengths[idx].sum())))
         return out
 
-    def plan(self, batch: TaskBatch) -> list[Pass]:
-        """Every pass of the micro-batch, padded to the ranks' agreed count where forwards are collective."""
+    def local_plan(self, batch: TaskBatch) -> list[Pass]:
+        """This rank's passes of the micro-batch, from its own texts alone (no collective, so the
+        batch source's thread makes them while the step before trains); their tensors pinned on a
+        CUDA run, so the step's copies to the device do not wait."""
         passes: list[Pass] = []
         for name, group in batch.groups.items():
             feats = features(self.model, group)
             for chunk in (self.chunks(group) if self.cached else [list(range(len(group.texts)))]):
                 passes += self._split(name, feats, torch.tensor(chunk))
+        if self.device.type == "cuda":
+            for p in passes:
+                p.inputs = {k: v.pin_memory() if isinstance(v, Tensor) else v for k, v in p.inputs.items()}
+        return passes
+
+    def plan(self, batch: TaskBatch) -> list[Pass]:
+        """Every pass of the micro-batch (planned ahead or now), padded to the ranks' agreed count
+        where forwards are collective (the one agreement: on the step's thread, in step order)."""
+        passes = list(batch.passes) if batch.passes is not None else self.local_plan(batch)
         if self.collective:
             passes += [self._padding() for _ in range(max_over_ranks(len(passes)) - len(passes))]
         return passes
@@ -178,7 +189,9 @@ class Passes:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def _run(self, p: Pass) -> Tensor:
-        inputs = {k: v.to(self.device) for k, v in p.inputs.items()}
+        # non_blocking: the batch source pins its tensors on a CUDA run (no copy waits for the GPU);
+        # a packed pass's max_seqlen is a Python int (reading it back from the GPU would sync)
+        inputs = {k: v.to(self.device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in p.inputs.items()}
         if p.group is None:
             # a padding pass leaves the random streams as it found them: its dropout masks must not
             # shift the real passes' masks of this and later steps, or a rank that needed padding (its

@@ -41,7 +41,7 @@ from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.losses.matryoshka import Matryoshka
 from embed_core.model.bulk_dropout import use_bulk_dropout
 from embed_core.model.embedder import Embedder
-from embed_core.model.encoder import uses_bf16
+from embed_core.model.encoder import use_tf32, uses_bf16
 from embed_core.model.packing import resolve_attention
 from embed_core.progress import Progress
 from embed_core.train import checkpoint
@@ -121,6 +121,10 @@ class Trainer:
             alpha=stage.alpha, retrieval=ret, eta=stage.eta, seed=seed, alternate=stage.alternate_tasks,
             multipliers=_multipliers(stage, datasets))
         self._init_optimization(model, sampler, checkpoint_dir)
+        if self.device.type != "cpu" and not self.backend.collective_forward:
+            # again where it trains: the kernel chosen there (FlashAttention, SDPA's) must honour
+            # is_causal=False too (a collective back end's ranks rely on the check made at load)
+            self.model.check_bidirectional(bf16=self.bf16)
         self.lineage = True  # records consumed per step (embed_core.train.lineage): records, not derived examples
 
     # -- set-up shared with the AutoRegEmbed trainer ---------------------------------------------
@@ -137,6 +141,7 @@ class Trainer:
         # encoder throughput measured on a 2-core Xeon with AMX); fp32 elsewhere, and where a test
         # needs bit-exact resumes it pins precision: fp32
         self.bf16 = uses_bf16(train.precision, self.device.type)
+        use_tf32(train.tf32, self.device.type)
         if train.weights_dtype == "bf16" and not self.bf16:
             raise ConfigError(f"train.weights_dtype: bf16 needs bf16 compute, and precision {train.precision!r} is fp32 "
                               f"on this device ({self.device.type}); use weights_dtype: fp32 here")
@@ -221,6 +226,7 @@ class Trainer:
                             layout=loss.layout, **loss.batch_options())
         for group in batch.groups.values():
             group.features = self.model.tokenize(group.texts, group.instructions, group.max_length)
+        batch.passes = self.passes.local_plan(batch)
         batch.positions = consumed_positions(drawn.indices, self.world)
         if s.origin_weight:
             batch.weights = [s.origin_weight.get(records.cols["origin"][i], 1.0) for i in self._slice(drawn.indices)]
@@ -339,7 +345,7 @@ class Trainer:
             return
         rng = checkpoint.rng_state()  # mteb seeds the global RNGs: training must not depend on whether it evaluates
         try:
-            scores = self.dev_evaluator.score(self.model)
+            scores = self.dev_evaluator.score(self.model, bf16=self.bf16)
         finally:
             checkpoint.set_rng_state(rng)
         scores = broadcast_from_main(scores) if collective else scores
