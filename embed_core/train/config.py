@@ -193,7 +193,10 @@ class TrainStageConfig(StrictModel):
                                 "that wastes the fewest padded positions); the loss still sees the whole batch. "
                                 "1 = one pass padded to the group's longest text.")
     bucket_pass_cost: int | None = Field(None, ge=0, description="Padded positions an extra length-bucket pass "
-                                         "must save to be made; None = auto: 0 in fp32, 8192 under bf16 autocast, "
+                                         "must save to be made; None = auto: under a collective back end (FSDP) on a GPU of known peak, the "
+                                         "positions whose compute the pass's weight traffic costs (on paper, an H100: about 1,300 "
+                                         "within a node, 10,000 across nodes; embed_core.train.passes.default_pass_cost); "
+                                         "else 0 in fp32, 8192 under bf16 autocast, "
                                          "where small matmuls are overhead-bound (a 2-core AMX CPU: STS-B batches "
                                          "0.51 s/step in one pass, 0.67 in four; fp32 0.85 and 0.68).")
     alpha: float = Field(0.5, ge=0, description="Dataset sampling exponent (Eq. 4).")

@@ -82,6 +82,30 @@ def length_buckets(lengths: list[int], most: int, pass_cost: int = 0) -> list[tu
     return bounds[::-1]
 
 
+# An extra pass under a collective forward (FSDP) moves the whole model once more: the bf16 weights
+# all-gathered in each forward (GradCache's no-grad pass and its replay) and in the backward, and the
+# fp32 gradients reduce-scattered, about 10 bytes per parameter; its compute is about 8 FLOPs per
+# parameter per token (forward 2, replay 2, backward 4). So an extra pass is worth the padded
+# positions whose compute takes as long as that traffic: positions = (10 / bandwidth) / (8 / FLOP/s),
+# whatever the model's size. On paper (not yet measured), an H100 at 40 % of its bf16 peak: about
+# 1,300 positions within a node (NVLink, ~370 GB/s per GPU), about 10,000 across nodes (~50 GB/s).
+COLLECTIVE_BYTES_PER_PARAM = 10
+PASS_FLOPS_PER_PARAM_TOKEN = 8
+ACHIEVED_SHARE = 0.4
+BANDWIDTH = {"node": 370e9, "network": 50e9}  # bytes/s per GPU
+CPU_BF16_PASS_COST = 8192  # a 2-core AMX CPU's small bf16 matmuls (config: bucket_pass_cost)
+
+
+def default_pass_cost(bf16: bool, collective: bool, peak_tflops: float | None, across_nodes: bool) -> int:
+    """``bucket_pass_cost: auto``: under a collective forward with a known peak, the positions whose
+    compute an extra pass's traffic costs; else 8192 under bf16 (overhead-bound small matmuls), 0 in fp32."""
+    if collective and peak_tflops:
+        seconds_per_position = PASS_FLOPS_PER_PARAM_TOKEN / (peak_tflops * 1e12 * ACHIEVED_SHARE)
+        seconds_of_traffic = COLLECTIVE_BYTES_PER_PARAM / BANDWIDTH["network" if across_nodes else "node"]
+        return round(seconds_of_traffic / seconds_per_position)
+    return CPU_BF16_PASS_COST * bf16
+
+
 def features(model: Any, group: TextGroup) -> dict[str, Tensor]:
     """The group's tokenized features (made by the batch source, or here when it made none)."""
     if group.features is None:
@@ -94,10 +118,11 @@ class Passes:
     or the back end's wrapper), ``collective`` whether its forwards must pair up across ranks."""
 
     def __init__(self, model: Any, forward: Callable[[dict[str, Tensor]], Tensor], *, device: torch.device,
-                 bf16: bool, stage: Any, packing: str, collective: bool):
+                 bf16: bool, stage: Any, packing: str, collective: bool, pass_cost: int | None = None):
         self.model, self.forward, self.device, self.bf16 = model, forward, device, bf16
         self.stage, self.packing, self.collective = stage, packing, collective
-        self.bucket_pass_cost = stage.bucket_pass_cost if stage.bucket_pass_cost is not None else 8192 * bf16
+        auto = pass_cost if pass_cost is not None else default_pass_cost(bf16, collective, None, False)
+        self.bucket_pass_cost = stage.bucket_pass_cost if stage.bucket_pass_cost is not None else auto
         self._padding_inputs: dict[str, Tensor] | None = None
         self.tokens = self.texts = 0  # non-padding tokens and texts encoded with a graph (throughput, MFU)
 

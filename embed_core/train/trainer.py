@@ -51,10 +51,11 @@ from embed_core.train.batches import DatasetRecords, TaskBatch, build_batch
 from embed_core.train.config import TrainConfig, TrainStageConfig
 from embed_core.train.distributed import broadcast_from_main, init_process_group, mean_over_ranks, wait_for_main
 from embed_core.train.lineage import Consumed, consumed_positions, replay
-from embed_core.train.passes import Passes
+from embed_core.train.passes import Passes, default_pass_cost
 from embed_core.train.prefetch import BatchSource
 from embed_core.train.sampling import Batch, GroupedBatchSampler, origin_factors
 from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory_mb
+from embed_core.train.world import spans_nodes
 
 CHECKPOINT_PREFIX = checkpoint.PREFIX
 
@@ -160,14 +161,17 @@ class Trainer:
         self.backend.wrap(lr_lambda(self.stage))
         self.rank, self.world = self.backend.rank, self.backend.world
         self.optimizer, self.scheduler = self.backend.optimizer, self.backend.scheduler
+        self.peak_tflops = device_peak_tflops(self.device, self.bf16, self.train_cfg.peak_tflops)
+        collective = self.backend.collective_forward
         self.passes = Passes(self.model, self.backend.forward, device=self.device, bf16=self.bf16, stage=self.stage,
-                             packing=self.train_cfg.packing, collective=self.backend.collective_forward)
+                             packing=self.train_cfg.packing, collective=collective,
+                             pass_cost=default_pass_cost(self.bf16, collective, self.device.type == "cuda"
+                                                         and self.peak_tflops, spans_nodes()))
         self.sampler = sampler
         self.batches = BatchSource(sampler, self._build, prefetch=self.train_cfg.prefetch)
         self.checkpoint_dir = Path(checkpoint_dir)
         self.step = 0
         self.flops = FlopModel(self.model, getattr(getattr(self.model, "model", None), "config", None))
-        self.peak_tflops = device_peak_tflops(self.device, self.bf16, self.train_cfg.peak_tflops)
         self.metrics: list[dict[str, Any]] = []
         self.lineage = False
         self.consumed: list[Consumed] = []  # (step, dataset, positions) per micro-batch trained

@@ -15,3 +15,10 @@ def launched() -> bool:
 def env_rank() -> int:
     """This process's rank in its job (0 outside one)."""
     return int(os.environ.get("RANK", "0"))
+
+
+def spans_nodes() -> bool:
+    """True where the job's ranks are on more than one machine (a launcher's ``LOCAL_WORLD_SIZE`` below
+    its ``WORLD_SIZE``)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < world

@@ -37,7 +37,7 @@ TWIN_SIZES = {
     "train": {"max_length": 64},
     # 3 steps: stage 2's seeded draws (seed 42, η 0.72) reach a non-retrieval task at step 3
     "stage": {"steps": 3, "warmup_steps": 0, "query_max_length": 24, "passage_max_length": 48,
-              "grad_cache_chunk": 4, "checkpoint_every": 2, "log_every": 1},
+              "grad_cache_max_tokens": 96, "checkpoint_every": 2, "log_every": 1},
     "dev": {"eval_every": 3, "max_rows": 8},
 }
 BATCH = 4
@@ -75,7 +75,7 @@ def test_the_qzhou_decoder_recipe_trains_both_stages_end_to_end_on_a_tiny_qwen3(
     assert train["bidirectional"] and train["pooling"] == "mean" and train["use_instructions"]
     assert train["sharding"] == "fsdp" and train["precision"] == "bf16" and len(names) == 2
     assert train["stages"][0]["tasks"] == ["retrieval"] and train["stages"][1]["eta"] == 0.72
-    assert all(s["grad_cache_chunk"] and s["gradient_checkpointing"] for s in train["stages"])
+    assert all(s["grad_cache_max_tokens"] and s["gradient_checkpointing"] for s in train["stages"])
 
     model = build_tiny_decoder(tmp_path / "qwen3", "qwen3")
     config = tmp_path / "twin.yaml"
