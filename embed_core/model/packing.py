@@ -42,22 +42,32 @@ def uses_varlen_attention(config: Any) -> bool:
     return is_flash_attention_requested(config)
 
 
-ATTENTIONS = ("auto", "sdpa", "eager", "flash_attention_2")
+ATTENTIONS = ("auto", "sdpa", "eager", "flash_attention_2", "flex_attention")
+
+
+def flash_attn_imports() -> bool:
+    """Whether the ``flash_attn`` package imports (a wheel built for another torch is found but fails
+    to import: its kernels' ABI does not match)."""
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:  # noqa: BLE001 (ImportError, or an undefined symbol raised as OSError/RuntimeError)
+        return False
+    return True
 
 
 def resolve_attention(setting: str, device_type: str) -> str | None:
     """The ``attn_implementation`` to load a trained model with (``train.attention``): auto =
-    FlashAttention-2 on CUDA where the ``flash_attn`` package is installed (so packed passes run its
+    FlashAttention-2 on CUDA where the ``flash_attn`` package imports (so packed passes run its
     variable-length kernel), else transformers' default (None: SDPA); a named one as it is, with
-    flash_attention_2 refused where it cannot run."""
-    import importlib.util
-
-    has_flash = device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None
+    flash_attention_2 refused where it cannot run. ``flex_attention`` (torch's FlexAttention,
+    compiled) takes packed rows as a block-sparse document mask instead of a dense one: the choice
+    on a GPU without flash-attn for long, length-skewed groups."""
+    has_flash = device_type == "cuda" and flash_attn_imports()
     if setting == "auto":
         return "flash_attention_2" if has_flash else None
     if setting == "flash_attention_2" and not has_flash:
-        raise ConfigError(f"train.attention: flash_attention_2 needs CUDA and the flash-attn package "
-                          f"(device: {device_type}); use attention: auto or sdpa here")
+        raise ConfigError(f"train.attention: flash_attention_2 needs CUDA and a flash-attn package that imports "
+                          f"(device: {device_type}); use attention: auto, sdpa or flex_attention here")
     return setting
 
 

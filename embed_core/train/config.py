@@ -337,10 +337,12 @@ class TrainConfig(StrictModel):
         "1.45x in fp32 on a 2-core CPU), not 256-token passages (one to a row either way, 10 % slower with the "
         "mask); on = every group packed; off = always padded passes. A sliding-window model keeps padded passes for a group "
         "with a text longer than its window.")
-    attention: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+    attention: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
         "auto", description="Attention implementation the trained model is loaded with: auto = FlashAttention-2 on "
-        "CUDA where the flash-attn package is installed (packing: auto then packs), transformers' default (SDPA) "
-        "elsewhere; flash_attention_2 is refused where it cannot run.")
+        "CUDA where the flash-attn package imports (packing: auto then packs), transformers' default (SDPA) "
+        "elsewhere; flash_attention_2 is refused where it cannot run; flex_attention = torch's FlexAttention "
+        "(compiled on first use), whose packed rows take a block-sparse document mask rather than a dense one: "
+        "a GPU without flash-attn, with packing: on.")
     prefetch: bool = Field(True, description="Build and tokenize the next micro-batch on a background thread "
                            "while this one trains (same batches, same results; false: on the step).")
     weights_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Storage of the weights that do not train: "
