@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class StrictModel(BaseModel):
-    """A config section: unknown keys are errors (a misspelt key never falls back to a default)."""
+    """A config section: unknown keys are errors (a misspelt key never falls back to a default), and
+    every float, alone or inside a list or dict, is finite (a NaN weight would train NaN weights)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # Names that become file or directory names (run, dataset, evaluation task): one path component,

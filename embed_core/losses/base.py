@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 class LossParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # finite, as every config float
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class MatryoshkaConfig(StrictModel):
                             "128, 64]); each positive, at most the model's hidden size (checked when the model is "
                             "loaded), no repeats; kept in descending order.")
     weights: list[float] | None = Field(None, description="Weight of each dimension's loss, in the order of dims as "
-                                        "written (each ≥ 0); None = 1 for every dimension.")
+                                        "written (each ≥ 0, finite, at least one > 0); None = 1 for every dimension.")
 
     @model_validator(mode="after")
     def _dims_and_weights(self) -> "MatryoshkaConfig":
@@ -136,6 +136,9 @@ class MatryoshkaConfig(StrictModel):
                              f"{len(weights)} weights)")
         if any(w < 0 for w in weights):
             raise ValueError(f"matryoshka.weights must be >= 0 (got {weights})")
+        if not sum(weights) > 0:
+            raise ValueError(f"matryoshka.weights are all 0, so nothing would train (got {weights}): give one a "
+                             "positive weight")
         pairs = sorted(zip(self.dims, weights), key=lambda p: -p[0])  # descending, each weight with its dim
         object.__setattr__(self, "dims", [d for d, _ in pairs])
         object.__setattr__(self, "weights", [w for _, w in pairs])

@@ -81,7 +81,7 @@ class RunLike(Protocol):
 class ConverterParams(BaseModel):
     """Settings of one source kind (none by default)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # finite, as every config float
 
 
 def _ordered(v: tuple[float, float] | None) -> tuple[float, float] | None:
