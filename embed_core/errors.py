@@ -79,6 +79,12 @@ class CollectiveError(EmbedpipeError):
     message names this rank, the stage and the operation (``embed_core.train.distributed``)."""
 
 
+class LaunchError(EmbedpipeError):
+    """The processes of a multi-process job cannot work as one: the launcher's environment is
+    inconsistent, a scheduler started tasks without a launcher, the ranks cannot connect, or they
+    do not share the run directory (``embed_core.train.world``, ``embed_core.train.distributed``)."""
+
+
 class CheckpointError(EmbedpipeError):
     """A checkpoint cannot be resumed from (unsafe or damaged state file)."""
 

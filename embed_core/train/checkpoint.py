@@ -1,5 +1,5 @@
 """Training checkpoints: ``<run_dir>/checkpoints/<stage>/step-N/`` with the back end's state (model,
-optimizer, scheduler: whole, sharded or DeepSpeed's layout), every rank's RNG states, and rank 0's
+optimizer, scheduler: whole, sharded or DeepSpeed's layout), every rank's RNG states (its own device's), and rank 0's
 ``trainer_state.json`` (step, sampler, metrics, dev rows). A checkpoint becomes visible only once
 complete (written as ``.tmp-step-N``, then renamed); a write that fails keeps the last complete one.
 State files are read with ``weights_only=True``: a checkpoint from a copied run directory is never
@@ -54,26 +54,47 @@ def checkpoint_write(tmp: Path, complete: list[Path]) -> Iterator[None]:
                               f"the last complete checkpoint ({last}) is kept and a rerun resumes from it") from exc
 
 
-def rng_state() -> dict[str, Any]:
-    """Every RNG's state as tensors and plain data, so ``torch.load(weights_only=True)`` reads it
-    back (a checkpoint from a copied run directory is never unpickled)."""
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """The RNGs' states as tensors and plain data, so ``torch.load(weights_only=True)`` reads them
+    back (a checkpoint from a copied run directory is never unpickled): Python's, numpy's, torch's
+    CPU generator and the generator of this rank's CUDA device (``device``; the current one when
+    None, none on a CPU device), the only one its dropout draws from. Not every visible GPU's: a
+    resume where a rank sees fewer GPUs (per-rank ``CUDA_VISIBLE_DEVICES``) must still fit."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"python": random.getstate(), "torch": torch.get_rng_state(),
              "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    index = _cuda_index(device)
+    if index is not None:
+        state["cuda"] = torch.cuda.get_rng_state(index)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore what :func:`rng_state` saved, the CUDA generator into ``device``'s. A checkpoint of
+    before this format holds every visible GPU's generator (a list); the rank's own is the one of
+    its ``LOCAL_RANK``, the device it trained on then, or the only one saved."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    index = _cuda_index(device)
+    if "cuda" in state and index is not None:
+        saved = state["cuda"]
+        if isinstance(saved, (list, tuple)):  # every visible GPU's, as checkpoints before saved them
+            local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+            saved = saved[local] if 0 <= local < len(saved) else saved[0]
+        torch.cuda.set_rng_state(saved, index)
+
+
+def _cuda_index(device: torch.device | None) -> int | None:
+    """The CUDA device whose generator is this rank's: ``device``'s, the current one when None
+    (None without CUDA or for a CPU device)."""
+    if device is not None:
+        return (device.index if device.index is not None else torch.cuda.current_device()) \
+            if device.type == "cuda" else None
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
 def save_plain(obj: Any, path: Path) -> None:
@@ -116,7 +137,7 @@ def save(trainer: Any) -> Path:
     barrier()
     with checkpoint_write(tmp, complete(directory)):
         extra = trainer.backend.save_state(tmp)
-        save_plain(rng_state(), tmp / f"rng-{rank}.pt")
+        save_plain(rng_state(getattr(trainer, "device", None)), tmp / f"rng-{rank}.pt")
     barrier()
     if rank == 0:
         with checkpoint_write(tmp, complete(directory)):
@@ -143,7 +164,7 @@ def load(trainer: Any, path: Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: saved by {meta.get('world', 1)} processes, resumed by {trainer.world}; resume "
                               "with the same number of processes (or pass --no-resume)")
         trainer.backend.load_state(path, meta)
-        set_rng_state(load_plain(path / f"rng-{trainer.rank}.pt"))
+        set_rng_state(load_plain(path / f"rng-{trainer.rank}.pt"), getattr(trainer, "device", None))
         return meta
     except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError, EOFError) as exc:
         detail = " ".join(str(exc).split())[:160] or type(exc).__name__

@@ -221,11 +221,11 @@ class Passes:
             # a padding pass leaves the random streams as it found them: its dropout masks must not
             # shift the real passes' masks of this and later steps, or a rank that needed padding (its
             # groups split into fewer passes than another rank's) would train unlike an unsharded run
-            state = rng_state()
+            state = rng_state(self.device)
             try:
                 return self.forward(inputs)
             finally:
-                set_rng_state(state)
+                set_rng_state(state, self.device)
         if torch.is_grad_enabled():
             self.tokens += p.tokens
             self.texts += len(p.rows)
@@ -270,11 +270,12 @@ class Passes:
     def _cached(self, passes: list[Pass], loss_of: Callable[[dict[str, Tensor]], Tensor], scale: float,
                 backward: Callable[[Tensor, bool], None]) -> float:
         # 1) every pass without a graph, remembering its RNG states (CPU and the device's: dropout on
-        # CUDA draws from the CUDA generator)
+        # CUDA draws from the CUDA generator of the device it runs on, the only one kept, as
+        # sentence-transformers' RandContext keeps only its inputs' devices)
         states, outs = [], []
         with torch.no_grad(), self._autocast():
             for p in passes:
-                states.append(rng_state())
+                states.append(rng_state(self.device))
                 outs.append(self._run(p))
         cached = {name: t.detach().requires_grad_() for name, t in self._assemble(passes, outs).items()}
         # 2) the loss on the cached embeddings, gradients to the embeddings only (leaf tensors: no
@@ -285,12 +286,12 @@ class Passes:
         # 3) replay each pass with a graph (same RNG states: same dropout masks) and push its cached
         # gradient through the encoder: sum(out * g) has exactly that gradient; a padding pass's
         # gradient is zero
-        after = rng_state()
+        after = rng_state(self.device)
         for i, (p, state) in enumerate(zip(passes, states)):
-            set_rng_state(state)
+            set_rng_state(state, self.device)
             with self._autocast():
                 out = self._run(p)
             g = grads[p.group].index_select(0, p.rows.to(self.device)).float() if p.group is not None else 0.0
             backward((out.float() * g).sum(), i == len(passes) - 1)
-        set_rng_state(after)
+        set_rng_state(after, self.device)
         return float(loss.detach())

@@ -47,7 +47,7 @@ from embed_core.schema import INFONCE_TASKS, TRAINABLE_TASKS
 from embed_core.train.batches import DatasetRecords
 from embed_core.train.lineage import LINEAGE_FILE, lineage_table
 from embed_core.train.records import RECORDS_DIR, mapped_records
-from embed_core.train.distributed import barrier, init_process_group, is_main_process
+from embed_core.train.distributed import barrier, check_shared_directory, init_process_group, is_main_process
 from embed_core.train.ranks import committed, on_main_rank
 from embed_core.train.sampling import dataset_weights
 from embed_core.train.spawn import local_ranks, training_processes
@@ -291,7 +291,8 @@ DEV_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("task", p
 METRIC_SCHEMA = pa.schema([("stage", pa.string()), ("step", pa.int64()), ("dataset", pa.string()), ("task", pa.string()),
                            ("loss", pa.float64()), ("examples", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
                            ("seconds", pa.float64()), ("tokens_per_s", pa.float64()), ("examples_per_s", pa.float64()),
-                           ("grad_norm", pa.float64()), ("peak_memory_mb", pa.float64()), ("mfu", pa.float64()),
+                           ("grad_norm", pa.float64()), ("peak_memory_mb", pa.float64()),
+                           ("peak_reserved_mb", pa.float64()), ("mfu", pa.float64()),
                            # false negatives the loss left out (embed_core.losses.false_negatives)
                            ("masked_duplicates", pa.int64()), ("masked_margin", pa.int64()),
                            ("masked_guide", pa.int64())])
@@ -313,6 +314,7 @@ def _run_train_stage(config: RunConfig, run_dir: Path, stage_name: str, *, upstr
     t0 = time.perf_counter()
     # under torchrun / deepspeed / accelerate launch or local_ranks: every rank runs this function
     init_process_group(timeout_s=_cfg(config).dist_timeout_s)
+    check_shared_directory(run_dir / "checkpoints", stage_name)  # every node sees what rank 0 writes
     fingerprint = fingerprint or input_fingerprint(config, run_dir, stage_name, upstream=upstream)
     ckpt_dir = _checkpoint_dir(run_dir, stage, fingerprint)
     datasets = load_datasets(run_dir, stage, upstream, ckpt_dir / RECORDS_DIR)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,13 +31,15 @@ from pathlib import Path
 
 import torch
 
-from embed_core.errors import EmbedpipeError
+from embed_core.errors import CollectiveError, EmbedpipeError
 from embed_core.procs import dying_with_parent, end_on_signals, free_port
 from embed_core.train.config import TrainConfig
-from embed_core.train.distributed import collective_error, destroy_process_group, set_stage
+from embed_core.train.distributed import (collective_error, destroy_process_group, rank_environment,
+                                          rank_log_failure, set_stage, who)
 from embed_core.train.world import launched
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+FLIGHT_RECORDER = "flight-recorder"  # NCCL's dumps of the ranks' last collectives, rank-<k>, on a watchdog timeout
 
 
 def training_processes(train: TrainConfig) -> int:
@@ -67,7 +70,8 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
     spec.write_text(json.dumps({"config": config.model_dump(mode="json"), "run_dir": str(run_dir),
                                 "stage": stage_name, "upstream": upstream, "resume": resume}))
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n),
-           "LOCAL_WORLD_SIZE": str(n)}
+           "LOCAL_WORLD_SIZE": str(n), **rank_environment(n, str(work / FLIGHT_RECORDER / "rank-"))}
+    (work / FLIGHT_RECORDER).mkdir(exist_ok=True)
     children = []
     for k in range(1, n):
         log = open(work / f"rank-{k}.log", "w")  # noqa: SIM115 (closed with the child)
@@ -76,7 +80,8 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
             dying_with_parent([sys.executable, "-m", "embed_core.train.spawned", str(spec)], signal.SIGKILL),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # a Ctrl-C reaches rank 0, which stops them
             env={**os.environ, **env, "RANK": str(k), "LOCAL_RANK": str(k)})))
-    saved = {key: os.environ.get(key) for key in RENDEZVOUS}
+    saved = {key: os.environ.get(key) for key in (*RENDEZVOUS, *env)}
+    threads = torch.get_num_threads()
     os.environ.update(env, RANK="0", LOCAL_RANK="0")
     try:
         try:
@@ -95,6 +100,7 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
             log.close()
         destroy_process_group()
         _restore(saved)
+        torch.set_num_threads(threads)  # rank 0 had its share of the host's cores (divide_host_threads)
     shutil.rmtree(work, ignore_errors=True)  # kept, with the ranks' logs, when a rank failed
 
 
@@ -131,10 +137,26 @@ def _failure(children: list, work: Path, exc: Exception) -> BaseException:
 
 
 def _child_failed(k: int, world: int, code: int, work: Path) -> EmbedpipeError:
+    """The one line of child rank ``k`` that exited with ``code``: its own error line, else what its
+    log shows ended it (NCCL's watchdog, which aborts the process before Python can say anything:
+    exit code -6; a Python traceback's last line), with its log and flight-recorder dump."""
     log = work / f"rank-{k}.log"
     try:
-        lines = [x for x in log.read_text(errors="replace").splitlines() if x.startswith("embedpipe: error: ")]
+        text = log.read_text(errors="replace")
     except OSError:
-        lines = []
-    said = f": {lines[-1].removeprefix('embedpipe: error: ')}" if lines else ""
-    return EmbedpipeError(f"training rank {k} of {world} exited with code {code}{said}; its log: {log}")
+        text = ""
+    dump = work / FLIGHT_RECORDER / f"rank-{k}"
+    where = f"its log: {log}" + (f"; NCCL's flight recorder: {dump}" if dump.exists() else "")
+    lines = [x for x in text.splitlines() if x.startswith("embedpipe: error: ")]
+    if lines:  # the rank's own one line, which names it already
+        return EmbedpipeError(f"{lines[-1].removeprefix('embedpipe: error: ')} (exit code {code}; {where})")
+    nccl = rank_log_failure(text, who(k, world))
+    if nccl is not None:
+        return CollectiveError(f"{nccl} (exit code {code}; {where})")
+    raised = [m.group(0) for m in _PYTHON_ERROR.finditer(text)]
+    said = f": {raised[-1]}" if raised else ""
+    return EmbedpipeError(f"{who(k, world)} exited with code {code}{said}; {where}")
+
+
+# the last line of a Python traceback: "torch.OutOfMemoryError: CUDA out of memory. Tried to ..."
+_PYTHON_ERROR = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt): .*$", re.M)

@@ -1,4 +1,4 @@
-"""What GPU users read first, per optimizer step: peak memory, gradient norm and model FLOPs
+"""What GPU users read first, per optimizer step: peak memory (allocated and reserved), gradient norm and model FLOPs
 utilisation (MFU), beside the loss, learning rate and non-padding tokens/s.
 
 MFU = model FLOPs of the step / seconds / the device's peak FLOP/s (PaLM, Chowdhery et al. 2022,
@@ -82,6 +82,18 @@ def peak_memory_mb(device: torch.device) -> float:
         torch.cuda.reset_peak_memory_stats(device)
         return peak / 2 ** 20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def peak_memory(device: torch.device) -> dict[str, float | None]:
+    """The step's peaks, then reset: ``peak_memory_mb`` (:func:`peak_memory_mb`) and, on CUDA,
+    ``peak_reserved_mb``, what the caching allocator held from the device (tensors, their
+    fragments, its cached blocks). An out-of-memory error comes when *reserved* reaches the
+    device's memory, which can be well before *allocated* does when the shapes change from pass to
+    pass (GradCache chunks, length buckets); None on a CPU."""
+    if device.type != "cuda":
+        return {"peak_memory_mb": peak_memory_mb(device), "peak_reserved_mb": None}
+    reserved = torch.cuda.max_memory_reserved(device) / 2 ** 20
+    return {"peak_memory_mb": peak_memory_mb(device), "peak_reserved_mb": reserved}  # that one resets both
 
 
 def total_norm(norm: Any) -> float:

@@ -54,7 +54,7 @@ from embed_core.train.lineage import Consumed, consumed_positions, replay
 from embed_core.train.passes import Passes, default_pass_cost
 from embed_core.train.prefetch import BatchSource
 from embed_core.train.sampling import Batch, GroupedBatchSampler, origin_factors
-from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory_mb
+from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory
 from embed_core.train.world import spans_nodes
 
 CHECKPOINT_PREFIX = checkpoint.PREFIX
@@ -264,7 +264,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         tokens = sum(r["tokens"] for r in rows)
         examples = sum(r["examples"] for r in rows)
-        telemetry = {"grad_norm": self.backend.grad_norm, "peak_memory_mb": peak_memory_mb(self.device),
+        telemetry = {"grad_norm": self.backend.grad_norm, **peak_memory(self.device),
                      "mfu": self.flops.mfu(tokens, sum(r.get("texts", 0) for r in rows), seconds, self.peak_tflops)}
         out = [{"stage": s.name, "step": self.step, **r, "lr": lr, "seconds": seconds,
                 "tokens_per_s": tokens / seconds if seconds else 0.0,
@@ -395,6 +395,8 @@ def _telemetry_line(row: dict[str, Any]) -> str:
     if row.get("grad_norm") is not None:
         parts.append(f"grad norm {row['grad_norm']:.3g}")
     parts.append(f"peak {row['peak_memory_mb']:.0f} MB")
+    if row.get("peak_reserved_mb") is not None:
+        parts[-1] += f" ({row['peak_reserved_mb']:.0f} MB reserved)"
     if row.get("mfu") is not None:
         parts.append(f"MFU {100 * row['mfu']:.1f} %")
     return ", " + ", ".join(parts)

@@ -35,3 +35,20 @@ def test_the_device_peak_comes_from_the_override_else_the_gpu_table_and_is_unkno
     assert device_peak_tflops(cpu, True) is None
     assert device_peak_tflops(cpu, True, override=123.0) == 123.0
     assert peak_memory_mb(cpu) > 10  # this process's peak resident memory so far
+
+
+def test_cuda_steps_report_the_reserved_peak_beside_the_allocated_one_and_reset_both(monkeypatch):
+    """Review F12: an out-of-memory error comes when the allocator's *reserved* memory reaches the
+    device's, which can be long before *allocated* does. No GPU here: torch.cuda's memory counters
+    are simulated (allocated 1 GiB, reserved 1.5 GiB, both reset after being read)."""
+    from embed_core.train.telemetry import peak_memory
+
+    peaks = {"allocated": 2 ** 30, "reserved": 1.5 * 2 ** 30}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: peaks["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: peaks["reserved"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: peaks.update(allocated=0,
+                                                                                                 reserved=0))
+    assert peak_memory(torch.device("cuda", 0)) == {"peak_memory_mb": 1024.0, "peak_reserved_mb": 1536.0}
+    assert peak_memory(torch.device("cuda", 0)) == {"peak_memory_mb": 0.0, "peak_reserved_mb": 0.0}
+    cpu = peak_memory(torch.device("cpu"))
+    assert cpu["peak_reserved_mb"] is None and cpu["peak_memory_mb"] > 10
