@@ -45,6 +45,7 @@ from typing import Any
 PROBES = ("bidirectional", "pool_packed_bf16", "grad_cache_replay", "collectives", "fsdp2_adamw_dcp")
 POOL_LENGTHS = (64, 256, 512)
 REPLAY_TOLERANCE = 1e-3  # a replay with other dropout masks differs by about 1e-1
+CONTROL_SHARE = 0.01  # the causal control's first token may move by rounding, not by a bidirectional share
 DISTRIBUTIONS = ("transformers", "sentence-transformers", "pyarrow", "pydantic", "pydantic-core", "numpy", "pandas",
                  "flash-attn", "embedpipe")
 
@@ -186,8 +187,9 @@ def probe_bidirectional(device) -> dict[str, Any]:
                 model.config.is_causal = True
                 control = _first_token_change(model)
                 cases[name] = {"bidirectional": True, "first_token_change": moved, "causal_control_change": control}
-                if control != 0.0:
-                    failed.append(f"{name}: the causal control's first token moved by {control:.3g}")
+                if control > CONTROL_SHARE * moved:  # 0 on a CPU; bf16 kernels may differ by rounding
+                    failed.append(f"{name}: the causal control's first token moved by {control:.3g} (bidirectional: "
+                                  f"{moved:.3g}): the attention does not follow is_causal")
             except Exception as exc:  # noqa: BLE001 - each case is a finding of its own
                 cases[name] = {"bidirectional": False, "error": _one_line(exc)}
                 failed.append(f"{name}: {_one_line(exc)}")
