@@ -31,7 +31,6 @@ import importlib.metadata as md
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -108,8 +107,8 @@ class FirstRun:
         self.args, self.out = args, args.out.resolve()
         self.mode = "cpu" if args.cpu else "cuda"
         self.t0 = time.monotonic()
-        self.work = Path(tempfile.mkdtemp(prefix="embedpipe-first-"))
-        self.site: Path | None = None
+        # what an earlier run installed stays on the path of a rerun (--only probes,...)
+        self.site: Path | None = args.site.resolve() if args.site.is_dir() else None
         self.report: dict[str, Any] = {
             "kit": "embed_core.gpurun.first", "mode": self.mode, "status": "running", "started": now(),
             "updated": now(), "elapsed_s": 0.0, "budget_s": args.budget_s, "out": str(self.out),
@@ -152,10 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run = FirstRun(args)
     print(f"first-run: {run.mode}; report in {run.out}/report.json (rewritten after every step)", flush=True)
-    try:
-        return sequence(run)
-    finally:
-        shutil.rmtree(run.work, ignore_errors=True)
+    return sequence(run)
 
 
 def sequence(run: FirstRun) -> int:
@@ -185,10 +181,12 @@ def sequence(run: FirstRun) -> int:
 def environment_step(run: FirstRun) -> bool:
     """The machine; False (stop) when its transformers is older than the project needs."""
     limit = run.limit("environment")
-    path = run.work / "environment.json"
-    args = ["-m", "embed_core.gpurun.probes", "environment", "--out", str(path), *(["--cpu"] if run.args.cpu else [])]
-    result = run.command(args, "environment", limit)
-    env = read_json(path) or {}
+    with tempfile.TemporaryDirectory(prefix="embedpipe-first-") as tmp:  # into report.json: $OUT keeps few files
+        path = Path(tmp) / "environment.json"
+        args = ["-m", "embed_core.gpurun.probes", "environment", "--out", str(path),
+                *(["--cpu"] if run.args.cpu else [])]
+        result = run.command(args, "environment", limit)
+        env = read_json(path) or {}
     run.report["environment"] = env
     too_old = env.get("transformers_too_old")
     if result["rc"] != 0:

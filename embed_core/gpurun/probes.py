@@ -35,6 +35,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -95,7 +96,7 @@ def memory_kib() -> dict[str, int]:
     return out
 
 
-def environment(out_dir: Path) -> dict[str, Any]:
+def environment() -> dict[str, Any]:
     """The machine as the first run sees it before installing anything: GPU, driver, Python, torch,
     CUDA, NCCL, the packages the project needs or compares against, bf16, free disk and memory."""
     from embed_core.gpucheck import transformers_too_old
@@ -110,8 +111,8 @@ def environment(out_dir: Path) -> dict[str, Any]:
         "importable": {m: importlib.util.find_spec(m) is not None
                        for m in ("sentence_transformers", "pyarrow", "pydantic", "flash_attn")},
         "cpu_count": os.cpu_count(), "memory_kib": memory_kib(),
-        "disk_free_gib": {str(p): round(shutil.disk_usage(p).free / 2 ** 30, 1) for p in (out_dir, Path("/tmp"))
-                          if p.exists()},
+        "disk_free_gib": {str(p): round(shutil.disk_usage(p).free / 2 ** 30, 1)
+                          for p in dict.fromkeys((Path.cwd(), Path(tempfile.gettempdir())))},
         "transformers_too_old": transformers_too_old()}
     if cuda:
         props = torch.cuda.get_device_properties(0)
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if args.what == "environment":
-        _write(args.out, environment(args.out.parent))
+        _write(args.out, environment())
         return 0
     names = args.only.split(",") if args.only else list(PROBES)
     unknown = sorted(set(names) - set(PROBES))
