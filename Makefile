@@ -3,6 +3,8 @@
 # make serve — local Prefect server + workers (pools cpu, gpu) + the deployments of deployments/prefect.yaml
 #              (FILES_ROOT=DIR: serve the run directories under DIR to the UI's file links; default runs/)
 # make stop  — stop what make serve started
+# make gpu-first  — the first-run kit (<= 60 MiB: the project, pydantic, tokenizer files; dist/gpu-first)
+#                   for one short GPU reservation: there, bash dist/gpu-first/first_run.sh --out DIR (docs/gpu-run.md)
 # make gpu-bundle — the wheels a GPU machine lacks, in parts of at most 60 MiB, with install.sh (dist/gpu-bundle)
 # make gpu-run    — GPU check, quality.yaml, the quality-scale ablation; report in $(GPU_RUN_OUT)
 #                   (CPU=1: the same sequence with tiny models, what the tests run)
@@ -17,7 +19,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install install-llm demo test test-fast test-matrix bench clean serve stop gpu-check gpu-bundle gpu-run
+.PHONY: install install-llm demo test test-fast test-matrix bench clean serve stop gpu-check gpu-first gpu-bundle gpu-run
 
 # The synthesize stage's local LLM server: llama-cpp-python compiles llama.cpp from source (CPU
 # backend and library only; about 160 CPU-s). Same requirements as the `llm` extra.
@@ -113,6 +115,13 @@ clean:
 
 gpu-check:
 	$(PY) -m embed_core.gpucheck
+
+# The first-run kit (embed_core/gpurun/kit.py): send GPU_FIRST with the checkout (at most 60 MiB), run
+# `bash dist/gpu-first/first_run.sh --out DIR` there (about 8 minutes on one H100). WITH_PYARROW=1: pyarrow's
+# Python 3.12 wheel too (52 MiB), for a machine without it.
+GPU_FIRST ?= dist/gpu-first
+gpu-first: | $(STAMP)
+	$(PY) -m embed_core.gpurun.kit --out $(GPU_FIRST) $(if $(WITH_PYARROW),--with-pyarrow)
 
 # The wheels for an offline GPU machine with Python 3.12 and its own CUDA torch (embed_core/gpurun/bundle.py);
 # copy GPU_BUNDLE to the machine and run `bash install.sh` there.

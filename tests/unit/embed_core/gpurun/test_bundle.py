@@ -152,3 +152,39 @@ def test_make_gpu_bundle_writes_every_lacking_wheel_for_python_3_12_in_parts_of_
         assert tags[1] in ("none", "abi3", "cp312") and (tags[2] == "any" or "x86_64" in tags[2]), wheel
     assert not [w for w in wheels if w.startswith(("torch-", "transformers-", "pandas-", "pyarrow-"))]
     assert (out / "install.sh").read_text().count("--no-index --no-deps") == 1
+
+
+def test_install_sh_refuses_a_transformers_older_than_5_2_with_one_line_before_touching_anything(tmp_path):
+    info = tmp_path / "old" / "transformers-4.51.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 4.51.3\n")
+    bundle_dir = tmp_path / "bundle"
+    bundle_dir.mkdir()
+    (bundle_dir / "install.sh").write_text(bundle.INSTALL_SH.replace("__TAR__", bundle.TAR_NAME)
+                                           .replace("__MODULES__", " ".join(bundle.CHECKED_MODULES)))
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path / "old")}
+    done = subprocess.run(["bash", str(bundle_dir / "install.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == ("install.sh: transformers 4.51.3 is older than 5.2, which embedpipe needs: "
+                                   "install transformers>=5.2,<6 first")
+    assert sorted(p.name for p in bundle_dir.iterdir()) == ["install.sh"]  # nothing extracted or installed
+
+
+def test_install_sh_refuses_wheels_built_for_another_python_with_one_line_before_installing(tmp_path):
+    other = "fake_ext-1.0-cp399-cp399-manylinux_2_17_x86_64.whl"  # no Python is 3.99
+    (tmp_path / other).write_bytes(b"not installed")
+    out = tmp_path / "bundle"
+    out.mkdir()
+    with tarfile.open(tmp_path / bundle.TAR_NAME, "w") as t:
+        t.add(tmp_path / other, arcname=other)
+    parts = bundle.split(tmp_path / bundle.TAR_NAME, out)
+    (out / "SHA256SUMS").write_text("".join(f"{bundle.sha256(p)}  {p.name}\n" for p in parts))
+    (out / "install.sh").write_text(bundle.INSTALL_SH.replace("__TAR__", bundle.TAR_NAME)
+                                    .replace("__MODULES__", " ".join(bundle.CHECKED_MODULES)))
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(out / "install.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert "\n" not in line and line.startswith(f"install.sh: the bundle's wheels are built for another Python ({other})")
+    assert done.stdout == f"{bundle.TAR_NAME}.part-000: OK\n"  # the sums checked, then nothing installed
