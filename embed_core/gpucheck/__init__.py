@@ -48,28 +48,15 @@ from pathlib import Path
 from typing import Any
 
 GOALS = {"minilm_over_sentence_transformers": 1.5, "decoder_mfu": 0.25}
-# the oldest transformers the project runs on: from 5.2 every attention kernel and mask builder
-# follows ``config.is_causal`` (a bidirectional decoder), and packing's helpers exist
-MIN_TRANSFORMERS = (5, 2)
 RANDOM_MINILM = "random-minilm"
 
 
 def transformers_too_old(version: str | None = None) -> str | None:
-    """Why the installed transformers (or ``version``) is too old for the project, or None; read
-    from the installed metadata, without importing transformers."""
-    import importlib.metadata as md
-    import re
+    """Why the installed transformers (or ``version``) cannot run the project, or None; read from
+    the installed metadata, without importing transformers (``embed_core.model.compat``)."""
+    from embed_core.model.compat import installed_transformers, transformers_problem
 
-    if version is None:
-        try:
-            version = md.version("transformers")
-        except md.PackageNotFoundError:
-            return "transformers is not installed (embedpipe needs transformers>=5.2)"
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match and tuple(int(g) for g in match.groups()) >= MIN_TRANSFORMERS:
-        return None
-    return (f"transformers {version} is older than 5.2, which embedpipe needs (before it a decoder made bidirectional "
-            "silently stays causal, and packing fails): install transformers>=5.2,<6")
+    return transformers_problem(version if version is not None else installed_transformers())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,14 @@ def packed_vs_padded(model: Path, datasets: dict, profile: Profile, device: torc
     """``packing: on`` (one varlen row under FlashAttention, else rows with a block-diagonal mask)
     against ``packing: off`` (length-bucketed padded passes): tokens/s of each, and their losses,
     which must agree (the same embeddings up to float rounding)."""
-    from embed_core.model.packing import resolve_attention
+    from embed_core.model.packing import flash_attn_imports, resolve_attention
 
     runs = {}
     for mode in ("on", "off"):
         train = train_config(model, profile, profile.decoder, steps=profile.warmup + profile.compare_steps,
                              bidirectional=True, packing=mode)
         runs[mode] = run_trainer(train, datasets, device, steps=profile.compare_steps, warmup=profile.warmup)
-    flash = importlib.util.find_spec("flash_attn") is not None
+    flash = flash_attn_imports()
     attention = resolve_attention("auto", device.type) or "sdpa"
     return {"packed": _brief(runs["on"]), "padded": _brief(runs["off"]),
             "packed_over_padded": runs["on"]["tokens_per_s"] / runs["off"]["tokens_per_s"],

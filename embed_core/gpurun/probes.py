@@ -223,7 +223,7 @@ def probe_pool_packed(device, hidden_size: int = 3584) -> dict[str, Any]:
     out = {}
     for n in POOL_LENGTHS:
         lengths = [n, max(1, n // 2), 7]
-        feats = {k: v.to(device) for k, v in _packed_features(lengths).items()}
+        feats = {k: v.to(device) if torch.is_tensor(v) else v for k, v in _packed_features(lengths).items()}
         width = feats["input_ids"].size(1)
         common = torch.randn(hidden_size, generator=generator)
         hidden = (common + torch.randn(1, width, hidden_size, generator=generator)).to(device)

@@ -18,26 +18,38 @@ from embed_core.errors import ConfigError
 TRANSFORMERS_RANGE = ">=5.2,<6"
 
 
-def transformers_problem(installed: str) -> str | None:
-    """Why transformers ``installed`` cannot run embedpipe's models (one line), or None."""
+def installed_transformers() -> str | None:
+    """The installed transformers' version, read from its metadata (transformers not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return None
+
+
+def transformers_problem(installed: str | None) -> str | None:
+    """Why transformers ``installed`` (None: not installed) cannot run embedpipe's models (one
+    line), or None."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
+    install = f"pip install 'transformers{TRANSFORMERS_RANGE}'"
+    if installed is None:
+        return f"transformers is not installed; embedpipe needs transformers{TRANSFORMERS_RANGE}: {install}"
     try:
         ok = Version(installed) in SpecifierSet(TRANSFORMERS_RANGE)
     except InvalidVersion:
-        return f"transformers reports the version {installed!r}, which is not a version number"
+        return f"transformers reports the version {installed!r}, which is not a version number: {install}"
     if ok:
         return None
     return (f"transformers {installed} is installed; embedpipe needs transformers{TRANSFORMERS_RANGE} (bidirectional "
-            f"decoders and packed passes): pip install 'transformers{TRANSFORMERS_RANGE}'")
+            f"decoders and packed passes): {install}")
 
 
 @functools.cache
 def require_transformers() -> None:
     """A ConfigError (one line) unless the installed transformers is in ``TRANSFORMERS_RANGE``."""
-    from importlib.metadata import version
-
-    problem = transformers_problem(version("transformers"))
+    problem = transformers_problem(installed_transformers())
     if problem:
         raise ConfigError(problem)

@@ -183,7 +183,7 @@ def test_the_transformers_floor_is_5_2():
     from embed_core.gpucheck import transformers_too_old
 
     assert transformers_too_old("5.2.0") is None and transformers_too_old("5.25.0") is None
-    assert "older than 5.2" in transformers_too_old("5.1.9") and "4.57.1" in transformers_too_old("4.57.1")
+    assert "5.1.9 is installed" in transformers_too_old("5.1.9") and "4.57.1" in transformers_too_old("4.57.1")
 
 
 def test_an_older_transformers_is_refused_with_one_line_and_exit_2_before_torch_loads(tmp_path):
@@ -194,7 +194,7 @@ def test_an_older_transformers_is_refused_with_one_line_and_exit_2_before_torch_
     proc = subprocess.run([sys.executable, "-m", "embed_core.gpucheck", "--cpu"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().count("\n") == 0 and "transformers 4.46.3 is older than 5.2" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "transformers 4.46.3 is installed; embedpipe needs transformers>=5.2,<6" in proc.stderr
 
 
 def test_a_part_that_would_start_past_the_budget_is_skipped_not_failed():

@@ -129,7 +129,7 @@ def test_a_transformers_older_than_5_2_stops_the_run_with_one_line_and_exit_2(tm
     proc = subprocess.run([sys.executable, "-m", "embed_core.gpurun.first", "--out", str(out), "--cpu"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and "transformers 4.44.2 is older than 5.2" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "transformers 4.44.2 is installed; embedpipe needs transformers>=5.2,<6" in proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert [(s["name"], s["status"]) for s in report["steps"]] == [
         ("environment", "failed"), *[(name, "skipped") for name in first.STEPS[1:]]]

@@ -67,3 +67,17 @@ def test_a_kernel_that_stays_causal_is_caught_at_load_for_every_decoder_type(tmp
         Embedder(str(path), pooling="mean", bidirectional=True, attn_implementation=attention_probe.CAUSAL_ONLY)
     assert "\n" not in str(info.value)
     Embedder(str(path), pooling="mean", bidirectional=False, attn_implementation=attention_probe.CAUSAL_ONLY)
+
+
+def test_every_place_that_states_the_transformers_range_states_the_same_one():
+    import re
+
+    from tests.helpers.repo import REPO
+
+    stated = {}
+    for path in [*REPO.glob("embed_core/**/*.py"), *REPO.glob("deployments/**/*"), REPO / "pyproject.toml",
+                 REPO / "Makefile", *REPO.glob("docs/*.md")]:
+        if path.is_file():
+            for found in re.findall(r"transformers\s*(>=[0-9][0-9.,<>=]*[0-9])", path.read_text(errors="replace")):
+                stated.setdefault(found, []).append(str(path.relative_to(REPO)))
+    assert set(stated) == {TRANSFORMERS_RANGE}, stated
