@@ -143,8 +143,9 @@ def test_fsdp_over_n_ranks_divides_weights_gradients_and_adamw_by_n():
     assert (four.weights, four.gradients, four.optimizer) == (76, 76, 152)
     # gathered: root (32 + 5) + 2 × the layer (32 + 4), fp32: (37 + 72) · 4
     assert four.gathered == 436
-    # loading: the whole model before sharding, plus the shards
-    assert four.load == 292 + 76
+    # loading (sharded on the meta device, rank 0 broadcasting): the shards and the largest whole
+    # tensor being broadcast (8·4 fp32), not the whole model
+    assert four.load == 76 + 128
 
 
 def _fsdp_train() -> TrainConfig:
