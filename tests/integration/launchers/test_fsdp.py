@@ -24,10 +24,10 @@ STEPS = 4
 
 def _config(demo: Path, model: Path, *, batch: int, sharding: str) -> dict:
     cfg = yaml.safe_load(demo.read_text())
-    # fp32: compared with one process to fp32 tolerances; GradCache chunks of 3 texts, so a step runs
-    # several backward passes and FSDP must reduce only on the last
-    cfg["train"] = {"base_model": str(model), "max_length": 32, "precision": "fp32", "bidirectional": True,
-                    "sharding": sharding, "stages": [{
+    # fp32 (computed and saved): compared with one process to fp32 tolerances; GradCache chunks of 3
+    # texts, so a step runs several backward passes and FSDP must reduce only on the last
+    cfg["train"] = {"base_model": str(model), "max_length": 32, "precision": "fp32", "save_dtype": "fp32",
+                    "bidirectional": True, "sharding": sharding, "stages": [{
                         "name": "ret", "tasks": ["retrieval"], "steps": STEPS, "batch_size": {"retrieval": batch},
                         "warmup_steps": 0, "num_hard_negatives": 1, "query_max_length": 24,
                         "passage_max_length": 32, "checkpoint_every": 2, "lr": 1e-3, "grad_cache_chunk": 3}]}

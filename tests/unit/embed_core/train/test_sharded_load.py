@@ -157,3 +157,38 @@ def test_a_rank_that_never_read_the_checkpoint_gets_its_weights_and_buffers_from
         for name, value in expected.items():
             held = got["state"].get(name, got["buffers"].get(name))
             assert torch.equal(held, value.float()), name
+
+
+def test_keep_checkpoints_is_kept_lowered_to_one_with_a_warning_or_refused_by_the_free_disk(tmp_path):
+    """(F10) keep + 1 checkpoints (the one being written) must fit the free space; else 1 is kept
+    with a warning line; where even 2 do not fit, one line before any step."""
+    import shutil
+
+    from embed_core.errors import ConfigError
+    from embed_core.train.config import TrainStageConfig
+    from embed_core.train.trainer import kept_checkpoints
+
+    stage = TrainStageConfig(name="s", keep_checkpoints=2)
+    free = shutil.disk_usage(tmp_path).free
+    said: list[str] = []
+    assert kept_checkpoints(stage, 1 << 20, tmp_path / "ckpt", said.append) == 2 and not said
+    assert kept_checkpoints(stage, int(free / 2.5), tmp_path / "ckpt", said.append) == 1
+    assert len(said) == 1 and said[0].startswith("warning: s: keeping 1 checkpoint, not 2: 3 of ")
+    with pytest.raises(ConfigError, match=r"ckpt: a checkpoint of this model takes .* GiB are free, not enough "
+                                          r"for one and the one being written"):
+        kept_checkpoints(stage, free, tmp_path / "ckpt", said.append)
+
+
+def test_the_checkpoint_bytes_the_trainer_sizes_are_the_ones_plan_prints(qwen2, tmp_path):
+    from embed_core.model.embedder import Embedder
+    from embed_core.train.backends.base import stored
+    from embed_core.train.plan import checkpoint_bytes as planned, committed_bytes, model_shape
+    from embed_core.train.trainer import checkpoint_bytes
+
+    model = stored(Embedder(str(qwen2)), "fp32")
+    shape = model_shape(str(qwen2))
+    assert checkpoint_bytes(model) == planned(shape, _train(qwen2)) == 12 * shape.numel()
+    assert committed_bytes(shape, _train(qwen2)) == 2 * shape.numel()  # a decoder: bf16 (save_dtype auto)
+    lora = stored(Embedder(str(qwen2), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}),
+                  "fp32")
+    assert checkpoint_bytes(lora) == planned(shape, _train(qwen2, lora={"r": 4}))
