@@ -291,7 +291,7 @@ class Trainer:
         rank 0 gets them); None: the model saves its own."""
         dtype = save_dtype(self.train_cfg, self.model)
         state = self.backend.consolidated_state(dtype)
-        if state is None and dtype != torch.float32 and isinstance(self.model, Embedder):
+        if state is None and dtype != torch.float32 and self.rank == 0 and isinstance(self.model, Embedder):
             state = {k: v.detach().to(device="cpu", dtype=dtype) if v.is_floating_point() else v
                      for k, v in self.model.model.state_dict().items()}
         return state
