@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--config", help="YAML run config (default: the run directory's config.yaml)")
     pl.add_argument("--run-dir", help="a run directory whose config.yaml to plan")
     pl.add_argument("--gpus", type=int, default=1, help="processes (GPUs) the stages run on (default 1)")
+    pl.add_argument("--gpus-per-node", type=int, help="of --gpus, how many each node has (default: all on one "
+                    "node); under sharding: fsdp with several nodes, fsdp_mesh auto/hybrid shards over a node's GPUs")
     pl.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of one GPU in GiB (2^30 bytes: "
                     "nvidia-smi's total MiB / 1024); without it the plan is only reported")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
@@ -223,7 +225,7 @@ def _plan(args: argparse.Namespace, error_stream: TextIO) -> None:
     config = _load(args)[0]
     if config.train is None:
         raise EmbedpipeError("the config has no train section: there is nothing to plan")
-    plan = plan_config(config.train, gpus=args.gpus, gpu_memory_gib=args.gpu_memory)
+    plan = plan_config(config.train, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, gpus_per_node=args.gpus_per_node)
     print(json.dumps(plan.as_dict(), indent=2) if args.json else format_plan(plan), flush=True)
     check_fits(plan)  # a stage that does not fit: one line on stderr, exit 2
 

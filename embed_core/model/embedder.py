@@ -50,7 +50,7 @@ class Embedder(nn.Module):
                  instruction_template: str = DEFAULT_TEMPLATE, exclude_instruction_from_pooling: bool = False,
                  bidirectional: bool = False, gguf_file: str | None = None, gradient_checkpointing: bool = False,
                  torch_dtype: torch.dtype | None = None, lora: dict[str, Any] | None = None,
-                 append_eos: str = "auto", attn_implementation: str | None = None):
+                 append_eos: str = "auto", attn_implementation: str | None = None, meta: bool = False):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
@@ -82,7 +82,12 @@ class Embedder(nn.Module):
             load["dtype"] = torch_dtype
         if attn_implementation is not None:  # else transformers' default (SDPA)
             load["attn_implementation"] = attn_implementation
-        self.model = AutoModel.from_pretrained(self.path, config=config, **load)
+        if meta:  # no weights read: a sharding trainer's rank 0 broadcasts them (embed_core.train.sharding)
+            load.pop("gguf_file", None)
+            with torch.device("meta"):
+                self.model = AutoModel.from_config(config, **load)
+        else:
+            self.model = AutoModel.from_pretrained(self.path, config=config, **load)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.lora = lora

@@ -178,3 +178,37 @@ def _check_sizes(path: Path, prefix: str, config: dict) -> None:
 
 def _whole(value: object, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def is_decoder_type(model_type: str) -> bool:
+    """A decoder LM's model type (Qwen, Llama, Mistral, Gemma...): transformers has a causal-LM
+    class for it and no masked-LM one (BERT-likes have both)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def set_config_dtype(directory: Path, dtype_name: str) -> None:
+    """Record ``dtype_name`` (``bfloat16``...) as the saved weights' dtype in ``config.json``
+    (``save_pretrained`` writes the in-memory parameters' dtype, fp32 master weights, even when it
+    was given a state dict in another dtype); loaders with ``dtype="auto"`` read it."""
+    config = Path(directory) / "config.json"
+    fields = json.loads(config.read_text(encoding="utf-8"))
+    fields["dtype"] = dtype_name
+    fields.pop("torch_dtype", None)
+    config.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def tensor_names(root: Path) -> dict[str, Path]:
+    """Every weight of a model directory and the file that holds it (one ``model.safetensors`` or
+    the shards its index names, ``model-00001-of-0000N.safetensors``), from the headers alone."""
+    names: dict[str, Path] = {}
+    for path in safetensors_files(Path(root)):
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+        names.update({name: path for name in header if name != "__metadata__"})
+    return names

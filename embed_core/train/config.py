@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from embed_core.config_base import StrictModel
+from embed_core.errors import ConfigError
 from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.mine.config import check_remine_keys
 from embed_core.synthesize.config import TargetedConfig
@@ -217,7 +218,11 @@ class TrainStageConfig(StrictModel):
     query_max_length: int = Field(256, ge=8, description="Tokens per query (and per text of a scored pair).")
     passage_max_length: int = Field(512, ge=8, description="QZhou uses 1536 for a 7B decoder.")
     checkpoint_every: int = Field(500, ge=1, description="Save a resumable checkpoint every this many steps.")
-    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (the newest).")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (the newest). Sized to the disk at the "
+                                  "stage's start: where this many checkpoints and the one being written would not "
+                                  "fit the checkpoint directory's free space (a checkpoint's bytes: "
+                                  "`embedpipe plan`), 1 is kept with a warning line; where even one and the one "
+                                  "being written do not fit, the stage is refused with one line.")
     log_every: int = Field(10, ge=1, description="Log a progress line every this many steps.")
     losses: dict[str, Any] = Field(default_factory=dict, description=(
         "Loss per task instead of QZhou's (retrieval infonce, classification cls_infonce, sts/nli/"
@@ -362,6 +367,16 @@ class TrainConfig(StrictModel):
         "after each backward pass (each GradCache chunk, each micro-batch), so a rank never holds more than its "
         "shard (≈ 16/N bytes per parameter); step = once, after a step's last backward: fewer collectives, but "
         "every rank holds an unsharded fp32 gradient (4 bytes per parameter) until then.")
+    fsdp_mesh: Literal["auto", "flat", "hybrid"] = Field(
+        "auto", description="Under sharding: fsdp, the device mesh: flat = every weight sharded over all ranks (1-D); "
+        "hybrid = HSDP, sharded over a node's ranks (LOCAL_WORLD_SIZE) and replicated across nodes, so the "
+        "per-pass all-gathers stay inside a node and only the gradient all-reduce crosses nodes (each rank then "
+        "holds 1/local-ranks of the model, not 1/world); auto = hybrid where the ranks span several nodes, flat "
+        "on one.")
+    save_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="Dtype of the committed model's weights (the training keeps fp32 master weights): "
+        "auto = bf16 for a decoder LM (as Qwen/Llama checkpoints ship; half the bytes) and fp32 otherwise "
+        "(BERT-like encoders); fp32 / bf16 = that dtype.")
     dist_timeout_s: float = Field(1800, ge=1, description="Seconds a collective (all-reduce, all-gather, barrier) "
                                   "waits for every process before the run fails with an error naming it (a rank "
                                   "that died or hangs); rank 0's dev evaluation is waited for without this limit.")
@@ -439,6 +454,17 @@ class TrainConfig(StrictModel):
                 raise ValueError(f"stages[{stage.name}].matryoshka: Matryoshka training is for contrastive stages, "
                                  f"not {stage.mode}")
         return v
+
+    def fsdp_mesh_shape(self, world: int, local_world: int) -> tuple[int, ...]:
+        """The FSDP mesh for ``world`` ranks, ``local_world`` of them per node: ``(world,)`` (flat) or
+        ``(nodes, local_world)`` (hybrid: replicate × shard). One line when hybrid cannot split the world."""
+        hybrid = self.fsdp_mesh == "hybrid" or (self.fsdp_mesh == "auto" and 0 < local_world < world)
+        if not hybrid or local_world >= world:
+            return (world,)
+        if local_world < 1 or world % local_world:
+            raise ConfigError(f"train.fsdp_mesh: hybrid needs the same number of ranks on every node, and "
+                              f"{local_world} local ranks do not divide {world}; use fsdp_mesh: flat")
+        return (world // local_world, local_world)
 
     def _zero_stage(self) -> int | None:
         """DeepSpeed's ZeRO stage (0 when its config names none); None without train.deepspeed."""

@@ -6,7 +6,9 @@ Bytes per rank (N ranks, P parameters, P_t of them trained, P_f frozen):
 
 * weights: trained ones fp32 (master copy), frozen ones (a LoRA base) fp32 or bf16
   (``weights_dtype``): ``4·P_t + (4|2)·P_f``; ``sharding: fsdp`` keeps 1/N of every tensor (dim 0
-  padded to a multiple of N, as DTensor shards it);
+  padded to a multiple of N, as DTensor shards it), N the shard degree: every rank on a flat mesh,
+  a node's ranks on a hybrid one (``train.fsdp_mesh``: HSDP replicates across nodes; the
+  gradients and AdamW state divide by the same N);
 * gradients: ``4·P_t`` (fp32); fsdp: 1/N (``fsdp_sync: step`` adds a whole unsharded ``4·P_t``);
   DeepSpeed ZeRO-2: 1/N;
 * AdamW: two fp32 moments, ``8·P_t``; fsdp and ZeRO-1/2: 1/N. Parameters the loss never reaches
@@ -47,8 +49,12 @@ appear in the backward pass while the activations are freed, group by group (the
 group is backpropagated first), so without GradCache the peak is
 ``W + O + max_k(Σ_{j≥k} A_j + [k>1]·G + X, Σ_{j>k} A_j + G + [k>1]·E)`` over the text groups in
 backward order; with GradCache every chunk after the first runs with all gradients allocated,
-``W + O + G + A_chunk + X + E``; the optimizer step holds ``W + G + O``; under fsdp each rank
-first holds the whole model it loaded, before sharding it. ``tests/unit/embed_core/train/test_plan.py``
+``W + O + G + A_chunk + X + E``; the optimizer step holds ``W + G + O``; under fsdp loading holds
+a rank's shards and the one whole tensor being broadcast from rank 0 (the model is sharded on the
+meta device; rank 0 reads the checkpoint into its host memory, not onto the GPU).
+
+Disk: a resumable checkpoint (all ranks' files) is every weight in its stored dtype plus AdamW's
+two fp32 moments per trained one; the committed model is every weight in ``train.save_dtype``. ``tests/unit/embed_core/train/test_plan.py``
 checks the plan against the allocator's measured peak on CPU (within 25 %); docs/experiments.md
 has the figures.
 """
@@ -173,17 +179,23 @@ def model_shape(base_model: str, gguf_file: str | None = None) -> ModelShape:
 
     path = Path(resolve_model_path(base_model))
     config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     shapes = {k: v for k, v in safetensors_shapes(path).items() if not k.startswith(POST_HEADS)}
     layered = [k for k in shapes if LAYER_INDEX.search(k)]
     prefix = next((p for p in ("model.", "bert.", "roberta.", "transformer.")
                    if layered and all(k.startswith(p) for k in layered)), "")
     if prefix:  # a task model's checkpoint: AutoModel keeps the base model's weights, named without it
         shapes = {k.removeprefix(prefix): v for k, v in shapes.items() if k.startswith(prefix)}
+    return shape_of(str(base_model), config, shapes)
+
+
+def shape_of(name: str, config: Any, shapes: dict[str, tuple[int, ...]]) -> ModelShape:
+    """A ``ModelShape`` from a model's config and its parameters' shapes (a checkpoint's headers, or
+    ``named_parameters()`` of a model built on the meta device)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = int(text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     return ModelShape(
-        name=str(base_model), model_type=str(text.model_type), layers=int(text.num_hidden_layers),
+        name=name, model_type=str(text.model_type), layers=int(text.num_hidden_layers),
         hidden=int(text.hidden_size), intermediate=int(getattr(text, "intermediate_size", 4 * text.hidden_size)),
         heads=heads, kv_heads=int(getattr(text, "num_key_value_heads", None) or heads), head_dim=head_dim,
         hidden_dropout=float(getattr(text, "hidden_dropout_prob", 0.0) or 0.0),
@@ -330,10 +342,19 @@ def lora_targets(shape: ModelShape, targets: list[str] | str) -> list[str]:
     return [w for m, w in modules.items() if any(m == t or m.endswith("." + t) for t in targets)]
 
 
-def states(shape: ModelShape, train: TrainConfig, world: int, bf16: bool) -> States:
-    """The module docstring's weights, gradients and AdamW bytes under LoRA, fsdp and DeepSpeed."""
-    fsdp = train.sharding == "fsdp" and world > 1
-    n = world if fsdp else 1
+def shard_degree(train: TrainConfig, world: int, local: int | None = None) -> int:
+    """Ranks each tensor is sharded over: 1 without fsdp; under fsdp the last dimension of the mesh
+    (``TrainConfig.fsdp_mesh_shape``): every rank (flat), a node's ``local`` ranks (hybrid)."""
+    if train.sharding != "fsdp" or world < 2:
+        return 1
+    return train.fsdp_mesh_shape(world, local or world)[-1]
+
+
+def states(shape: ModelShape, train: TrainConfig, world: int, bf16: bool, local: int | None = None) -> States:
+    """The module docstring's weights, gradients and AdamW bytes under LoRA, fsdp and DeepSpeed
+    (``local``: ranks per node, for a hybrid fsdp mesh; default one node)."""
+    n = shard_degree(train, world, local)
+    fsdp = n > 1
     frozen_bytes = 2 if train.weights_dtype == "bf16" and train.lora else 4
     if train.lora:
         r = train.lora.r
@@ -361,12 +382,30 @@ def states(shape: ModelShape, train: TrainConfig, world: int, bf16: bool) -> Sta
         gathered = (root + 2 * layer) * (compute if not train.lora else frozen_bytes)
         layer_grad = 0 if train.lora else layer * (compute + 4)  # in compute dtype, then fp32 to reduce
         table = 0 if train.lora else root * (compute + 4)
-    full = _shard(trained, 4, 1) + _shard(frozen, frozen_bytes, 1)
+    largest = max((math.prod(s) for s in trained + frozen), default=0) * 4  # broadcast whole, then sliced
     casts = bf16 and not fsdp and frozen_bytes == 4
     return States(weights=weights, gradients=grads, optimizer=adamw, embedding_grad=table, layer_grad=layer_grad,
-                  gathered=gathered, load=full + weights if fsdp else weights,
+                  gathered=gathered, load=weights + largest if fsdp else weights,
                   trained=sum(math.prod(s) for s in trained),
                   linear_copies=2 * shape.numel(shape.linears) if casts else 0)
+
+
+def checkpoint_bytes(shape: ModelShape, train: TrainConfig) -> int:
+    """Bytes of one resumable checkpoint, all ranks' files together (the same whatever the mesh):
+    every weight in its stored dtype and AdamW's two fp32 moments per trained weight
+    (``embed_core.train.trainer.checkpoint_bytes`` counts the same on the live model)."""
+    st = states(shape, train, 1, False)
+    return st.weights + st.optimizer
+
+
+def committed_bytes(shape: ModelShape, train: TrainConfig) -> int:
+    """Bytes of the committed model's weights: every weight in ``train.save_dtype`` (auto: bf16 for a
+    decoder LM; a LoRA model's merged weights fp32)."""
+    from embed_core.model.files import is_decoder_type
+
+    bf16 = not train.lora and (train.save_dtype == "bf16" or (train.save_dtype == "auto"
+                                                              and is_decoder_type(shape.model_type)))
+    return shape.numel() * (2 if bf16 else 4)
 
 
 # -- one task's batch, one stage, the config -------------------------------------------------------
@@ -421,13 +460,14 @@ def _backward_peak(passes: list[tuple[int, int]], st: States, grads_before: bool
 
 
 def plan_task(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, task: str, *, world: int = 1,
-              device: str = "cuda") -> TaskPlan:
-    """Peak bytes per rank for a batch of ``task`` in ``stage`` (the module docstring's model)."""
+              device: str = "cuda", local: int | None = None) -> TaskPlan:
+    """Peak bytes per rank for a batch of ``task`` in ``stage`` (the module docstring's model;
+    ``local``: ranks per node, default one node)."""
     from embed_core.model.encoder import uses_bf16
 
     bf16 = uses_bf16(train.precision, device)
-    fsdp = train.sharding == "fsdp" and world > 1
-    st = states(shape, train, world, bf16)
+    fsdp = shard_degree(train, world, local) > 1
+    st = states(shape, train, world, bf16, local)
     c = _compute(shape, train, stage, bf16, device, fsdp)
     batch = stage.batch_of(task)
     groups = task_groups(stage, task, batch)
@@ -484,6 +524,10 @@ class Plan:
     usable: int | None  # bytes a stage may peak at: --gpu-memory less HEADROOM
     device: str
     stages: list[StagePlan]
+    gpus_per_node: int | None = None  # None: one node
+    checkpoint_bytes: int = 0  # one resumable checkpoint, all ranks' files
+    checkpoint_disk_bytes: int = 0  # keep_checkpoints (the most of any stage) and the one being written
+    committed_bytes: int = 0  # the committed model's weights (train.save_dtype)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -496,8 +540,10 @@ def stage_tasks(stage: TrainStageConfig) -> list[str]:
     return [t for t in (stage.tasks or list(stage.batch_size)) if t in TRAINABLE_TASKS]
 
 
-def _stage_peak(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, world: int, device: str) -> int:
-    return max(plan_task(shape, train, stage, t, world=world, device=device).peak for t in stage_tasks(stage))
+def _stage_peak(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, world: int, device: str,
+                local: int | None = None) -> int:
+    return max(plan_task(shape, train, stage, t, world=world, device=device, local=local).peak
+               for t in stage_tasks(stage))
 
 
 def _largest(fits: Any, high: int) -> int:
@@ -512,7 +558,7 @@ def _largest(fits: Any, high: int) -> int:
 
 
 def _searches(sp: StagePlan, shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, world: int,
-              device: str, usable: int) -> None:
+              device: str, usable: int, local: int | None = None) -> None:
     """Fill in ``fits``, the largest GradCache chunk (texts at the stage's longest length) and the
     largest batch per task (with the stage's own chunking) that peak within ``usable`` bytes."""
     sp.fits = sp.worst.peak <= usable
@@ -520,7 +566,7 @@ def _searches(sp: StagePlan, shape: ModelShape, train: TrainConfig, stage: Train
 
     def chunk_fits(n: int) -> bool:
         chunked = stage.model_copy(update={"grad_cache_chunk": n, "grad_cache_max_tokens": None})
-        return _stage_peak(shape, train, chunked, world, device) <= usable
+        return _stage_peak(shape, train, chunked, world, device, local) <= usable
 
     sp.largest_chunk = _largest(chunk_fits, most)
     sp.whole_groups = sp.largest_chunk == most
@@ -529,18 +575,18 @@ def _searches(sp: StagePlan, shape: ModelShape, train: TrainConfig, stage: Train
     for task in stage_tasks(stage):
         def batch_fits(b: int, task: str = task) -> bool:
             sized = stage.model_copy(update={"batch_size": {**stage.batch_size, task: b}})
-            return plan_task(shape, train, sized, task, world=world, device=device).peak <= usable
+            return plan_task(shape, train, sized, task, world=world, device=device, local=local).peak <= usable
         sp.largest_batch[task] = _largest(batch_fits, BIG)
 
 
 def plan_stage(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, *, gpus: int = 1,
-               device: str = "cuda", usable: int | None = None) -> StagePlan:
+               device: str = "cuda", usable: int | None = None, local: int | None = None) -> StagePlan:
     from embed_core.model.encoder import uses_bf16
 
     cache = (f"{stage.grad_cache_chunk} texts" if stage.grad_cache_chunk else "") + \
         (" / " if stage.grad_cache_chunk and stage.grad_cache_max_tokens else "") + \
         (f"{stage.grad_cache_max_tokens} tokens" if stage.grad_cache_max_tokens else "")
-    sp = StagePlan(stage=stage.name, sharding=train.sharding if train.deepspeed is None else "deepspeed",
+    sp = StagePlan(stage=stage.name, sharding=_sharding(train, gpus, local),
                    precision="bf16" if uses_bf16(train.precision, device) else "fp32", grad_cache=cache or None)
     if stage.mode != "contrastive":
         sp.skipped = f"mode {stage.mode}: AutoRegEmbed (an encoder and a frozen decoder) is not modelled"
@@ -548,17 +594,21 @@ def plan_stage(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, *
     if not stage_tasks(stage):
         sp.skipped = "no trainable task"
         return sp
-    sp.tasks = [plan_task(shape, train, stage, t, world=gpus, device=device) for t in stage_tasks(stage)]
+    sp.tasks = [plan_task(shape, train, stage, t, world=gpus, device=device, local=local) for t in stage_tasks(stage)]
     if usable is not None:
-        _searches(sp, shape, train, stage, gpus, device, usable)
+        _searches(sp, shape, train, stage, gpus, device, usable, local)
     return sp
 
 
 def plan_config(train: TrainConfig, *, gpus: int = 1, gpu_memory_gib: float | None = None,
-                device: str = "cuda", shape: ModelShape | None = None) -> Plan:
-    """The plan of every train stage of ``train`` on ``gpus`` ranks (of ``gpu_memory_gib`` GiB each)."""
+                device: str = "cuda", shape: ModelShape | None = None, gpus_per_node: int | None = None) -> Plan:
+    """The plan of every train stage of ``train`` on ``gpus`` ranks (of ``gpu_memory_gib`` GiB each),
+    ``gpus_per_node`` of them per node (default: all on one)."""
     if gpus < 1:
         raise ConfigError(f"--gpus must be at least 1 (got {gpus})")
+    if gpus_per_node is not None and not 1 <= gpus_per_node <= gpus:
+        raise ConfigError(f"--gpus-per-node must be from 1 to --gpus ({gpus}) (got {gpus_per_node})")
+    train.fsdp_mesh_shape(gpus, gpus_per_node or gpus)  # one line when hybrid cannot split the ranks
     if gpu_memory_gib is not None and not (0 < gpu_memory_gib <= MAX_GPU_GIB):  # nan compares false
         raise ConfigError(f"--gpu-memory must be a number of GiB above 0 and at most {MAX_GPU_GIB} "
                           f"(got {gpu_memory_gib:g})")
@@ -567,8 +617,13 @@ def plan_config(train: TrainConfig, *, gpus: int = 1, gpu_memory_gib: float | No
     model = {"name": shape.name, "model_type": shape.model_type, "parameters": shape.numel(), "layers": shape.layers,
              "hidden": shape.hidden, "intermediate": shape.intermediate, "heads": shape.heads,
              "kv_heads": shape.kv_heads, "attention": shape.attention}
-    stages = [plan_stage(shape, train, s, gpus=gpus, device=device, usable=usable) for s in train.stages]
-    return Plan(model=model, gpus=gpus, gpu_memory_gib=gpu_memory_gib, usable=usable, device=device, stages=stages)
+    stages = [plan_stage(shape, train, s, gpus=gpus, device=device, usable=usable, local=gpus_per_node)
+              for s in train.stages]
+    each = checkpoint_bytes(shape, train)
+    keep = max(s.keep_checkpoints for s in train.stages)
+    return Plan(model=model, gpus=gpus, gpu_memory_gib=gpu_memory_gib, usable=usable, device=device, stages=stages,
+                gpus_per_node=gpus_per_node, checkpoint_bytes=each, checkpoint_disk_bytes=each * (keep + 1),
+                committed_bytes=committed_bytes(shape, train))
 
 
 # -- output and the fit check ---------------------------------------------------------------------
@@ -606,7 +661,7 @@ def format_plan(plan: Plan) -> str:
         for j, t in enumerate(sp.tasks):
             f = lambda b: f"{b / size:.2f}" if name == "GiB" else f"{b / size:.1f}"  # noqa: E731
             chunk = f"{sp.grad_cache} ({t.chunk[0]}×{t.chunk[1]})" if sp.grad_cache and t.chunk else "off"
-            row = [sp.stage, t.task, t.batch, t.texts, chunk, sp.precision, _sharding(sp, plan.gpus), f(t.weights),
+            row = [sp.stage, t.task, t.batch, t.texts, chunk, sp.precision, sp.sharding, f(t.weights),
                    f(t.gradients), f(t.optimizer), f(t.activations), f(t.peak), t.phase]
             if plan.usable is not None:
                 largest = "" if j else (f"{sp.largest_chunk} (whole groups)" if sp.whole_groups else
@@ -615,6 +670,9 @@ def format_plan(plan: Plan) -> str:
                 row += ["yes" if t.peak <= plan.usable else "NO", largest,
                         f"≥{BIG}" if batch >= BIG else str(batch or "none")]
             rows.append(row)
+    head.append(f"disk: a resumable checkpoint is {plan.checkpoint_bytes / GiB:.2f} GiB (weights and AdamW state, "
+                f"all ranks' files), {plan.checkpoint_disk_bytes / GiB:.2f} GiB with keep_checkpoints and the one "
+                f"being written; the committed model's weights {plan.committed_bytes / GiB:.2f} GiB")
     lines = head + [""] + _table(cols, rows)
     lines += [f"stage {sp.stage}: not planned ({sp.skipped})" for sp in plan.stages if sp.skipped]
     lines += ["", "peak: the most alive at once on a rank; every text at its max length. Weights and AdamW stay "
@@ -627,8 +685,14 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _sharding(sp: StagePlan, gpus: int) -> str:
-    return f"fsdp/{gpus}" if sp.sharding == "fsdp" and gpus > 1 else sp.sharding
+def _sharding(train: TrainConfig, gpus: int, local: int | None) -> str:
+    """The back end and its mesh: none, deepspeed, fsdp/16 (flat), hsdp/2x8 (replicate × shard)."""
+    if train.deepspeed is not None:
+        return "deepspeed"
+    if train.sharding != "fsdp" or gpus < 2:
+        return train.sharding
+    mesh = train.fsdp_mesh_shape(gpus, local or gpus)
+    return f"fsdp/{gpus}" if len(mesh) == 1 else f"hsdp/{mesh[0]}x{mesh[1]}"
 
 
 def _fsdp_gpus(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, usable: int, device: str) -> int | None:

@@ -398,6 +398,10 @@ def _save_model(config: RunConfig, stage: TrainStageConfig, datasets: dict[str, 
         trainer.model.save(model_dir, instructions=by_dataset, task_instructions=by_task,
                            use_instructions=cfg.use_instructions, extra=training, state_dict=state,
                            retrieval_datasets=[n for n in by_dataset if datasets[n].task == "retrieval"])
+        if state and {str(v.dtype) for v in state.values() if v.is_floating_point()} == {"torch.bfloat16"}:
+            from embed_core.model.files import set_config_dtype
+
+            set_config_dtype(model_dir, "bfloat16")  # train.save_dtype: config.json says what the file holds
     else:
         arc = cfg.autoregembed
         trainer.model.save(model_dir, extra=training, task_instructions={

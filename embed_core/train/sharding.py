@@ -15,12 +15,25 @@ torch FSDP2 (``torch.distributed.fsdp.fully_shard``), and the checkpoints that g
 * checkpoints hold tensors only: the optimizer's hyper-parameters travel as JSON, and the
   checkpoint's index (``.metadata``, a pickle in DCP's format) is read with an unpickler that
   accepts DCP's own metadata classes and nothing else (run directories travel between people);
-* the committed model is consolidated once: ``full_state_dict`` gathers it to rank 0's CPU.
+* the committed model is consolidated once: ``full_state_dict`` gathers it to rank 0's CPU;
+* loading (``load_sharded``, as torchtune's and NeMo AutoModel's FSDP2 recipes do): rank 0 alone
+  reads the checkpoint (on its CPU, in the checkpoint's dtype); every other rank builds the model on
+  the meta device. Every rank shards the meta model, allocates only its own shards on its device
+  (``to_empty``), and rank 0 broadcasts the weights tensor by tensor, each rank keeping its slice
+  (``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)``); the non-persistent
+  buffers (rotary ``inv_freq``, which no state dict holds) are rank 0's, broadcast too. No rank ever
+  holds the whole model on its device, and only one reads it from disk;
+* the mesh: 1-D over every rank (``flat``), or across nodes ``hybrid`` (HSDP): a ``(nodes, local
+  ranks)`` mesh, weights sharded over a node's ranks and replicated across nodes, so the per-pass
+  all-gathers stay on the node's NVLink and only the gradient all-reduce crosses nodes
+  (``train.fsdp_mesh``, ``TrainConfig.fsdp_mesh_shape``);
+* DCP writes with several threads per rank (``SAVE_THREADS``).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -37,16 +50,77 @@ def layer_class_names(model: nn.Module) -> set[str]:
     return names
 
 
-def shard(model: nn.Module, *, bf16: bool) -> nn.Module:
-    """``fully_shard`` every transformer layer, then the root, on the default process group."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+SAVE_THREADS = 4  # DCP's writer threads per rank (FileSystemWriter(thread_count=...))
 
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+
+def mixed_precision(bf16: bool):
+    """FSDP2's policy: bf16 compute under bf16 precision (fp32 otherwise), gradients reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+
+
+def shard(model: nn.Module, *, bf16: bool, mesh=None) -> nn.Module:
+    """``fully_shard`` every transformer layer, then the root, on ``mesh`` (a ``DeviceMesh``: 1-D,
+    or 2-D ``("replicate", "shard")`` for HSDP), by default the whole default process group."""
+    from torch.distributed.fsdp import fully_shard
+
+    options = {"mp_policy": mixed_precision(bf16), **({"mesh": mesh} if mesh is not None else {})}
     names = layer_class_names(model)
     layers = [m for m in model.modules() if type(m).__name__ in names]
     for layer in layers:
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def device_mesh(shape: tuple[int, ...], device_type: str):
+    """The mesh ``fully_shard`` shards over: None for a 1-D mesh (FSDP2's default, the whole world),
+    else ``init_device_mesh(device_type, (replicas, shards), ("replicate", "shard"))``."""
+    if len(shape) == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
+
+
+def mesh_for(train, world: int, device_type: str):
+    """The mesh ``train.fsdp_mesh`` asks for over ``world`` ranks, this node's ranks from the
+    launcher (``local_world``): None (flat) or a 2-D replicate × shard ``DeviceMesh``."""
+    return device_mesh(train.fsdp_mesh_shape(world, local_world(world)), device_type)
+
+
+def local_world(world: int) -> int:
+    """Ranks on this node: the launcher's ``LOCAL_WORLD_SIZE`` (torchrun, the trainer's own local
+    ranks), else the whole world (one node)."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else world
+
+
+def load_sharded(model: nn.Module, *, device: torch.device, bf16: bool, mesh=None, rank: int,
+                 stored=None) -> nn.Module:
+    """``model`` sharded onto ``device`` without any rank holding all of it there (the module
+    docstring): on rank 0 ``model`` holds the checkpoint's weights (on the CPU), on the other ranks
+    it was built on the meta device. ``stored``: sets the parameters' dtypes (on meta, free) before
+    sharding (the trainer's fp32 master weights); the broadcast copies rank 0's tensors into them."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    persistent = set(model.state_dict())
+    full = {k: v.detach() for k, v in model.state_dict().items()} if rank == 0 else {}
+    buffers = {n: b.detach() for n, b in model.named_buffers() if n not in persistent}
+    model.to("meta")  # rank 0's weights now live only in `full` (its CPU, the checkpoint's dtype)
+    if stored is not None:
+        stored(model)
+    shard(model, bf16=bf16, mesh=mesh)
+    model.to_empty(device=device)  # this rank's shards (and the buffers), uninitialised
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
+    with torch.no_grad():
+        for name, value in buffers.items():  # rotary inv_freq & co.: rank 0 computed them at build
+            buffer = model.get_buffer(name)
+            if rank == 0:
+                buffer.copy_(value)
+            torch.distributed.broadcast(buffer, src=0)
     return model
 
 
@@ -63,11 +137,22 @@ def gradient_sync(model: nn.Module, on: bool) -> None:
         model.set_requires_gradient_sync(on)
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights on rank 0's CPU (every rank must call it; the others get ``{}``)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def full_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The whole model's weights on rank 0's CPU (every rank must call it; the others get ``{}``),
+    gathered one tensor at a time and its floating tensors cast to ``dtype`` as they arrive, so rank
+    0's host holds the model once, in ``dtype`` (bf16: half the fp32 bytes)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.tensor import DTensor
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    rank = torch.distributed.get_rank()
+    out: dict[str, torch.Tensor] = {}
+    for name, value in get_model_state_dict(model).items():  # this rank's shards: nothing gathered yet
+        whole = value.full_tensor() if isinstance(value, DTensor) else value  # a collective: every rank
+        if rank == 0:
+            cast = dtype if dtype is not None and whole.is_floating_point() else whole.dtype
+            out[name] = whole.detach().to(device="cpu", dtype=cast)
+        del whole
+    return out
 
 
 def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> list[dict[str, Any]]:
@@ -76,11 +161,12 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None =
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+    writer = dcp.FileSystemWriter(str(path), thread_count=SAVE_THREADS)
     if optimizer is None:
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))
+        dcp.save({"model": get_model_state_dict(model)}, storage_writer=writer)
         return []
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state["state"]}, checkpoint_id=str(path))
+    dcp.save({"model": model_state, "optim": optim_state["state"]}, storage_writer=writer)
     return [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in optim_state["param_groups"]]
 
 

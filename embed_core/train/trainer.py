@@ -90,6 +90,8 @@ class Trainer:
                  init_model: str, checkpoint_dir: Path, seed: int = 42, log: Callable[[str], None] = print):
         self._init_run(train, stage, seed, log)
         self.datasets = datasets
+        # under sharding only rank 0 reads the checkpoint; the others build the model on the meta
+        # device and get their shards from rank 0 (Backend.place)
         model = Embedder(init_model, pooling=train.pooling, max_length=train.max_length,
                          instruction_template=train.instruction_template,
                          exclude_instruction_from_pooling=train.exclude_instruction_from_pooling,
@@ -99,7 +101,8 @@ class Trainer:
                          lora=train.lora.model_dump() if train.lora else None, append_eos=train.append_eos,
                          # a LoRA base is frozen: loaded straight into its storage dtype
                          torch_dtype=torch.bfloat16 if train.weights_dtype == "bf16" and train.lora else None,
-                         attn_implementation=resolve_attention(train.attention, self.device.type))
+                         attn_implementation=resolve_attention(train.attention, self.device.type),
+                         meta=not backend_for(train).reads_weights(self.rank))
         # the loss each task trains with (stage.losses overrides QZhou's); tasks with the same loss
         # and parameters share one instance (and so one HMCL pair-type head)
         self.losses: dict[str, Loss] = {}
@@ -150,14 +153,14 @@ class Trainer:
     def _init_optimization(self, model: torch.nn.Module, sampler: GroupedBatchSampler, checkpoint_dir: Path) -> None:
         """The trained model on its device inside its back end (which builds AdamW and the
         schedule), the encoder passes, the sampler and the step counters."""
-        self.model = _stored(model, self.train_cfg.weights_dtype).to(self.device)
-        self.model.train()
+        model.train()
         if self.device.type == "cpu":
             # torch's CPU dropout draws its masks one element at a time (18 % of a step on
             # 256-token passages on a small CPU; embed_core.model.bulk_dropout)
-            use_bulk_dropout(self.model)
-        self.backend = backend_for(self.train_cfg)(self.model, self.stage, self.train_cfg, device=self.device,
+            use_bulk_dropout(model)
+        self.backend = backend_for(self.train_cfg)(model, self.stage, self.train_cfg, device=self.device,
                                                    bf16=self.bf16, rank=self.rank, world=self.world)
+        self.model = self.backend.place()  # on its device (sharded first where the back end shards)
         self.backend.wrap(lr_lambda(self.stage))
         self.rank, self.world = self.backend.rank, self.backend.world
         self.optimizer, self.scheduler = self.backend.optimizer, self.backend.scheduler
@@ -170,6 +173,8 @@ class Trainer:
         self.sampler = sampler
         self.batches = BatchSource(sampler, self._build, prefetch=self.train_cfg.prefetch)
         self.checkpoint_dir = Path(checkpoint_dir)
+        self.stage = self.stage.model_copy(update={"keep_checkpoints": kept_checkpoints(
+            self.stage, checkpoint_bytes(self.model), self.checkpoint_dir, self.log)})
         self.step = 0
         self.flops = FlopModel(self.model, getattr(getattr(self.model, "model", None), "config", None))
         self.metrics: list[dict[str, Any]] = []
@@ -291,9 +296,15 @@ class Trainer:
         self.best = meta.get("best")
 
     def consolidated_state(self) -> dict[str, Tensor] | None:
-        """The encoder's whole weights for the committed model where the back end holds them in
-        parts (every rank calls it; rank 0 gets them); None: the model saves its own."""
-        return self.backend.consolidated_state()
+        """The encoder's whole weights for the committed model in ``train.save_dtype`` where the back
+        end holds them in parts or they are saved in another dtype than trained (every rank calls it;
+        rank 0 gets them); None: the model saves its own."""
+        dtype = save_dtype(self.train_cfg, self.model)
+        state = self.backend.consolidated_state(dtype)
+        if state is None and dtype != torch.float32 and self.rank == 0 and isinstance(self.model, Embedder):
+            state = {k: v.detach().to(device="cpu", dtype=dtype) if v.is_floating_point() else v
+                     for k, v in self.model.model.state_dict().items()}
+        return state
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self, *, resume: bool = False) -> list[dict[str, Any]]:
@@ -406,12 +417,46 @@ def log_debug(message: str) -> None:
     logging.getLogger("embedpipe.train").debug(message)
 
 
-def _stored(model: torch.nn.Module, weights_dtype: str) -> torch.nn.Module:
-    """Trained weights in fp32 (the master copy AdamW updates, whatever dtype the checkpoint had);
-    frozen ones (a LoRA base) in ``weights_dtype``."""
-    frozen = torch.bfloat16 if weights_dtype == "bf16" else torch.float32
-    for p in model.parameters():
-        want = torch.float32 if p.requires_grad else frozen
-        if p.is_floating_point() and p.dtype != want:
-            p.data = p.data.to(want)
-    return model
+def save_dtype(train: TrainConfig, model: torch.nn.Module) -> torch.dtype:
+    """The committed model's weight dtype (``train.save_dtype``; auto: bf16 for a decoder LM, fp32
+    otherwise). A LoRA model's merged weights stay fp32 (``merged_lora_state_dict``)."""
+    from embed_core.model.files import is_decoder_type
+
+    if train.lora:
+        return torch.float32
+    if train.save_dtype != "auto":
+        return torch.bfloat16 if train.save_dtype == "bf16" else torch.float32
+    config = getattr(getattr(model, "model", None), "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return torch.bfloat16 if is_decoder_type(getattr(text, "model_type", "")) else torch.float32
+
+
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """Bytes of one resumable checkpoint of ``model`` (all ranks' files together): every weight in
+    its stored dtype, and AdamW's two fp32 moments per trained one (``embed_core.train.plan``
+    computes the same from the model's shape)."""
+    return sum(p.numel() * p.element_size() + (8 * p.numel() if p.requires_grad else 0) for p in model.parameters())
+
+
+def kept_checkpoints(stage: TrainStageConfig, each: int, directory: Path, log: Callable[[str], None]) -> int:
+    """``stage.keep_checkpoints``, sized to the checkpoint directory's free space (rank 0's view,
+    the same on every rank): while one is written, ``keep`` complete ones still exist, so ``keep +
+    1`` checkpoints must fit; else 1 is kept (a warning line), and where even 2 do not fit, the
+    stage is refused with one line before it trains."""
+    import shutil
+
+    keep = stage.keep_checkpoints
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = broadcast_from_main(shutil.disk_usage(probe).free)
+    gib = 2 ** 30
+    if each * (keep + 1) <= free:
+        return keep
+    if each * 2 > free:
+        raise ConfigError(f"{directory}: a checkpoint of this model takes {each / gib:.2f} GiB and {free / gib:.2f} GiB "
+                          f"are free, not enough for one and the one being written ({2 * each / gib:.2f} GiB); "
+                          "free disk space or move the run directory")
+    log(f"warning: {stage.name}: keeping 1 checkpoint, not {keep}: {keep + 1} of {each / gib:.2f} GiB "
+        f"do not fit the {free / gib:.2f} GiB free under {directory}")
+    return 1

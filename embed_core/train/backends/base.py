@@ -25,9 +25,21 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def stored(model: torch.nn.Module, weights_dtype: str) -> torch.nn.Module:
+    """Trained weights in fp32 (the master copy AdamW updates, whatever dtype the checkpoint had);
+    frozen ones (a LoRA base) in ``weights_dtype``."""
+    frozen = torch.bfloat16 if weights_dtype == "bf16" else torch.float32
+    for p in model.parameters():
+        want = torch.float32 if p.requires_grad else frozen
+        if p.is_floating_point() and p.dtype != want:
+            p.data = p.data.to(want)
+    return model
+
+
 class Backend:
-    """One way of training on one or several processes. Built around the model (on its device),
-    its AdamW optimizer and its LR scheduler; ``wrap`` is called once before training."""
+    """One way of training on one or several processes. Built around the model as loaded (on the
+    CPU; ``place`` puts it on its device), its AdamW optimizer and its LR scheduler; ``wrap`` is
+    called once before training."""
 
     name: ClassVar[str]
     #: a forward pass is itself a collective (it gathers sharded weights): every rank must make the
@@ -46,6 +58,17 @@ class Backend:
     def applies(cls, train: Any) -> bool:
         """Whether ``train`` (the config's train section) asks for this back end."""
         raise NotImplementedError
+
+    @classmethod
+    def reads_weights(cls, rank: int) -> bool:
+        """Whether this rank reads the checkpoint's weights (False: it builds the model on the meta
+        device and ``place`` gives it its weights)."""
+        return True
+
+    def place(self) -> torch.nn.Module:
+        """The model on its device in the dtypes it trains in (``stored``); returns it."""
+        self.model = stored(self.model, self.train.weights_dtype).to(self.device)
+        return self.model
 
     def wrap(self, lr_lambda: Any) -> None:
         """Shard or wrap the model, then build AdamW and the schedule around what it trains."""
@@ -110,7 +133,7 @@ class Backend:
     def load_weights(self, path: Path) -> None:
         self.model.load_state_dict(load_plain(path, map_location=self.device))
 
-    def consolidated_state(self) -> dict[str, Tensor] | None:
-        """The whole model's weights for the committed model when the model alone does not hold
-        them (every rank calls it); None: the model saves its own."""
+    def consolidated_state(self, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
+        """The whole model's weights for the committed model (floating ones in ``dtype``) when the
+        model alone does not hold them (every rank calls it); None: the model saves its own."""
         return None

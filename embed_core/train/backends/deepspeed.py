@@ -43,9 +43,7 @@ class DeepSpeed(Backend):
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        s = self.stage
-        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": s.grad_accum,
-                  **({"gradient_clipping": s.max_grad_norm} if s.max_grad_norm else {}), **self.train.deepspeed}
+        config = engine_config(self.stage, self.train.deepspeed, bf16=self.bf16)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=self.model, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=config)
 
@@ -73,6 +71,15 @@ class DeepSpeed(Backend):
 
     def load_state(self, directory: Path, meta: dict[str, Any]) -> None:
         self.engine.load_checkpoint(str(directory / "deepspeed"), tag="ds")
+
+
+def engine_config(stage: Any, user: dict[str, Any], *, bf16: bool) -> dict[str, Any]:
+    """DeepSpeed's config: the stage's accumulation and clipping, ``bf16: {enabled: true}`` when the
+    trainer computes in bf16 (so ZeRO partitions and communicates bf16 with fp32 master weights,
+    as the autocast forward computes), then the user's ``train.deepspeed``, which wins."""
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": stage.grad_accum,
+            **({"gradient_clipping": stage.max_grad_norm} if stage.max_grad_norm else {}),
+            **({"bf16": {"enabled": True}} if bf16 else {}), **user}
 
 
 def _skip_cpu_inference_kernel() -> None:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from embed_core.train import sharding
-from embed_core.train.backends.base import Backend
+from embed_core.train.backends.base import Backend, stored
 from embed_core.train.checkpoint import load_plain, save_plain
 
 
@@ -24,8 +24,21 @@ class FSDP(Backend):
     def applies(cls, train) -> bool:
         return train.sharding == "fsdp"
 
+    @classmethod
+    def reads_weights(cls, rank: int) -> bool:
+        return rank == 0  # the others get their shards from rank 0 (sharding.load_sharded)
+
+    def place(self):
+        """Sharded before anything is on the device: rank 0's weights broadcast into every rank's
+        shards (``sharding.load_sharded``), on a flat or hybrid mesh (``train.fsdp_mesh``)."""
+        mesh = sharding.mesh_for(self.train, self.world, self.device.type)
+        self.model = sharding.load_sharded(self.model, device=self.device, bf16=self.bf16, mesh=mesh, rank=self.rank,
+                                           stored=lambda m: stored(m, self.train.weights_dtype))
+        return self.model
+
     def wrap(self, lr_lambda) -> None:
-        sharding.shard(self.model, bf16=self.bf16)  # before the optimizer: it must hold the shards
+        if not sharding.is_sharded(self.model):  # before the optimizer: it must hold the shards
+            sharding.shard(self.model, bf16=self.bf16)
         super().wrap(lr_lambda)
 
     def backward(self, loss: Tensor, final: bool) -> None:
@@ -49,8 +62,8 @@ class FSDP(Backend):
     def load_weights(self, path: Path) -> None:
         sharding.load(path.with_suffix(""), self.model)
 
-    def consolidated_state(self):
-        """The encoder's whole weights gathered once to rank 0's CPU (the others get ``{}``), keyed
-        like ``Embedder.model.state_dict()``."""
-        state = sharding.full_state_dict(self.model)
+    def consolidated_state(self, dtype=None):
+        """The encoder's whole weights gathered once to rank 0's CPU in ``dtype`` (the others get
+        ``{}``), keyed like ``Embedder.model.state_dict()``."""
+        state = sharding.full_state_dict(self.model, dtype)
         return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}

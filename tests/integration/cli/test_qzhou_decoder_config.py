@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
 from tests.helpers.cli_run import in_process, in_subprocess
@@ -110,12 +111,18 @@ def test_the_qzhou_decoder_recipe_trains_both_stages_end_to_end_on_a_tiny_qwen3(
     assert settings["training"]["stage"]["dev"]["select"] == train["stages"][1]["dev"]["select"]
     assert (second / "dev.parquet").exists()
 
-    # sentence-transformers encodes as embedpipe's Encoder (the evaluate stage's) does
+    # a decoder is committed in bf16 (train.save_dtype: auto), as Qwen ships, and config.json says so
+    from safetensors.torch import load_file
+
+    assert {w.dtype for w in load_file(str(saved / "model.safetensors")).values()} == {torch.bfloat16}
+    assert json.loads((saved / "config.json").read_text())["dtype"] == "bfloat16"
+
+    # sentence-transformers encodes as embedpipe's Encoder (the evaluate stage's) does, at one precision
     from sentence_transformers import SentenceTransformer
 
     from embed_core.model.encoder import Encoder
 
     texts = ["what is a protein", "a much longer passage about proteins folding in cells", "x"]
     ours = Encoder(str(saved), pooling="mean", max_length=64, precision="fp32", device="cpu").encode(texts)
-    st = SentenceTransformer(str(saved), device="cpu").encode(texts)
+    st = SentenceTransformer(str(saved), device="cpu", model_kwargs={"dtype": torch.float32}).encode(texts)
     assert abs(st - ours).max() < 1e-5

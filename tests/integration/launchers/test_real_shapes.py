@@ -57,7 +57,7 @@ def _qwen3_stages(model: Path, *, sharding: str, batch: int) -> dict:
                "batch_size": {"retrieval": batch}, "warmup_steps": 0, "lr": 1e-3, "checkpoint_every": 10, **opts}
               for name, opts in STAGES.items()]
     return {"base_model": str(model), "pooling": "mean", "bidirectional": True, "precision": "fp32",
-            "max_length": 128, "sharding": sharding, "stages": stages}
+            "save_dtype": "fp32", "max_length": 128, "sharding": sharding, "stages": stages}
 
 
 def _minilm_mixed(sharding: str) -> dict:

@@ -38,3 +38,36 @@ def test_models_whose_weights_differ_in_names_or_shapes_are_refused_naming_the_w
         weighted_average([a, b], [0.5, 0.5])
     with pytest.raises(EmbedpipeError, match=r"\(first: u\)"):
         weighted_average([a, c], [0.5, 0.5])
+
+
+def _sharded(path, seed: int):
+    """A tiny Qwen2 saved the way large checkpoints are: model-0000k-of-0000N.safetensors and an index."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    torch.manual_seed(seed)
+    model = Qwen2Model(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1))
+    model.save_pretrained(path, max_shard_size="20KB")
+    return path, model.state_dict()
+
+
+def test_models_in_sharded_safetensors_average_tensor_by_tensor_and_keep_their_layout(tmp_path):
+    from transformers import AutoModel
+
+    from embed_core.model.merge import INDEX
+
+    (a, sa), (b, sb) = _sharded(tmp_path / "a", 0), _sharded(tmp_path / "b", 1)
+    shards = sorted(p.name for p in a.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and (a / INDEX).is_file() and not (a / WEIGHTS).exists()
+    write_average([a, b], [0.75, 0.25], a)  # into the first model, as a stage's merge does
+    assert sorted(p.name for p in a.glob("*.safetensors")) == shards  # same shards, no stray model.safetensors
+    merged = AutoModel.from_pretrained(a).state_dict()
+    for name in sa:
+        assert torch.allclose(merged[name], 0.75 * sa[name] + 0.25 * sb[name], atol=1e-6), name
+
+
+def test_a_sharded_model_and_one_whose_weights_differ_are_refused_naming_the_index(tmp_path):
+    (a, _), c = _sharded(tmp_path / "a", 0), _model(tmp_path / "c", w=torch.zeros(2))
+    with pytest.raises(EmbedpipeError, match=r"c/model.safetensors: cannot be averaged with .*a/model.safetensors"
+                                             r".index.json: the weights differ"):
+        weighted_average([a, c], [0.5, 0.5])

@@ -143,8 +143,9 @@ def test_fsdp_over_n_ranks_divides_weights_gradients_and_adamw_by_n():
     assert (four.weights, four.gradients, four.optimizer) == (76, 76, 152)
     # gathered: root (32 + 5) + 2 × the layer (32 + 4), fp32: (37 + 72) · 4
     assert four.gathered == 436
-    # loading: the whole model before sharding, plus the shards
-    assert four.load == 292 + 76
+    # loading (sharded on the meta device, rank 0 broadcasting): the shards and the largest whole
+    # tensor being broadcast (8·4 fp32), not the whole model
+    assert four.load == 76 + 128
 
 
 def _fsdp_train() -> TrainConfig:
@@ -226,3 +227,23 @@ def test_the_planner_sizes_exactly_the_groups_build_batch_fills(task, loss):
                         use_instructions=False, layout=used.layout, **used.batch_options())
     built = [(name, len(g.texts), g.max_length) for name, g in batch.groups.items()]
     assert built == task_groups(stage, task, 6)
+
+
+def test_plan_on_two_nodes_shards_over_a_nodes_gpus_and_prints_checkpoint_and_model_bytes(tmp_path, capfd, qwen3):
+    """(F18, F10) 16 GPUs, 8 a node: fsdp_mesh auto is HSDP (2 × 8), so a rank holds an eighth of the
+    weights, not a sixteenth; the disk line gives a checkpoint's and the committed model's bytes."""
+    write_sts_data(tmp_path)
+    train = {"base_model": str(qwen3), "sharding": "fsdp", "stages": [{"name": "s", "tasks": ["retrieval"]}]}
+    config = write_config(tmp_path, [STS_SOURCE], train=train)
+    hybrid = json.loads(in_process(capfd, "plan", "--config", config, "--gpus", "16", "--gpus-per-node", "8",
+                                   "--json").out)
+    flat = json.loads(in_process(capfd, "plan", "--config", config, "--gpus", "8", "--json").out)
+    assert hybrid["stages"][0]["sharding"] == "hsdp/2x8" and flat["stages"][0]["sharding"] == "fsdp/8"
+    assert hybrid["stages"][0]["tasks"][0]["weights"] == flat["stages"][0]["tasks"][0]["weights"]
+    n = hybrid["model"]["parameters"]
+    assert (hybrid["checkpoint_bytes"], hybrid["committed_bytes"]) == (12 * n, 2 * n)  # fp32 + AdamW; bf16
+    assert hybrid["checkpoint_disk_bytes"] == 3 * 12 * n  # keep_checkpoints 2 and the one being written
+    out = in_process(capfd, "plan", "--config", config, "--gpus", "16", "--gpus-per-node", "8").out
+    assert "hsdp/2x8" in out and "disk: a resumable checkpoint is " in out
+    in_process(capfd, "plan", "--config", config, "--gpus", "16", "--gpus-per-node", "6").assert_one_line_error(
+        "train.fsdp_mesh: hybrid needs the same number of ranks on every node")
