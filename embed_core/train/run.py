@@ -46,6 +46,7 @@ from embed_core.plots import pyplot, to_png
 from embed_core.schema import INFONCE_TASKS, TRAINABLE_TASKS
 from embed_core.train.batches import DatasetRecords
 from embed_core.train.lineage import LINEAGE_FILE, lineage_table
+from embed_core.train.finite import check_finite_weights
 from embed_core.train.records import RECORDS_DIR, mapped_records
 from embed_core.train.distributed import barrier, check_shared_directory, init_process_group, is_main_process
 from embed_core.train.ranks import committed, on_main_rank
@@ -324,6 +325,8 @@ def _run_train_stage(config: RunConfig, run_dir: Path, stage_name: str, *, upstr
     state = trainer.consolidated_state() if hasattr(trainer, "consolidated_state") else None  # every rank: FSDP gathers
 
     def commit() -> dict[str, Any]:
+        weights = state.items() if state is not None else trainer.model.state_dict().items()
+        check_finite_weights(stage.name, weights, metrics, trainer.step)
         manifest = _commit(config, run_dir, stage, datasets, init, trainer, metrics, instructions, fingerprint, t0,
                            state, lineage=_lineage(run_dir, upstream, stage, datasets, trainer))
         shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
