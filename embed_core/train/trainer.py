@@ -441,22 +441,27 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
 def kept_checkpoints(stage: TrainStageConfig, each: int, directory: Path, log: Callable[[str], None]) -> int:
     """``stage.keep_checkpoints``, sized to the checkpoint directory's free space (rank 0's view,
     the same on every rank): while one is written, ``keep`` complete ones still exist, so ``keep +
-    1`` checkpoints must fit; else 1 is kept (a warning line), and where even 2 do not fit, the
-    stage is refused with one line before it trains."""
+    1`` checkpoints (or as many as the stage writes) must fit; else 1 is kept, with a warning line.
+    Where not even that fits, a warning line says so before any step; the stage still starts (free
+    space changes while a run goes on, and a checkpoint that does not fit ends the run with one line,
+    the last complete checkpoint kept: ``checkpoint.checkpoint_write``)."""
     import shutil
 
-    keep = stage.keep_checkpoints
+    keep, written = stage.keep_checkpoints, stage.steps // stage.checkpoint_every
+    if written == 0:
+        return keep
     probe = directory
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free = broadcast_from_main(shutil.disk_usage(probe).free)
     gib = 2 ** 30
-    if each * (keep + 1) <= free:
+    if each * min(keep + 1, written) <= free:
         return keep
-    if each * 2 > free:
-        raise ConfigError(f"{directory}: a checkpoint of this model takes {each / gib:.2f} GiB and {free / gib:.2f} GiB "
-                          f"are free, not enough for one and the one being written ({2 * each / gib:.2f} GiB); "
-                          "free disk space or move the run directory")
+    if each * min(2, written) > free:
+        log(f"warning: {stage.name}: a checkpoint of this model takes {each / gib:.2f} GiB and {free / gib:.2f} GiB are "
+            f"free under {directory}, not enough for {'one and the one being written' if written > 1 else 'one'}: "
+            f"the stage stops at step {stage.checkpoint_every} unless space is freed or the run directory moved")
+        return 1
     log(f"warning: {stage.name}: keeping 1 checkpoint, not {keep}: {keep + 1} of {each / gib:.2f} GiB "
         f"do not fit the {free / gib:.2f} GiB free under {directory}")
     return 1
