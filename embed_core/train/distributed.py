@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from embed_core.errors import CollectiveError, EmbedpipeError, LaunchError, register_user_error
-from embed_core.train.world import env_rank, launched
+from embed_core.train.world import env_rank, launched, local_world_size
 
 
 def is_main_process() -> bool:
@@ -37,7 +37,7 @@ def init_process_group(single: bool = False, timeout_s: float | None = None) -> 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     if launched() and not torch.distributed.is_initialized():
-        local, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        local, local_world = int(os.environ.get("LOCAL_RANK", "0")), local_world_size()
         divide_host_threads(local_world)
         for key, value in rank_environment(local_world).items():  # read by CUDA's, NCCL's, tokenizers' first use
             os.environ.setdefault(key, value)

@@ -33,7 +33,6 @@ torch FSDP2 (``torch.distributed.fsdp.fully_shard``), and the checkpoints that g
 from __future__ import annotations
 
 import io
-import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -86,15 +85,10 @@ def device_mesh(shape: tuple[int, ...], device_type: str):
 
 def mesh_for(train, world: int, device_type: str):
     """The mesh ``train.fsdp_mesh`` asks for over ``world`` ranks, this node's ranks from the
-    launcher (``local_world``): None (flat) or a 2-D replicate × shard ``DeviceMesh``."""
-    return device_mesh(train.fsdp_mesh_shape(world, local_world(world)), device_type)
+    launcher (``world.local_world_size``): None (flat) or a 2-D replicate × shard ``DeviceMesh``."""
+    from embed_core.train.world import local_world_size
 
-
-def local_world(world: int) -> int:
-    """Ranks on this node: the launcher's ``LOCAL_WORLD_SIZE`` (torchrun, the trainer's own local
-    ranks), else the whole world (one node)."""
-    value = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(value) if value.isdigit() and int(value) > 0 else world
+    return device_mesh(train.fsdp_mesh_shape(world, local_world_size(world)), device_type)
 
 
 def load_sharded(model: nn.Module, *, device: torch.device, bf16: bool, mesh=None, rank: int,

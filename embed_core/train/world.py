@@ -71,8 +71,15 @@ def env_rank() -> int:
     return _number("RANK", 0) if launched() else 0
 
 
+def local_world_size(world: int | None = None) -> int:
+    """This node's processes of the job: the launcher's ``LOCAL_WORLD_SIZE`` (torchrun, the trainer's
+    own local ranks), else all ``world`` of them (default: the job's) on one node."""
+    world = world_size() if world is None else world
+    local = _number("LOCAL_WORLD_SIZE", world)
+    return local if local > 0 else world
+
+
 def spans_nodes() -> bool:
     """True where the job's ranks are on more than one machine (a launcher's ``LOCAL_WORLD_SIZE`` below
     its ``WORLD_SIZE``)."""
-    world = _number("WORLD_SIZE", 1)
-    return _number("LOCAL_WORLD_SIZE", world) < world
+    return local_world_size() < world_size()

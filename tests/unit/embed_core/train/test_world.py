@@ -93,3 +93,19 @@ def test_the_cli_under_srun_tasks_prints_the_one_line_and_exits_2_without_import
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "embedpipe: error: this process is one of 4 tasks that SLURM (srun) started")
     assert proc.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("env, local, spans", [
+    ({}, 1, False),
+    ({"WORLD_SIZE": "8", "RANK": "3"}, 8, False),
+    ({"WORLD_SIZE": "16", "RANK": "3", "LOCAL_WORLD_SIZE": "8"}, 8, True),
+    ({"WORLD_SIZE": "8", "RANK": "3", "LOCAL_WORLD_SIZE": "8"}, 8, False),
+])
+def test_a_jobs_ranks_per_node_come_from_local_world_size_else_one_node_holds_them_all(monkeypatch, env, local, spans):
+    from embed_core.train.world import local_world_size, spans_nodes
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert (local_world_size(), spans_nodes()) == (local, spans)
