@@ -312,6 +312,9 @@ def init_chain(stages: list[TrainStageConfig], index: int) -> list[str]:
         index = names.index(target)
 
 
+MAX_PROCESSES = 1024  # train.processes: local ranks on one machine (8 GPUs is the common most)
+
+
 class TrainConfig(StrictModel):
     base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
     gguf_file: str | None = Field(None, description="GGUF weights file inside base_model (decoder LMs).")
@@ -384,8 +387,21 @@ class TrainConfig(StrictModel):
                                              "not started by a launcher (the CLI without torchrun, a Prefect flow "
                                              "run on a GPU worker): auto = one per visible CUDA device (1 without "
                                              "CUDA); N = N processes on this machine (gloo on CPU, nccl on CUDA), "
-                                             "this one rank 0, reporting to Prefect. Under torchrun / deepspeed / "
+                                             "this one rank 0, reporting to Prefect, at most 1024 and at most the "
+                                             "machine's CUDA devices (its CPU cores without CUDA), checked when the "
+                                             "stage starts. Under torchrun / deepspeed / "
                                              "accelerate launch the launcher's processes are used instead.")
+
+    @field_validator("processes", mode="before")
+    @classmethod
+    def _processes(cls, v: Any) -> Any:
+        """One line in the user's terms (not pydantic's union branches): auto, or 1..MAX_PROCESSES
+        (a number written as a string, as a form may send it, is that number)."""
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_PROCESSES):
+            return v
+        raise ValueError(f"a number of processes from 1 to {MAX_PROCESSES}, or auto (got {v!r})")
     peak_tflops: float | None = Field(None, gt=0, description="The device's peak TFLOP/s for the compute precision, "
                                       "for MFU in the step metrics; None = from the table of known GPUs "
                                       "(embed_core/train/telemetry.py), and no MFU on a device not in it (CPUs).")

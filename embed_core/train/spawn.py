@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from embed_core.errors import CollectiveError, EmbedpipeError
+from embed_core.errors import CollectiveError, ConfigError, EmbedpipeError
 from embed_core.procs import dying_with_parent, end_on_signals, free_port
 from embed_core.train.config import TrainConfig
 from embed_core.train.distributed import (collective_error, destroy_process_group, rank_environment,
@@ -49,6 +49,13 @@ def training_processes(train: TrainConfig) -> int:
         return int(os.environ["WORLD_SIZE"])
     if train.processes == "auto":
         return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+    cuda = torch.cuda.is_available()
+    has = torch.cuda.device_count() if cuda else os.cpu_count() or 1
+    if train.processes > has:
+        what = f"{has} CUDA device{'s' if has != 1 else ''}" if cuda else f"{has} CPU core{'s' if has != 1 else ''}"
+        raise ConfigError(f"train.processes: {train.processes} processes, but this machine has {what} (one "
+                          f"{'device' if cuda else 'core'} per rank at least): use processes: auto or at most {has}, "
+                          "or launch on several machines with torchrun")
     return train.processes
 
 

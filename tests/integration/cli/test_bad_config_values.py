@@ -45,6 +45,7 @@ BAD_OPTIONS = [
     ("train", {"packing": "yes"}, "train.packing"),
     ("train", {"processes": 0}, "train.processes"),
     ("train", {"processes": "many"}, "train.processes"),
+    ("train", {"processes": 1000000000}, "train.processes: a number of processes from 1 to 1024"),
     ("train", {"weights_dtype": "fp16"}, "train.weights_dtype"),
     ("train", {"sharding": "zero3"}, "train.sharding"),
     ("train", {"dist_timeout_s": 0}, "train.dist_timeout_s"),
@@ -52,6 +53,12 @@ BAD_OPTIONS = [
     ("stage", {"merge": {"stage": "s1", "weight": 1.5}}, "train.stages[s1].merge"),
     ("stage", {"targeted_synthesis": {"datasets": []}}, "train.stages[s1].targeted_synthesis.datasets"),
     ("stage", {"matryoshka": {"dims": [8, 8]}}, "train.stages[s1].matryoshka"),
+    # non-finite numbers (issue 62): a NaN weight trained NaN weights and committed them
+    ("stage", {"matryoshka": {"dims": [16, 8], "weights": [float("nan"), 1.0]}},
+     "train.stages[s1].matryoshka.weights.0: Input should be a finite number"),
+    ("stage", {"dataset_weight": {"sts": float("nan")}}, "train.stages[s1].dataset_weight.sts: Input should be a finite"),
+    ("stage", {"origin_weight": {"original": float("inf")}}, "train.stages[s1].origin_weight.original: Input should"),
+    ("stage", {"lr": float("inf")}, "train.stages[s1].lr: Input should be a finite number"),
     ("prepare", {"near_duplicates": {"threshold": 1.5}}, "prepare.near_duplicates.threshold"),
     ("prepare", {"near_duplicates": {"num_perm": 4}}, "prepare.near_duplicates.num_perm"),
 ]

@@ -109,3 +109,23 @@ def test_a_jobs_ranks_per_node_come_from_local_world_size_else_one_node_holds_th
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert (local_world_size(), spans_nodes()) == (local, spans)
+
+
+def test_more_local_processes_than_the_machine_has_are_one_line_before_any_starts(monkeypatch):
+    import os
+
+    from embed_core.config import parse_config
+    from embed_core.errors import ConfigError
+    from embed_core.train.spawn import training_processes
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    raw = {"prepare": {"sources": [{"name": "x", "kind": "sts", "path": "x"}]},
+           "train": {"processes": "2", "stages": [{"name": "s"}]}}
+    assert training_processes(parse_config(raw).train) == 2  # a number a form sends as text
+    cores = os.cpu_count()
+    raw["train"]["processes"] = cores + 1
+    with pytest.raises(ConfigError, match=rf"train.processes: {cores + 1} processes, but this machine has {cores} CPU "
+                                          r"core") as info:
+        training_processes(parse_config(raw).train)
+    assert "\n" not in str(info.value)
