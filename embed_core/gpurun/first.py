@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from embed_core.gpurun.report import write_json
 from embed_core.gpurun.steps import run_command
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder embed_core is imported from
@@ -82,14 +83,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--only: unknown steps {sorted(set(args.steps) - set(STEPS))} (known: {', '.join(STEPS)})")
     args.budget_s = args.budget_s or BUDGET_S["cpu" if args.cpu else "cuda"]
     return args
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """``path`` replaced whole (written beside it, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -43,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from embed_core.gpurun.report import write_json
+
 PROBES = ("bidirectional", "pool_packed_bf16", "grad_cache_replay", "collectives", "fsdp2_adamw_dcp")
 POOL_LENGTHS = (64, 256, 512)
 REPLAY_TOLERANCE = 1e-3  # a replay with other dropout masks differs by about 1e-1
@@ -56,13 +58,6 @@ def _version(dist: str) -> str | None:
         return md.version(dist)
     except md.PackageNotFoundError:
         return None
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -359,7 +354,7 @@ def run_probes(names: list[str], out: Path, cpu: bool) -> dict[str, Any]:
         state["results"] = json.loads(out.read_text(encoding="utf-8")).get("results", {})
     for name in names:
         state["current"] = name
-        _write(out, state)
+        write_json(out, state)
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as seen:  # a deprecation or NCCL warning is a finding too
             warnings.simplefilter("always")
@@ -379,7 +374,7 @@ def run_probes(names: list[str], out: Path, cpu: bool) -> dict[str, Any]:
     state["current"] = None
     if device.type == "cuda":
         state["memory_summary"] = torch.cuda.memory_summary(device, abbreviated=True)
-    _write(out, state)
+    write_json(out, state)
     return state
 
 
@@ -393,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if args.what == "environment":
-        _write(args.out, environment())
+        write_json(args.out, environment())
         return 0
     names = args.only.split(",") if args.only else list(PROBES)
     unknown = sorted(set(names) - set(PROBES))

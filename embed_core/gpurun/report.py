@@ -43,7 +43,15 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _replace(path: Path, text: str) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """``path`` replaced whole by ``data`` as JSON (``replace_file``)."""
+    replace_file(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def replace_file(path: Path, text: str) -> None:
+    """``path`` replaced whole by ``text`` (written beside it, then renamed): a reader, or a call cut
+    short, never sees half a report. Standard library only (the first run uses it before installing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -52,8 +60,8 @@ def _replace(path: Path, text: str) -> None:
 def write(report: dict[str, Any], out: Path) -> None:
     """``out/gpu-run.json`` and ``out/gpu-run.md``, each replaced whole."""
     out.mkdir(parents=True, exist_ok=True)
-    _replace(out / "gpu-run.json", json.dumps(_finite(report), indent=2) + "\n")
-    _replace(out / "gpu-run.md", markdown(report))
+    replace_file(out / "gpu-run.json", json.dumps(_finite(report), indent=2) + "\n")
+    replace_file(out / "gpu-run.md", markdown(report))
 
 
 def _num(value: Any, digits: int = 1, scale: float = 1.0) -> str:
