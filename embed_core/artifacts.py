@@ -163,7 +163,7 @@ class StageWriter:
 
     Use as a context manager; leaving the block with an exception discards the staging
     directory and leaves the previous artifact as it was. In a multi-process job only rank 0 opens
-    one (``embed_core.train.ranks``): opening cleans the stage's leftovers, which would be another
+    one (``embed_core.dist.ranks``): opening cleans the stage's leftovers, which would be another
     rank's staging directory, so a writer on any other rank is refused.
     """
 

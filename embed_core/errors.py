@@ -76,13 +76,13 @@ class SchemaError(RowError):
 class CollectiveError(EmbedpipeError):
     """A collective of a multi-process training failed: it waited longer than
     ``train.dist_timeout_s`` (a rank stalled), or lost the connection to a rank that died. Its
-    message names this rank, the stage and the operation (``embed_core.train.distributed``)."""
+    message names this rank, the stage and the operation (``embed_core.dist.distributed``)."""
 
 
 class LaunchError(EmbedpipeError):
     """The processes of a multi-process job cannot work as one: the launcher's environment is
     inconsistent, a scheduler started tasks without a launcher, the ranks cannot connect, or they
-    do not share the run directory (``embed_core.train.world``, ``embed_core.train.distributed``)."""
+    do not share the run directory (``embed_core.dist.world``, ``embed_core.dist.distributed``)."""
 
 
 class CheckpointError(EmbedpipeError):

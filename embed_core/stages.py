@@ -20,7 +20,7 @@ from embed_core.config import RunConfig
 from embed_core.errors import EmbedpipeError
 from embed_core.fingerprint import Fingerprint
 from embed_core.stage_api import Stage, StageContext
-from embed_core.train import ranks
+from embed_core.dist import ranks
 
 # The pipeline's order: the module that declares each stage's STAGE.
 ORDER: list[str] = [
@@ -101,7 +101,7 @@ def cache_decision(stage: Stage, ctx: StageContext, force: bool = False) -> tupl
     """The instance's fingerprint, and whether it is a cache hit: the run directory holds an intact
     artifact of exactly those inputs (never under ``force``). The one cache: this decides — after
     ``check_inputs``, so neither a run nor a hit stands on damaged or stale inputs. In a
-    multi-process train command rank 0 decides for every rank (``embed_core.train.ranks``): a rank
+    multi-process train command rank 0 decides for every rank (``embed_core.dist.ranks``): a rank
     that looked for itself could find a step rank 0 has just committed and skip the step's barrier."""
     from embed_core.artifacts import stage_is_intact
 

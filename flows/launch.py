@@ -29,18 +29,18 @@ def without_launcher_args(argv: list[str]) -> list[str]:
 def as_launched_rank() -> AbstractContextManager[None]:
     """The command's body, in a process a launcher started as one of several (nothing otherwise):
     armed at once to die with its launcher (before a slow import: a launcher that dies meanwhile is
-    noticed), and ended by ``embed_core.train.distributed.rank_ending_cleanly``: a failed collective
+    noticed), and ended by ``embed_core.dist.distributed.rank_ending_cleanly``: a failed collective
     as one line, the process groups destroyed at the end whatever the outcome (else a gloo rank can
     abort at interpreter exit after a successful run), a SIGTERM from the launcher obeyed within
     seconds even in a rank blocked in a C++ collective."""
-    from embed_core.train.world import launched
+    from embed_core.dist.world import launched
 
     if not launched():  # torch is not imported for a plain command
         return nullcontext()
     from embed_core.procs import die_with_parent
 
     die_with_parent(signal.SIGKILL)
-    from embed_core.train.distributed import rank_ending_cleanly
+    from embed_core.dist.distributed import rank_ending_cleanly
 
     return rank_ending_cleanly()
 
@@ -49,7 +49,7 @@ def is_other_rank(command: str) -> bool:
     """True in a rank other than 0 of a launched job; a launched command other than train is an error.
     A launched rank (rank 0 too) is armed here to die with its launcher."""
     from embed_core.procs import die_with_parent
-    from embed_core.train.world import env_rank, launched  # no torch: most commands never train
+    from embed_core.dist.world import env_rank, launched  # no torch: most commands never train
 
     if not launched():
         return False

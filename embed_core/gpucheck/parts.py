@@ -1,4 +1,4 @@
-"""The check's parts that run the project's own trainer (``embed_core.train.trainer.Trainer``):
+"""The check's parts that run the project's own trainer (``embed_core.train.engine.trainer.Trainer``):
 timed training steps (tokens/s, losses, MFU, peak memory), packed against padded passes, FSDP on
 one rank against the unsharded run, and the measured peak against the memory planner's.
 
@@ -59,7 +59,7 @@ def run_trainer(train: Any, datasets: dict, device: torch.device, *, steps: int,
                 memory: bool = False) -> dict[str, Any]:
     """``warmup`` + ``steps`` optimizer steps of a fresh trainer: tokens/s of the timed steps, every
     step's loss, MFU, and (``memory``) the measured peak bytes of tensors."""
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     release(device)
     with tempfile.TemporaryDirectory(prefix="gpucheck-ckpt-") as ckpt:

@@ -167,7 +167,7 @@ def synthetic_triples(n: int, negatives: int, rng: random.Random) -> list[tuple[
 def records_of(triples: list[tuple[str, str, list[str]]]):
     """The triples as one retrieval dataset of unified records (``DatasetRecords``)."""
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.engine.batches import DatasetRecords
 
     records = [Record(id=f"scifact/{i}", dataset="scifact", task="retrieval", query=q, positives=[p],
                       negatives=list(n)) for i, (q, p, n) in enumerate(triples)]

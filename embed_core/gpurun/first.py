@@ -241,7 +241,7 @@ def install_step(run: FirstRun) -> None:
                str(run.site), "--find-links", str(run.args.kit / "wheels"), *[f"{d}=={v}" for d, v in install.items()]]
         result = run.command(pip, "install", limit)
         error = result.get("error") and f"pip install: {result['error']}"
-    check = ("import importlib; [importlib.import_module(m) for m in ('pydantic', 'pyarrow', 'embed_core.train.trainer', "
+    check = ("import importlib; [importlib.import_module(m) for m in ('pydantic', 'pyarrow', 'embed_core.train.engine.trainer', "
              "'embed_core.gpucheck.parts', 'embed_core.gpurun.probes')]")
     if error is None:
         result = run.command(["-c", check], "install-check", max(1.0, limit - (time.monotonic() - t0)))

@@ -241,7 +241,7 @@ def probe_grad_cache_replay(device) -> dict[str, Any]:
     from transformers import BertConfig, BertModel
 
     from embed_core.gpucheck.setup import MINILM, VOCAB
-    from embed_core.train.checkpoint import rng_state, set_rng_state
+    from embed_core.train.engine.checkpoint import rng_state, set_rng_state
 
     torch.manual_seed(0)
     model = BertModel(BertConfig(vocab_size=VOCAB, **MINILM)).to(device).train()
@@ -285,7 +285,7 @@ def probe_collectives(device) -> dict[str, Any]:
     import torch
     import torch.distributed.nn
 
-    from embed_core.train.distributed import broadcast_from_main, init_process_group, mean_over_ranks
+    from embed_core.dist.distributed import broadcast_from_main, init_process_group, mean_over_ranks
 
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -316,7 +316,7 @@ def probe_fsdp2(device) -> dict[str, Any]:
     import torch
 
     from embed_core.gpurun.fsdp_probe import fsdp2_round_trip
-    from embed_core.train.distributed import init_process_group
+    from embed_core.dist.distributed import init_process_group
 
     if device.type == "cuda":
         torch.cuda.set_device(device)

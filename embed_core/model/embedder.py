@@ -55,7 +55,7 @@ class Embedder(nn.Module):
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         require_transformers()
-        if pooling not in POOLINGS or pooling == "compress":  # compress: embed_core.train.autoregembed
+        if pooling not in POOLINGS or pooling == "compress":  # compress: embed_core.train.engine.autoregembed
             raise ConfigError(f"pooling must be one of {POOLINGS[:3]}, got {pooling!r}")
         if "{text}" not in instruction_template:
             raise ConfigError("instruction_template must contain '{text}'")
@@ -82,7 +82,7 @@ class Embedder(nn.Module):
             load["dtype"] = torch_dtype
         if attn_implementation is not None:  # else transformers' default (SDPA)
             load["attn_implementation"] = attn_implementation
-        if meta:  # no weights read: a sharding trainer's rank 0 broadcasts them (embed_core.train.sharding)
+        if meta:  # no weights read: a sharding trainer's rank 0 broadcasts them (embed_core.train.engine.sharding)
             load.pop("gguf_file", None)
             with torch.device("meta"):
                 self.model = AutoModel.from_config(config, **load)
@@ -132,7 +132,7 @@ class Embedder(nn.Module):
                  max_length: int | None = None) -> dict[str, Tensor]:
         """Padded features (with ``pool_mask``), one tokenizer call at a time: a fast tokenizer used
         from two threads at once fails ("Already borrowed"), and the trainer's batch source
-        tokenizes on its own thread (``embed_core.train.prefetch``)."""
+        tokenizes on its own thread (``embed_core.train.engine.prefetch``)."""
         with self._tokenizer_lock:
             return self._tokenize(texts, instructions, max_length)
 

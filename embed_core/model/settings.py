@@ -104,7 +104,7 @@ def prompt_instructions(settings: ModelSettings) -> dict[str, tuple[str, str]]:
 
 def side_instruction(settings: ModelSettings, task: str, record_instruction: str, side: str) -> str | None:
     """The instruction a model trained here puts on one ``side`` ("query" or "document") of a record
-    of ``task``, as training does (``embed_core.train.batches``): none when it was trained without;
+    of ``task``, as training does (``embed_core.train.engine.batches``): none when it was trained without;
     the record's on the query side and, for symmetric tasks, on the document side too; a method's
     own fixed instructions (AutoRegEmbed) by task, passages included."""
     if not settings.use_instructions:

@@ -3,7 +3,7 @@ which source row?
 
 ``MODEL`` is a trained stage's model (``<run_dir>/train-<stage>/model``, or the stage directory),
 or the run's release (``<run_dir>/evaluate/model``: the train stage named in its ``embedpipe.json``).
-The stage's ``lineage.parquet`` (``embed_core.train.lineage``) names the upstream record files it
+The stage's ``lineage.parquet`` (``embed_core.train.engine.lineage``) names the upstream record files it
 trained on; their records whose query, positives, negatives or weak positives equal the text after
 the project's normalisation (``embed_core.prepare.cleaning.normalize_text``; or whose id is ``ID``)
 are looked up in the lineage of the stage and of every stage it started from (``init_model``
@@ -43,7 +43,7 @@ from embed_core.errors import EmbedpipeError, printable
 from embed_core.fingerprint import sha256_file
 from embed_core.paths import resolve_within
 from embed_core.prepare.cleaning import normalize_text
-from embed_core.train.lineage import LINEAGE_FILE, LINEAGE_SCHEMA, read_metadata
+from embed_core.train.engine.lineage import LINEAGE_FILE, LINEAGE_SCHEMA, read_metadata
 
 TEXT_FIELDS = ("query", "positives", "negatives", "weak_positives")
 MAX_SETTINGS_BYTES = 16 * 1024 * 1024  # a model's embedpipe.json (real ones: a few KB)

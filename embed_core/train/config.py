@@ -199,7 +199,7 @@ class TrainStageConfig(StrictModel):
     bucket_pass_cost: int | None = Field(None, ge=0, description="Padded positions an extra length-bucket pass "
                                          "must save to be made; None = auto: under a collective back end (FSDP) on a GPU of known peak, the "
                                          "positions whose compute the pass's weight traffic costs (on paper, an H100: about 1,300 "
-                                         "within a node, 10,000 across nodes; embed_core.train.passes.default_pass_cost); "
+                                         "within a node, 10,000 across nodes; embed_core.train.engine.passes.default_pass_cost); "
                                          "else 0 in fp32, 8192 under bf16 autocast, "
                                          "where small matmuls are overhead-bound (a 2-core AMX CPU: STS-B batches "
                                          "0.51 s/step in one pass, 0.67 in four; fp32 0.85 and 0.68).")
@@ -404,7 +404,7 @@ class TrainConfig(StrictModel):
         raise ValueError(f"a number of processes from 1 to {MAX_PROCESSES}, or auto (got {v!r})")
     peak_tflops: float | None = Field(None, gt=0, description="The device's peak TFLOP/s for the compute precision, "
                                       "for MFU in the step metrics; None = from the table of known GPUs "
-                                      "(embed_core/train/telemetry.py), and no MFU on a device not in it (CPUs).")
+                                      "(embed_core/train/engine/telemetry.py), and no MFU on a device not in it (CPUs).")
     deepspeed: dict[str, Any] | None = Field(None, description="DeepSpeed config (ZeRO stage 1 or 2 etc.; ZeRO-3 is "
                                              "refused: use sharding: fsdp); needs the deepspeed extra.")
     lora: LoraSettings | None = Field(None, description="Train LoRA adapters instead of all weights (peft; the "

@@ -278,8 +278,8 @@ def pass_bytes(shape: ModelShape, c: Compute, texts: int, s: int) -> tuple[int, 
 # -- a stage's batches --------------------------------------------------------------------------------
 def task_groups(stage: TrainStageConfig, task: str, batch: int) -> list[tuple[str, int, int]]:
     """(group, texts, max length) one rank embeds for a batch of ``task``, in embedding order: the
-    batch layout ``build_batch`` fills (``embed_core.train.batches.batch_layout``), worst case."""
-    from embed_core.train.batches import batch_layout
+    batch layout ``build_batch`` fills (``embed_core.train.engine.batches.batch_layout``), worst case."""
+    from embed_core.train.engine.batches import batch_layout
 
     layout, positives = _layout(task, json.dumps(stage.losses.get(task), sort_keys=True))
     shape = batch_layout(task, layout, num_negatives=stage.num_hard_negatives, num_positives=positives,
@@ -393,7 +393,7 @@ def states(shape: ModelShape, train: TrainConfig, world: int, bf16: bool, local:
 def checkpoint_bytes(shape: ModelShape, train: TrainConfig) -> int:
     """Bytes of one resumable checkpoint, all ranks' files together (the same whatever the mesh):
     every weight in its stored dtype and AdamW's two fp32 moments per trained weight
-    (``embed_core.train.trainer.checkpoint_bytes`` counts the same on the live model)."""
+    (``embed_core.train.engine.trainer.checkpoint_bytes`` counts the same on the live model)."""
     st = states(shape, train, 1, False)
     return st.weights + st.optimizer
 

@@ -4,7 +4,7 @@ A record file of the upstream stage (Parquet, checked against its manifest's has
 once, by rank 0, into an uncompressed Arrow IPC file in the stage's checkpoint directory
 (``<run_dir>/checkpoints/<stage>/records/<file>-<sha16>.arrow``), validated and summarised as it
 streams (a slice of 8,192 rows at a time: ``embed_core.schema.RowChecker``,
-``embed_core.train.batches.RecordsSummary``), and then mapped by every rank (``open_mapped``: a
+``embed_core.train.engine.batches.RecordsSummary``), and then mapped by every rank (``open_mapped``: a
 read-only ``mmap`` for random access): the columns are views of the file's pages, which the operating system
 shares between the ranks of a machine and reads in as batches touch them. A rank's memory then
 no longer grows with the training set (``tests/benchmarks/bench_train_records.py``); the sampler's
@@ -32,8 +32,8 @@ import pyarrow.parquet as pq
 
 from embed_core.artifacts import atomic_write_json, checked_outputs
 from embed_core.schema import RECORD_SCHEMA, RowChecker, check_schema
-from embed_core.train.batches import RecordsSummary
-from embed_core.train.distributed import barrier, is_main_process
+from embed_core.train.engine.batches import RecordsSummary
+from embed_core.dist.distributed import barrier, is_main_process
 
 RECORDS_DIR = "records"  # in the stage's checkpoint directory
 ARROW_SUFFIX = ".arrow"

@@ -6,7 +6,7 @@ Each configured stage is its own artifact ``<run_dir>/train-<name>/``:
 * ``metrics.parquet`` — per micro-batch: step, dataset, task, loss, lr, examples, tokens, seconds,
   tokens/s, examples/s; ``loss.png`` — loss curve per task;
 * ``lineage.parquet`` — per (step, dataset) the positions of the upstream records the step consumed
-  (``embed_core.train.lineage``; asked with ``embedpipe lineage``, ``embed_core.runs.lineage``);
+  (``embed_core.train.engine.lineage``; asked with ``embedpipe lineage``, ``embed_core.runs.lineage``);
 * ``manifest.json`` — input fingerprint, datasets and sampling weights, timings.
 Checkpoints live in ``<run_dir>/checkpoints/<name>/`` until the stage's artifact is committed.
 
@@ -14,7 +14,7 @@ Records come from the mine stage when the run has one, else from prepare. A stag
 the previous stage's model (``init_from`` to choose another), the first from ``base_model``.
 
 A stage in an AutoRegEmbed mode (``mode: autoregembed_ic | autoregembed_cda``) trains the
-compression encoder against a frozen decoder instead (``embed_core.train.autoregembed``); a CDA stage
+compression encoder against a frozen decoder instead (``embed_core.train.engine.autoregembed``); a CDA stage
 first precomputes its reference scores with its initial model into ``<run_dir>/reference-<name>/``
 (``scores.parquet``), an artifact of its own keyed by that model, the examples and the method's
 settings, so a resumed or re-run stage reuses it.
@@ -44,14 +44,14 @@ from embed_core.model.settings import ModelSettings, read_model_settings, senten
 from embed_core.paths import file_problem, files_within
 from embed_core.plots import pyplot, to_png
 from embed_core.schema import INFONCE_TASKS, TRAINABLE_TASKS
-from embed_core.train.batches import DatasetRecords
-from embed_core.train.lineage import LINEAGE_FILE, lineage_table
-from embed_core.train.finite import check_finite_weights
+from embed_core.train.engine.batches import DatasetRecords
+from embed_core.train.engine.lineage import LINEAGE_FILE, lineage_table
+from embed_core.train.engine.finite import check_finite_weights
 from embed_core.train.records import RECORDS_DIR, mapped_records
-from embed_core.train.distributed import barrier, check_shared_directory, init_process_group, is_main_process
-from embed_core.train.ranks import committed, on_main_rank
-from embed_core.train.sampling import dataset_weights
-from embed_core.train.spawn import local_ranks, training_processes
+from embed_core.dist.distributed import barrier, check_shared_directory, init_process_group, is_main_process
+from embed_core.dist.ranks import committed, on_main_rank
+from embed_core.train.engine.sampling import dataset_weights
+from embed_core.dist.spawn import local_ranks, training_processes
 from embed_core.train.stage import instance_name
 
 log = logging.getLogger("embedpipe.train")
@@ -303,7 +303,7 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
                     fingerprint: Fingerprint | None = None) -> dict[str, Any]:
     """Train the configured stage ``stage_name`` on the records of ``upstream`` (a stage directory)
     and commit ``train-<stage>/``; every rank of a launched run calls it, rank 0 writes. Not
-    launched, it starts ``train.processes`` local ranks itself (``embed_core.train.spawn``)."""
+    launched, it starts ``train.processes`` local ranks itself (``embed_core.dist.spawn``)."""
     with local_ranks(config, Path(run_dir), stage_name, upstream=upstream, resume=resume):
         return _run_train_stage(config, Path(run_dir), stage_name, upstream=upstream, resume=resume,
                                 fingerprint=fingerprint)
@@ -354,7 +354,7 @@ def _trainer(config: RunConfig, run_dir: Path, stage: TrainStageConfig, datasets
              init: str, ckpt_dir: Path) -> tuple[Any, tuple[dict[str, str], dict[str, str]]]:
     """The stage's trainer (contrastive, with its dev evaluator on rank 0, or AutoRegEmbed) and the
     instructions it trains with."""
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     cfg = _cfg(config)
     instructions, task_instructions = _instructions(datasets)
@@ -496,7 +496,7 @@ def _merge(run_dir: Path, stage: TrainStageConfig, model_dir: Path) -> None:
 
 def _lineage(run_dir: Path, upstream: str, stage: TrainStageConfig, datasets: dict[str, DatasetRecords],
              trainer) -> pa.Table | None:
-    """The records each step consumed (``embed_core.train.lineage``), with the upstream record files
+    """The records each step consumed (``embed_core.train.engine.lineage``), with the upstream record files
     they are rows of; None for a trainer that trains on examples derived from records (AutoRegEmbed)."""
     if not getattr(trainer, "lineage", False):
         return None
@@ -524,8 +524,8 @@ def _hardware(cfg, trainer) -> dict[str, Any]:
 
 def _autoregembed_trainer(config: RunConfig, run_dir: Path, stage: TrainStageConfig,
                           datasets: dict[str, DatasetRecords], init: str, ckpt_dir: Path):
-    from embed_core.train.autoregembed.data import cda_examples, ic_examples
-    from embed_core.train.autoregembed.trainer import AutoRegEmbedTrainer
+    from embed_core.train.engine.autoregembed.data import cda_examples, ic_examples
+    from embed_core.train.engine.autoregembed.trainer import AutoRegEmbedTrainer
 
     cfg = _cfg(config)
     arc = cfg.autoregembed
@@ -550,7 +550,7 @@ def reference_scores(run_dir: Path, stage: TrainStageConfig, trainer, init: str,
                      arc) -> tuple[Any, Any]:
     """log p_ref(d⁺|e_q) and log p_ref(d⁻ᵢ|e_q) of every CDA example under the stage's initial encoder:
     read from ``reference-<stage>/`` when its key matches, else computed and written there, by rank 0
-    alone (``embed_core.train.ranks``); the other ranks read what it committed."""
+    alone (``embed_core.dist.ranks``); the other ranks read what it committed."""
     from embed_core.artifacts import stage_is_intact
 
     name = f"reference-{stage.name}"

@@ -6,7 +6,7 @@ from (``embed_core.mine.run``); with ``targeted_synthesis``, ``synth-<stage>/``:
 hard negatives for the training records nearest to that model's dev failures
 (``embed_core.synthesize.targeted_step``). The stage trains on its last step's records. The steps
 belong to the train stage so that they run where training runs (a GPU work pool) and in its order;
-under several processes they run on rank 0 alone (``embed_core.train.ranks``). This module is the
+under several processes they run on rank 0 alone (``embed_core.dist.ranks``). This module is the
 one place that names those directories."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from embed_core.errors import ConfigError
 from embed_core.mine import stage as mine_stage
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
 from embed_core.synthesize import stage as synth_stage
-from embed_core.train import ranks
+from embed_core.dist import ranks
 
 NAME = "train"
 BODY = "embed_core.train.run"
@@ -184,7 +184,7 @@ def _inputs(ctx: StageContext) -> list[Path]:
 
 def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
     """A training stage on every rank; a step before it (re-mining, targeted synthesis) on rank 0
-    alone, the other ranks reading what it committed (``embed_core.train.ranks``)."""
+    alone, the other ranks reading what it committed (``embed_core.dist.ranks``)."""
     upstream = records_dir(ctx, ctx.instance)
     if is_train_instance(ctx.instance):
         return lazy(BODY, "run_train_stage")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=upstream,

@@ -120,7 +120,7 @@ def child(run: str, work: Path, steps: int) -> None:
     from embed_core.config import parse_config
     from embed_core.stages import records_upstream
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     config = parse_config(config_dict(work, run, world, steps))

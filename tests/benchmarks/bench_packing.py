@@ -48,9 +48,9 @@ def load_pairs(seed: int = 0) -> list[tuple[str, str]]:
 
 def make_trainer(packing: str, steps: int, batch: int):
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.engine.batches import DatasetRecords
     from embed_core.train.config import TrainConfig, TrainStageConfig
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     recs = [Record(id=f"skew:{i}", dataset="skew", task="retrieval", instruction="", query=q, positives=[p],
                    positive_scores=[], negatives=[], negative_scores=[], negative_labels=[], weak_positives=[],

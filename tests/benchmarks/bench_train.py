@@ -115,9 +115,9 @@ def run_ours(steps: int, batch: int, dataset: str, bf16: bool, settings: list[st
     import torch
 
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.engine.batches import DatasetRecords
     from embed_core.train.config import TrainConfig, TrainStageConfig
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     torch.set_num_threads(os.cpu_count() or 1)
     rows = load_pairs()[dataset]

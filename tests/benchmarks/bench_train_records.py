@@ -63,9 +63,9 @@ def child(mode: str, run_dir: Path, model: Path, out: Path) -> None:
     import torch
 
     from embed_core.train.config import TrainConfig
-    from embed_core.train.distributed import init_process_group
+    from embed_core.dist.distributed import init_process_group
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     train = TrainConfig.model_validate({
         "base_model": str(model), "precision": "fp32", "max_length": 32,

@@ -19,7 +19,7 @@ from pathlib import Path
 # directory, is first on sys.path (a git worktree would otherwise run the main checkout's code)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from embed_core.train.trainer import Trainer  # noqa: E402
+from embed_core.train.engine.trainer import Trainer  # noqa: E402
 from flows.cli import main  # noqa: E402
 
 stall_rank, stall_before = int(sys.argv[1]), int(sys.argv[2])

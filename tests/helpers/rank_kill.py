@@ -6,7 +6,7 @@ import signal
 
 
 def arm(kill_rank: int, kill_after: int) -> None:
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     train_step = Trainer.train_step
 

@@ -23,7 +23,7 @@ def main(spec_path: str) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # "resumed from ..."
     from embed_core import stages
     from embed_core.config import RunConfig
-    from embed_core.train.distributed import destroy_process_group
+    from embed_core.dist.distributed import destroy_process_group
 
     spec = json.loads(Path(spec_path).read_text())
     try:

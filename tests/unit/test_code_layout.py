@@ -10,7 +10,7 @@ The convention the block follows (and this file parses), one entry per line:
   repository root (``embed_core/``, ``flows/``, ``tasks/``, ``data/`` ...).
 * ``<name>`` is one path component: ``name.py`` for a module, ``name/`` for a folder (a folder with
   no Python in it, such as ``synthesize/prompts/``, may be listed too). So ``fsdp.py`` under
-  ``backends/`` under ``train/`` under ``embed_core/`` names ``embed_core/train/backends/fsdp.py``.
+  ``backends/`` under ``train/`` under ``embed_core/`` names ``embed_core/train/engine/backends/fsdp.py``.
 * ``<description>`` is what the entry is for, on that same line: no continuation lines, no line
   longer than 110 characters, and no entry without one.
 
@@ -42,7 +42,7 @@ def _block(doc: str) -> list[tuple[int, str]]:
 
 
 def _parse(block: list[tuple[int, str]]) -> tuple[dict[str, int], list[str]]:
-    """The paths the block names (``embed_core/train/backends/fsdp.py``, folders ending in ``/``),
+    """The paths the block names (``embed_core/train/engine/backends/fsdp.py``, folders ending in ``/``),
     each with its line number, and the lines that break the convention."""
     named: dict[str, int] = {}
     problems: list[str] = []
@@ -113,9 +113,9 @@ def test_the_code_layout_is_one_described_line_per_entry_in_a_tree_of_two_space_
 
 def test_a_module_whose_line_is_dropped_from_the_code_layout_is_named_as_missing():
     """The check can fail: without ``ranks.py``'s line (inside ``train/``, after a subfolder of
-    ``train/`` and its modules), ``embed_core/train/ranks.py`` is missing, and nothing else is added."""
+    ``train/`` and its modules), ``embed_core/dist/ranks.py`` is missing, and nothing else is added."""
     block = _block(DOC.read_text(encoding="utf-8"))
     kept = [(n, line) for n, line in block if not re.fullmatch(r"    ranks\.py {2,}\S.*", line)]
     assert len(kept) == len(block) - 1
     before = _missing(_parse(block)[0])
-    assert _missing(_parse(kept)[0]) == sorted(before + ["embed_core/train/ranks.py"])
+    assert _missing(_parse(kept)[0]) == sorted(before + ["embed_core/dist/ranks.py"])

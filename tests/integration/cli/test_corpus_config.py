@@ -15,7 +15,7 @@ import yaml
 
 from embed_core.artifacts import read_manifest, read_records
 from embed_core.schema import table_to_records
-from embed_core.train.lineage import LINEAGE_FILE, read_metadata
+from embed_core.train.engine.lineage import LINEAGE_FILE, read_metadata
 from tests.helpers.cli_run import in_process
 from tests.helpers.llm_server import ScriptedLLMServer
 from tests.helpers.repo import REPO

@@ -6,7 +6,7 @@ import yaml
 
 from embed_core.config import load_config
 from embed_core.train.run import input_fingerprint, load_datasets
-from embed_core.train.trainer import Trainer
+from embed_core.train.engine.trainer import Trainer
 from tests.helpers.cli_run import in_process
 from tests.unit.embed_core.train.test_training import _config_dict
 

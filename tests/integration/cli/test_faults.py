@@ -119,7 +119,7 @@ def test_resuming_from_a_checkpoint_that_holds_a_pickled_object_refuses_to_load_
     from embed_core.errors import CheckpointError
     from embed_core.prepare.run import run_prepare
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
     from tests.unit.embed_core.train.test_training import _config_dict
 
     config = parse_config(_config_dict(tmp_path, tiny_model))

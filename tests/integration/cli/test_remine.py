@@ -12,7 +12,7 @@ from embed_core.config import load_config
 from embed_core.model.encoder import model_fingerprint
 from embed_core.model.settings import read_model_settings
 from embed_core.rundir import read_history
-from embed_core.train.lineage import LINEAGE_FILE, read_metadata
+from embed_core.train.engine.lineage import LINEAGE_FILE, read_metadata
 from tests.helpers.cli_run import in_process, in_subprocess
 from tests.helpers.repo import tiny_demo_config
 

@@ -117,7 +117,7 @@ def test_under_torchrun_the_remine_step_runs_on_rank_0_and_commits_once_what_one
     The step's records are byte for byte those one process mines with the same stage-1 model."""
     import pyarrow.parquet as pq
 
-    from embed_core.train.lineage import LINEAGE_FILE, read_metadata
+    from embed_core.train.engine.lineage import LINEAGE_FILE, read_metadata
 
     tmp, model, _ = prepared
     _assert_committed_once(remined, [("train-stage1", False), ("mine-stage2", False), ("train-stage2", False)])

@@ -24,7 +24,7 @@ def test_each_stage_depends_only_on_the_code_it_imports():
     train = module_closure("embed_core.train.run")
     assert "embed_core.prepare.convert.sts" in prepare and "embed_core.prepare.cleaning" in prepare
     assert not any(m.startswith(("embed_core.losses", "embed_core.train")) for m in (*prepare, *mine))
-    assert "embed_core.losses.cosent" in train and "embed_core.train.trainer" in train
+    assert "embed_core.losses.cosent" in train and "embed_core.train.engine.trainer" in train
     assert "embed_core.mine.miner" in mine and "embed_core.mine.miner" not in prepare
 
 

@@ -20,7 +20,7 @@ def test_a_decoder_left_causal_fails_the_bidirectional_probe_for_every_case(monk
 
 
 def test_a_replay_without_the_rng_states_restored_fails_the_grad_cache_probe(monkeypatch):
-    import embed_core.train.checkpoint as checkpoint
+    import embed_core.train.engine.checkpoint as checkpoint
 
     monkeypatch.setattr(checkpoint, "set_rng_state", lambda state: None)
     result = probes.probe_grad_cache_replay(torch.device("cpu"))

@@ -10,7 +10,7 @@ from embed_core.errors import ConfigError
 from embed_core.losses import LossContext, loss_for
 from embed_core.losses.listwise_kl import ListwiseKL
 from embed_core.losses.margin_mse import MarginMSE
-from embed_core.train.batches import TaskBatch, TextGroup
+from embed_core.train.engine.batches import TaskBatch, TextGroup
 
 
 def _unit(*xs):
@@ -74,7 +74,7 @@ def test_a_negative_without_a_teacher_score_is_one_line_naming_the_dataset():
 
 def test_a_retrieval_batch_carries_the_stored_scores_of_the_drawn_positive_and_of_each_own_negative():
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords, build_batch
+    from embed_core.train.engine.batches import DatasetRecords, build_batch
 
     recs = [Record(id="d:0", dataset="d", task="retrieval", query="q0", positives=["p0"], positive_scores=[9.0],
                    negatives=["a", "b", "c"], negative_scores=[1.0, 2.0, 3.0], source_ref="f:0"),

@@ -77,9 +77,9 @@ def test_the_mine_stage_keeps_a_teachers_scores_and_listwise_kl_trains_on_them(t
     from embed_core.prepare.run import run_prepare
     from embed_core.schema import table_to_records
     from embed_core.stages import records_upstream
-    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.engine.batches import DatasetRecords
     from embed_core.train.config import TrainConfig, TrainStageConfig
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
     from tests.helpers.repo import REPO
 
     ce = build_tiny_cross_encoder(tmp_path / "ce")

@@ -139,9 +139,9 @@ def test_best_fit_rows_place_every_text_within_its_row_without_overlap():
 
 def _trainer(model_dirs, tmp_path, packing: str):
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.engine.batches import DatasetRecords
     from embed_core.train.config import TrainConfig, TrainStageConfig
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     pairs = [("what is x", "x is a letter " * (i + 1)) for i in range(6)]
     recs = [Record(id=f"d:{i}", dataset="d", task="retrieval", instruction=INSTRUCTION, query=q, positives=[p],
@@ -156,7 +156,7 @@ def _trainer(model_dirs, tmp_path, packing: str):
 
 
 def test_a_packed_training_step_gives_the_padded_loss_gradients_and_token_counts(model_dirs, tmp_path):
-    from embed_core.train.batches import build_batch
+    from embed_core.train.engine.batches import build_batch
 
     results = {}
     for packing in ("off", "on"):

@@ -82,7 +82,7 @@ def test_ic_loss_is_mean_token_nll():
 # -- the two networks -----------------------------------------------------------------------------
 def test_compression_encoder_layout_and_inference_embedding(tiny_gemma, tmp_path):
     from embed_core.model.encoder import Encoder
-    from embed_core.train.autoregembed.model import CompressionEncoder
+    from embed_core.train.engine.autoregembed.model import CompressionEncoder
 
     enc = CompressionEncoder(str(tiny_gemma), compress_tokens=3, max_length=16).eval()
     texts = ["a short one", "a much longer sentence with many more words than the first"]
@@ -107,7 +107,7 @@ def test_compression_encoder_layout_and_inference_embedding(tiny_gemma, tmp_path
 
 
 def test_frozen_decoder_scores_targets_from_the_prefix_only(tiny_gemma):
-    from embed_core.train.autoregembed.model import FrozenDecoder
+    from embed_core.train.engine.autoregembed.model import FrozenDecoder
 
     dec = FrozenDecoder(str(tiny_gemma), target_max_length=8)
     assert not any(p.requires_grad for p in dec.parameters())
@@ -134,8 +134,8 @@ def _stage(**kw) -> TrainStageConfig:
 
 
 def test_information_compression_trains_the_encoder_and_leaves_the_decoder_frozen(tiny_gemma, tmp_path):
-    from embed_core.train.autoregembed.data import ICExample
-    from embed_core.train.autoregembed.trainer import AutoRegEmbedTrainer
+    from embed_core.train.engine.autoregembed.data import ICExample
+    from embed_core.train.engine.autoregembed.trainer import AutoRegEmbedTrainer
 
     stage = _stage(mode="autoregembed_ic")
     train = TrainConfig(base_model=str(tiny_gemma), stages=[stage],

@@ -2,7 +2,7 @@
 trainer computes in bf16 (review F23: without it ZeRO partitions and communicates in fp32 while the
 forward autocasts), and the user's ``train.deepspeed`` still wins."""
 
-from embed_core.train.backends.deepspeed import engine_config
+from embed_core.train.engine.backends.deepspeed import engine_config
 from embed_core.train.config import TrainStageConfig
 
 

@@ -14,7 +14,7 @@ def test_a_checkpoint_write_cut_by_a_file_size_limit_is_one_line_and_keeps_the_l
         import resource, signal, torch
         from pathlib import Path
         from embed_core.errors import CheckpointError
-        from embed_core.train.checkpoint import checkpoint_write as _checkpoint_write
+        from embed_core.train.engine.checkpoint import checkpoint_write as _checkpoint_write
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         root = Path({str(tmp_path)!r})

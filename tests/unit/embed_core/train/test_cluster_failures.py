@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from embed_core.errors import CollectiveError, LaunchError, user_error
-from embed_core.train import spawn
-from embed_core.train.distributed import collective_error, rank_environment, rank_log_failure, set_stage
+from embed_core.dist import spawn
+from embed_core.dist.distributed import collective_error, rank_environment, rank_log_failure, set_stage
 
 # torch >= 2.4 (the "[PG ID 0 PG GUID 0(default_pg) Rank 3]" prefix), torch 2.2-2.3, and before 2.2 (no Numel*)
 WATCHDOG = ("[rank3]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) Rank 3] "

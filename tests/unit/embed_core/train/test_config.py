@@ -83,7 +83,7 @@ def test_matryoshka_on_an_autoregembed_stage_is_refused():
 
 
 def test_a_matryoshka_dimension_above_the_models_embedding_size_is_refused_where_the_size_is_known():
-    from embed_core.train.trainer import matryoshka_settings
+    from embed_core.train.engine.trainer import matryoshka_settings
 
     train = _parse([{"name": "s1", "matryoshka": {"dims": [64, 16], "weights": [1.0, 0.5]}}]).train
     assert matryoshka_settings(train, train.stages[0], 64) == ([64, 16], [1.0, 0.5])

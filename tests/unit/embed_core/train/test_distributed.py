@@ -24,7 +24,7 @@ TIMEOUT_S, BUSY_S = 2, 5
 
 
 def _rank(rank: int, store: str, out: str, patient: bool) -> None:
-    from embed_core.train.distributed import wait_for_main
+    from embed_core.dist.distributed import wait_for_main
 
     # the rendezvous itself with torch's default timeout (two processes can start seconds apart on a
     # loaded machine), the training collectives on a group with the short one
@@ -67,7 +67,7 @@ def _stalled_collective(rank: int, store: str, out: str) -> None:
     """Rank 0 waits in an all-reduce that rank 1 joins only after the timeout; then rank 1's all-reduce
     finds rank 0 gone. Each writes the line its failure became, and returns: a clean exit."""
     from embed_core.errors import CollectiveError, user_error
-    from embed_core.train.distributed import rank_ending_cleanly, set_stage
+    from embed_core.dist.distributed import rank_ending_cleanly, set_stage
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                                          timeout=timedelta(seconds=TIMEOUT_S))

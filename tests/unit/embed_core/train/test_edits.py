@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from embed_core.train.edits import generate_positive, generate_weak_positive
+from embed_core.train.engine.edits import generate_positive, generate_weak_positive
 
 TEXTS = ["A man is playing a guitar on the stage tonight with 3 friends.", "Two dogs run.", "Hello",
          "The 2019 report lists 45 cases and 12 deaths in 3 regions of the country."]

@@ -50,8 +50,8 @@ def fake_world(request, tiny_model):
 def _trainer(tmp_path: Path, tiny_model: Path, sharding: str, precision: str):
     from embed_core.config import parse_config
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.batches import DatasetRecords
+    from embed_core.train.engine.trainer import Trainer
 
     config = parse_config({"prepare": {"sources": [{"name": "x", "kind": "sts", "path": "x"}]}, "train": {
         "base_model": str(tiny_model), "max_length": 32, "precision": precision, "sharding": sharding, "stages": [{

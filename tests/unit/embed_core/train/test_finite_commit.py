@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from embed_core.config import parse_config
-from embed_core.train.finite import NonFiniteError, check_finite_weights
+from embed_core.train.engine.finite import NonFiniteError, check_finite_weights
 from tests.unit.embed_core.train.test_training import _config_dict
 
 

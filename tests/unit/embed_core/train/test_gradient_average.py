@@ -1,4 +1,4 @@
-"""The bucketed gradient average (``embed_core.train.distributed.GradientAverage``): buckets are
+"""The bucketed gradient average (``embed_core.dist.distributed.GradientAverage``): buckets are
 all-reduced while the step's last backward runs, and the averaged gradients equal a plain
 all-reduce of every gradient. Two real gloo processes."""
 
@@ -27,7 +27,7 @@ def _backward_passes(model: torch.nn.Module, rank: int, on_last=None) -> None:
 
 
 def _rank(rank: int, store: str, out: str) -> None:
-    from embed_core.train.distributed import GradientAverage
+    from embed_core.dist.distributed import GradientAverage
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     plain = _model(rank)

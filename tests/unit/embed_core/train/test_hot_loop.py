@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from embed_core.model import embedder, encoder, packing
-from embed_core.train import passes
+from embed_core.train.engine import passes
 
 SYNCS = {"item", "tolist", "cpu", "numpy"}
 # the functions every encoder pass runs, on the step's thread
@@ -81,8 +81,8 @@ def test_the_passes_are_planned_with_their_batch_on_the_batch_sources_thread(tmp
 
     from embed_core.config import parse_config
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.batches import DatasetRecords
+    from embed_core.train.engine.trainer import Trainer
 
     config = parse_config({"prepare": {"sources": [{"name": "x", "kind": "sts", "path": "x"}]}, "train": {
         "base_model": str(tiny_model), "max_length": 32, "precision": "fp32", "stages": [{

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from embed_core.config import parse_config
-from embed_core.train.lineage import consumed_positions, lineage_table, read_metadata, replay
-from embed_core.train.sampling import GroupedBatchSampler
+from embed_core.train.engine.lineage import consumed_positions, lineage_table, read_metadata, replay
+from embed_core.train.engine.sampling import GroupedBatchSampler
 from tests.helpers.repo import REPO
 
 
@@ -38,7 +38,7 @@ def prepared(tmp_path_factory, tiny_model):
 
 def _trainer(config, run_dir: Path, ckpt: Path, seen: list | None = None):
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     class Watching(Trainer):  # the real trainer; it only notes the queries each step's loss got
         def _forward_backward(self, batch, scale, last=True):

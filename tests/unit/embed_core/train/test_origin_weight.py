@@ -12,9 +12,9 @@ from embed_core.config import parse_config
 from embed_core.losses.base import LossContext
 from embed_core.losses.infonce import InfoNCE, infonce
 from embed_core.schema import Record, records_to_table
-from embed_core.train.batches import DatasetRecords, TaskBatch, TextGroup
+from embed_core.train.engine.batches import DatasetRecords, TaskBatch, TextGroup
 from embed_core.train.config import TrainStageConfig
-from embed_core.train.sampling import dataset_weights, origin_factors
+from embed_core.train.engine.sampling import dataset_weights, origin_factors
 
 Q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
 P = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
@@ -49,8 +49,8 @@ def _records(origins: list[str]) -> pa.Table:
 
 
 def test_the_trainer_weights_each_row_by_its_origin_and_draws_datasets_by_the_mean(tmp_path, tiny_model):
-    from embed_core.train.sampling import Batch
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.sampling import Batch
+    from embed_core.train.engine.trainer import Trainer
 
     config = parse_config({"prepare": {"sources": [{"name": "x", "kind": "sts", "path": "x"}]}, "train": {
         "base_model": str(tiny_model), "max_length": 32, "precision": "fp32", "stages": [{
@@ -76,7 +76,7 @@ def test_an_unknown_origin_is_refused_naming_the_known_ones():
 def test_the_stages_lineage_records_its_origin_weight(tmp_path):
     from types import SimpleNamespace
 
-    from embed_core.train.lineage import read_metadata
+    from embed_core.train.engine.lineage import read_metadata
     from embed_core.train.run import _lineage
 
     stage = TrainStageConfig(name="s", steps=1, origin_weight={"synthetic": 0.5})

@@ -5,7 +5,7 @@ length buckets follow it."""
 
 import pytest
 
-from embed_core.train.passes import default_pass_cost, length_buckets
+from embed_core.train.engine.passes import default_pass_cost, length_buckets
 
 H100_BF16 = 989.4
 

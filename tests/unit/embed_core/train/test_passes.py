@@ -21,10 +21,10 @@ def _rank(rank: int, store: str, out: str, model_dir: str, collective: bool) -> 
     from datetime import timedelta
 
     from embed_core.model.embedder import Embedder
-    from embed_core.train import sharding
-    from embed_core.train.batches import TaskBatch, TextGroup
+    from embed_core.train.engine import sharding
+    from embed_core.train.engine.batches import TaskBatch, TextGroup
     from embed_core.train.config import TrainStageConfig
-    from embed_core.train.passes import Passes
+    from embed_core.train.engine.passes import Passes
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                                          timeout=timedelta(seconds=TIMEOUT_S))
@@ -78,9 +78,9 @@ def test_without_the_agreement_the_same_step_waits_until_the_collective_timeout(
 
 def test_a_padding_pass_leaves_the_random_streams_as_it_found_them_so_later_dropout_masks_do_not_shift(tiny_model):
     from embed_core.model.embedder import Embedder
-    from embed_core.train.batches import TextGroup
+    from embed_core.train.engine.batches import TextGroup
     from embed_core.train.config import TrainStageConfig
-    from embed_core.train.passes import Passes
+    from embed_core.train.engine.passes import Passes
 
     model = Embedder(str(tiny_model), pooling="mean", max_length=64).train()  # dropout 0.1: passes draw masks
     passes = Passes(model, model, device=torch.device("cpu"), bf16=False, stage=TrainStageConfig(name="s"),

@@ -35,7 +35,7 @@ def long_records():
     """Retrieval records whose every text is longer than any max length here: the plan's worst case
     (every text at its group's max length) is then what the trainer embeds."""
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.engine.batches import DatasetRecords
 
     rng = random.Random(0)
     words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud".split()
@@ -112,7 +112,7 @@ MORE = {
 def test_the_plan_is_within_25_percent_of_the_peak_the_trainer_reaches_on_cpu(model, case, request, long_records,
                                                                              tmp_path, capsys, one_thread):
     from embed_core.train.plan import model_shape, plan_task
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     path = request.getfixturevalue("tiny_model" if model == "tiny BERT" else "qwen3")
     train = _train(path, **{**CASES[model], **MORE[model]}[case])
@@ -210,7 +210,7 @@ def test_the_planner_sizes_exactly_the_groups_build_batch_fills(task, loss):
     record has enough positives and negatives: the planner and the trainer share one batch layout."""
     from embed_core.losses import loss_for
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords, build_batch
+    from embed_core.train.engine.batches import DatasetRecords, build_batch
     from embed_core.train.config import TrainStageConfig
     from embed_core.train.plan import task_groups
 

@@ -1,10 +1,10 @@
-"""The batch source (embed_core.train.prefetch): micro-batches built one ahead on a thread are the
+"""The batch source (embed_core.train.engine.prefetch): micro-batches built one ahead on a thread are the
 ones built on the step, and a checkpoint's sampler state resumes exactly."""
 
 import threading
 
-from embed_core.train.prefetch import BatchSource
-from embed_core.train.sampling import GroupedBatchSampler
+from embed_core.train.engine.prefetch import BatchSource
+from embed_core.train.engine.sampling import GroupedBatchSampler
 
 
 def _sampler() -> GroupedBatchSampler:

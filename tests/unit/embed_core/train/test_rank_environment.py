@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from embed_core.errors import LaunchError
-from embed_core.train.distributed import (FLIGHT_RECORDER_ENTRIES, divide_host_threads, host_share,
+from embed_core.dist.distributed import (FLIGHT_RECORDER_ENTRIES, divide_host_threads, host_share,
                                           local_device_index, rank_environment)
 
 OURS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",

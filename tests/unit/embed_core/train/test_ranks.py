@@ -1,4 +1,4 @@
-"""Work one rank does for all (``embed_core.train.ranks``), in two real gloo processes whose
+"""Work one rank does for all (``embed_core.dist.ranks``), in two real gloo processes whose
 collectives time out after 2 seconds: rank 0's step may take longer than that (the other rank waits
 for it and reads its result), a step that fails on rank 0 ends the other rank with one line instead
 of a wait, every rank takes rank 0's cache decision, and a rank other than 0 cannot open a stage
@@ -37,7 +37,7 @@ def _outcome(call) -> str:
 
 def _steps(rank: int, out: Path) -> dict[str, str]:
     from embed_core.artifacts import StageWriter
-    from embed_core.train.ranks import main_decides, on_main_rank
+    from embed_core.dist.ranks import main_decides, on_main_rank
 
     def slow() -> str:  # a re-mining that outlasts the collective timeout
         time.sleep(BUSY_S)
@@ -59,7 +59,7 @@ def _steps(rank: int, out: Path) -> dict[str, str]:
 
 def _rank(rank: int, out: str) -> None:
     import embed_core.artifacts  # noqa: F401 (imported before the rendezvous: both ranks start warm)
-    import embed_core.train.ranks  # noqa: F401
+    import embed_core.dist.ranks  # noqa: F401
 
     out = Path(out)
     os.environ.update(WORLD_SIZE="2", RANK=str(rank))

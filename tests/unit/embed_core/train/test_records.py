@@ -8,7 +8,7 @@ import pytest
 from embed_core.artifacts import StageWriter, read_records
 from embed_core.errors import SchemaError
 from embed_core.schema import Record, records_to_table
-from embed_core.train.batches import DatasetRecords, build_batch
+from embed_core.train.engine.batches import DatasetRecords, build_batch
 from embed_core.train.records import mapped_records
 
 

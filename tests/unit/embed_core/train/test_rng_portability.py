@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from embed_core.train import checkpoint
+from embed_core.train.engine import checkpoint
 
 
 class SimulatedGenerators:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from embed_core.train.sampling import GroupedBatchSampler, dataset_weights
+from embed_core.train.engine.sampling import GroupedBatchSampler, dataset_weights
 
 SIZES = {"a": 100, "b": 400, "c": 900}
 
@@ -63,7 +63,7 @@ def test_state_round_trips_through_json_and_resumes_exactly():
 
 
 def test_alternate_takes_retrieval_and_other_datasets_in_turn():
-    from embed_core.train.sampling import GroupedBatchSampler
+    from embed_core.train.engine.sampling import GroupedBatchSampler
 
     sizes = {"ret-a": 100, "ret-b": 400, "sts": 300, "nli": 50}
     sampler = GroupedBatchSampler(sizes, {n: 4 for n in sizes}, retrieval={"ret-a", "ret-b"}, alternate=True, seed=3)

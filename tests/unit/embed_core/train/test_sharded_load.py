@@ -37,7 +37,7 @@ def group_teardown():
 @pytest.fixture(scope="module")
 def records():
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.engine.batches import DatasetRecords
 
     recs = [Record(id=str(i), dataset="d", task="retrieval", query=f"query {i} about rivers",
                    positives=[f"passage {i} on stones"], negatives=[f"other {i}"]) for i in range(16)]
@@ -66,7 +66,7 @@ def test_the_trainer_shards_the_model_before_any_of_it_is_on_its_device(qwen2, r
     buffers exactly."""
     import torch.distributed.fsdp as fsdp
 
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     seen: list[int] = []  # real (non-meta) parameter bytes of the module at each fully_shard
     moved: list[int] = []  # parameter bytes Module.to put on a real device
@@ -101,7 +101,7 @@ def test_the_trainer_shards_the_model_before_any_of_it_is_on_its_device(qwen2, r
 
 
 def test_the_consolidated_decoder_is_bf16_by_default_and_fp32_when_asked(qwen2, records, tmp_path, group_teardown):
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     for save_dtype, want in (("auto", torch.bfloat16), ("fp32", torch.float32)):
         train = _train(qwen2, save_dtype=save_dtype)
@@ -116,7 +116,7 @@ def test_the_consolidated_decoder_is_bf16_by_default_and_fp32_when_asked(qwen2, 
 
 def test_save_dtype_auto_is_bf16_for_decoders_fp32_for_encoders_and_lora_merges_in_fp32(qwen2, tiny_model):
     from embed_core.model.embedder import Embedder
-    from embed_core.train.trainer import save_dtype
+    from embed_core.train.engine.trainer import save_dtype
 
     decoder, encoder = Embedder(str(qwen2)), Embedder(str(tiny_model))
     assert save_dtype(_train(qwen2), decoder) == torch.bfloat16
@@ -130,8 +130,8 @@ def _rank(rank: int, store: str, model_dir: str, out: str) -> None:
     os.environ["LOCAL_WORLD_SIZE"] = "2"
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     from embed_core.model.embedder import Embedder
-    from embed_core.train import sharding
-    from embed_core.train.backends.base import stored
+    from embed_core.train.engine import sharding
+    from embed_core.train.engine.backends.base import stored
 
     model = Embedder(model_dir, meta=rank != 0)
     read = sum(p.numel() for p in model.parameters() if not p.is_meta)
@@ -167,7 +167,7 @@ def test_keep_checkpoints_is_kept_or_lowered_to_one_with_a_warning_by_the_free_d
     import shutil
 
     from embed_core.train.config import TrainStageConfig
-    from embed_core.train.trainer import kept_checkpoints
+    from embed_core.train.engine.trainer import kept_checkpoints
 
     stage = TrainStageConfig(name="s", keep_checkpoints=2, steps=10, checkpoint_every=2)
     free = shutil.disk_usage(tmp_path).free
@@ -183,9 +183,9 @@ def test_keep_checkpoints_is_kept_or_lowered_to_one_with_a_warning_by_the_free_d
 
 def test_the_checkpoint_bytes_the_trainer_sizes_are_the_ones_plan_prints(qwen2, tmp_path):
     from embed_core.model.embedder import Embedder
-    from embed_core.train.backends.base import stored
+    from embed_core.train.engine.backends.base import stored
     from embed_core.train.plan import checkpoint_bytes as planned, committed_bytes, model_shape
-    from embed_core.train.trainer import checkpoint_bytes
+    from embed_core.train.engine.trainer import checkpoint_bytes
 
     model = stored(Embedder(str(qwen2)), "fp32")
     shape = model_shape(str(qwen2))

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint
 
-from embed_core.train.sharding import _MetadataUnpickler, layer_class_names
+from embed_core.train.engine.sharding import _MetadataUnpickler, layer_class_names
 
 
 def test_a_checkpoint_index_written_by_dcp_reads_back(tmp_path):

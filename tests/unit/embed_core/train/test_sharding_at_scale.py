@@ -64,7 +64,7 @@ def test_a_qwen2_5_7b_on_the_meta_device_shards_per_the_mesh_and_each_rank_holds
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    from embed_core.train import sharding
+    from embed_core.train.engine import sharding
     from embed_core.train.plan import shape_of, states
 
     before = _rss()
@@ -95,7 +95,7 @@ def test_a_qwen2_5_7b_on_the_meta_device_shards_per_the_mesh_and_each_rank_holds
 
 
 def test_the_flat_mesh_on_two_nodes_shards_16_ways_and_the_plan_divides_by_16(fake_group, monkeypatch):
-    from embed_core.train import sharding
+    from embed_core.train.engine import sharding
     from embed_core.train.plan import shape_of, states
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")

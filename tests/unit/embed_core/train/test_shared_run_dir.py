@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def _rank(rank: int, store: str, out: str, dirs: list[str]) -> None:
     from embed_core.errors import user_error
-    from embed_core.train.distributed import check_shared_directory, destroy_process_group, set_stage
+    from embed_core.dist.distributed import check_shared_directory, destroy_process_group, set_stage
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     set_stage("ret")

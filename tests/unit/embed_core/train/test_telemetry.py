@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from embed_core.model.embedder import Embedder
-from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory_mb
+from embed_core.train.engine.telemetry import FlopModel, device_peak_tflops, peak_memory_mb
 
 
 def test_the_flop_model_counts_six_flops_per_weight_and_token_plus_attention(tiny_model):
@@ -41,7 +41,7 @@ def test_cuda_steps_report_the_reserved_peak_beside_the_allocated_one_and_reset_
     """Review F12: an out-of-memory error comes when the allocator's *reserved* memory reaches the
     device's, which can be long before *allocated* does. No GPU here: torch.cuda's memory counters
     are simulated (allocated 1 GiB, reserved 1.5 GiB, both reset after being read)."""
-    from embed_core.train.telemetry import peak_memory
+    from embed_core.train.engine.telemetry import peak_memory
 
     peaks = {"allocated": 2 ** 30, "reserved": 1.5 * 2 ** 30}
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: peaks["allocated"])

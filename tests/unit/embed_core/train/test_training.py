@@ -63,7 +63,7 @@ def _train_in_subprocess(cfg: dict, prepared_run: Path, tmp_path: Path, stage: s
         from embed_core.config import load_config
         from embed_core.stages import records_upstream
         from embed_core.train.run import run_train_stage
-        from embed_core.train.trainer import Trainer
+        from embed_core.train.engine.trainer import Trainer
 
         kill_after = int(sys.argv[4])
         step = Trainer.train_step
@@ -164,9 +164,9 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(prepared, tiny_
 
 def test_grad_cache_gives_the_same_gradients_as_a_full_batch(prepared, tiny_model):
     from embed_core.train.config import TrainStageConfig
-    from embed_core.train.batches import build_batch
+    from embed_core.train.engine.batches import build_batch
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -193,9 +193,9 @@ def test_grad_cache_with_dropout_on_equals_the_uncached_gradient_of_the_same_for
     gradients equal those of one graph over the same chunked forward (same masks); a different
     seed gives other masks and other gradients, so the comparison is not vacuous."""
     from embed_core.train.config import TrainStageConfig
-    from embed_core.train.batches import TextGroup, build_batch
+    from embed_core.train.engine.batches import TextGroup, build_batch
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -234,9 +234,9 @@ def test_length_bucketed_passes_give_the_loss_and_gradients_of_one_padded_pass(p
     """A batch's texts encoded in length-sorted passes (each cut to its own longest text) give the
     loss and gradients of one pass padded to the longest text: fp32, dropout off, within 1e-5."""
     from embed_core.train.config import TrainStageConfig
-    from embed_core.train.batches import build_batch
+    from embed_core.train.engine.batches import build_batch
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -269,9 +269,9 @@ def test_bf16_autocast_gives_the_fp32_loss_and_gradients_within_the_stated_toler
     length buckets: the loss within 2 % of the fp32 unbucketed loss and every gradient pointing the
     same way (cosine >= 0.98); fp32 is what the exact-resume tests pin."""
     from embed_core.train.config import TrainStageConfig
-    from embed_core.train.batches import build_batch
+    from embed_core.train.engine.batches import build_batch
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -302,7 +302,7 @@ def test_bf16_autocast_gives_the_fp32_loss_and_gradients_within_the_stated_toler
 def test_length_buckets_pick_the_split_with_the_fewest_padded_positions():
     from itertools import combinations
 
-    from embed_core.train.passes import length_buckets
+    from embed_core.train.engine.passes import length_buckets
 
     lengths = [40, 38, 37, 20, 20, 19, 7, 6, 6, 5]
     best = length_buckets(lengths, 3)
@@ -386,7 +386,7 @@ def test_records_short_of_negatives_still_get_the_batch_hard_negatives():
     import pyarrow as pa
 
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords, build_batch
+    from embed_core.train.engine.batches import DatasetRecords, build_batch
 
     base = {"dataset": "d", "task": "retrieval", "instruction": "Find it", "positive_scores": [], "negative_scores": [],
             "negative_labels": [], "weak_positives": [], "label": None, "origin": "original", "source_ref": "x:1"}
@@ -455,7 +455,7 @@ def test_hmcl_batches_map_scores_to_levels_and_fill_missing_ones():
     import pyarrow as pa
 
     from embed_core.schema import RECORD_SCHEMA
-    from embed_core.train.batches import DatasetRecords, build_batch
+    from embed_core.train.engine.batches import DatasetRecords, build_batch
 
     rows = []
     for i, (t1, t2, score) in enumerate([("a cat sits", "a cat is sitting", 4.6), ("a dog runs fast", "a dog walks", 2.5),
@@ -499,7 +499,7 @@ def test_codiemb_ir_batches_draw_k_positives_and_negatives_with_replacement():
     import pyarrow as pa
 
     from embed_core.schema import RECORD_SCHEMA
-    from embed_core.train.batches import DatasetRecords, build_batch
+    from embed_core.train.engine.batches import DatasetRecords, build_batch
 
     rows = [{"id": "r/0", "dataset": "r", "task": "retrieval", "instruction": "", "query": "q0", "positives": ["p0"],
              "positive_scores": [], "negatives": ["n0a", "n0b", "n0c", "n0d", "n0e"], "negative_scores": [],
@@ -520,7 +520,7 @@ def test_codiemb_ir_batches_draw_k_positives_and_negatives_with_replacement():
 def test_each_step_records_the_unclipped_gradient_norm_peak_memory_and_mfu(prepared, tiny_model):
     from embed_core.train.config import TrainStageConfig
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -554,9 +554,9 @@ def test_grad_cache_chunks_of_a_token_budget_give_the_full_batch_gradients_and_s
     small chunks and queries in large ones; the embeddings go back to the group's order, so loss and
     gradients equal one pass over the whole batch."""
     from embed_core.train.config import TrainStageConfig
-    from embed_core.train.batches import build_batch
+    from embed_core.train.engine.batches import build_batch
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))
@@ -588,9 +588,9 @@ def test_grad_cache_chunks_of_a_token_budget_give_the_full_batch_gradients_and_s
 
 def test_a_step_row_counts_the_false_negatives_its_loss_left_out(tiny_model, tmp_path):
     from embed_core.schema import Record, records_to_table
-    from embed_core.train.batches import DatasetRecords
+    from embed_core.train.engine.batches import DatasetRecords
     from embed_core.train.config import TrainConfig, TrainStageConfig
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     # queries 0 and 1 share their positive (2 masked pairs); query 2's hard negative copies query 3's positive (1)
     texts = [("q0", "shared doc", []), ("q1", "shared doc", []), ("q2", "p2", ["p3"]), ("q3", "p3", [])]
@@ -611,10 +611,10 @@ def test_matryoshka_training_on_the_grad_cache_path_records_its_dims_in_the_mode
     trained with it records the dims in embedpipe.json, the card facts and the card."""
     from embed_core.model.card import read_card_facts
     from embed_core.model.settings import read_model_settings
-    from embed_core.train.batches import build_batch
+    from embed_core.train.engine.batches import build_batch
     from embed_core.train.config import TrainStageConfig
     from embed_core.train.run import load_datasets, run_train_stage
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     tmp, run_dir = prepared
     config = parse_config(_config_dict(tmp, tiny_model))

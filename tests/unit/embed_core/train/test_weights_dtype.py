@@ -34,7 +34,7 @@ def prepared(tmp_path_factory):
 def _trainer(prepared, **train_update):
     from embed_core.train.config import TrainStageConfig
     from embed_core.train.run import load_datasets
-    from embed_core.train.trainer import Trainer
+    from embed_core.train.engine.trainer import Trainer
 
     config, run_dir, model, tmp = prepared
     stage = TrainStageConfig(name="s", tasks=["retrieval"], steps=1, batch_size={"retrieval": 8},
@@ -52,7 +52,7 @@ def _trainer(prepared, **train_update):
 
 
 def _step(trainer, datasets):
-    from embed_core.train.batches import build_batch
+    from embed_core.train.engine.batches import build_batch
 
     torch.manual_seed(0)
     for p in trainer.model.parameters():  # peft starts LoRA's B at zero: give every adapter a gradient path

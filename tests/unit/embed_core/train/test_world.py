@@ -1,4 +1,4 @@
-"""A process's place in a job, from its launcher's environment (``embed_core.train.world``): an
+"""A process's place in a job, from its launcher's environment (``embed_core.dist.world``): an
 environment that cannot be one job is refused with one line, not read as a plain process. Above
 all ``srun -n 8 python -m flows.cli train`` (SLURM tasks without torchrun, no ``WORLD_SIZE``): each
 task would otherwise train on its own, all of them writing one run directory."""
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from embed_core.errors import LaunchError, user_error
-from embed_core.train.world import env_rank, launched
+from embed_core.dist.world import env_rank, launched
 from tests.helpers.repo import REPO
 
 JOB = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID",
@@ -102,7 +102,7 @@ def test_the_cli_under_srun_tasks_prints_the_one_line_and_exits_2_without_import
     ({"WORLD_SIZE": "8", "RANK": "3", "LOCAL_WORLD_SIZE": "8"}, 8, False),
 ])
 def test_a_jobs_ranks_per_node_come_from_local_world_size_else_one_node_holds_them_all(monkeypatch, env, local, spans):
-    from embed_core.train.world import local_world_size, spans_nodes
+    from embed_core.dist.world import local_world_size, spans_nodes
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -116,7 +116,7 @@ def test_more_local_processes_than_the_machine_has_are_one_line_before_any_start
 
     from embed_core.config import parse_config
     from embed_core.errors import ConfigError
-    from embed_core.train.spawn import training_processes
+    from embed_core.dist.spawn import training_processes
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -1,4 +1,4 @@
-"""The AutoRegEmbed trainer: the pipeline's :class:`~embed_core.train.trainer.Trainer` (AdamW,
+"""The AutoRegEmbed trainer: the pipeline's :class:`~embed_core.train.engine.trainer.Trainer` (AdamW,
 warm-up + decay, clipping, checkpoints with exact resume, seeded sampling) with the compression
 encoder as its model, a frozen decoder beside it and the two stage losses.
 
@@ -23,10 +23,10 @@ from torch import Tensor
 from embed_core.train.config import TrainConfig, TrainStageConfig
 from embed_core.errors import ConfigError
 from embed_core.losses.autoregembed import cda_loss, ic_loss
-from embed_core.train.autoregembed.data import CDAExample, ICExample
-from embed_core.train.autoregembed.model import CompressionEncoder, FrozenDecoder
-from embed_core.train.sampling import GroupedBatchSampler
-from embed_core.train.trainer import Trainer
+from embed_core.train.engine.autoregembed.data import CDAExample, ICExample
+from embed_core.train.engine.autoregembed.model import CompressionEncoder, FrozenDecoder
+from embed_core.train.engine.sampling import GroupedBatchSampler
+from embed_core.train.engine.trainer import Trainer
 
 DATASET = "autoregembed"
 

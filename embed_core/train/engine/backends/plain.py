@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from embed_core.train.backends.base import Backend
-from embed_core.train.distributed import GradientAverage
+from embed_core.train.engine.backends.base import Backend
+from embed_core.dist.distributed import GradientAverage
 
 
 class Plain(Backend):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from embed_core.errors import CheckpointError, ConfigError, DiskFullError, disk_full_errno, printable
-from embed_core.train.distributed import barrier
+from embed_core.dist.distributed import barrier
 
 PREFIX = "step-"
 

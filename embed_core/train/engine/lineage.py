@@ -26,7 +26,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embed_core.errors import EmbedpipeError, printable
-from embed_core.train.sampling import GroupedBatchSampler
+from embed_core.train.engine.sampling import GroupedBatchSampler
 
 LINEAGE_FILE = "lineage.parquet"
 METADATA_KEY = b"embedpipe.lineage"

@@ -118,7 +118,7 @@ class GroupedBatchSampler:
 
     def restarted(self) -> "GroupedBatchSampler":
         """A copy of this sampler as it was before its first draw (the same datasets, weights and
-        seed): replaying it draws again exactly what this one drew (``embed_core.train.lineage``)."""
+        seed): replaying it draws again exactly what this one drew (``embed_core.train.engine.lineage``)."""
         fresh = copy.copy(self)
         fresh.rng = np.random.Generator(np.random.PCG64(self.seed))
         fresh.epoch = {n: 0 for n in self.names}

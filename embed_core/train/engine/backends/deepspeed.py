@@ -11,8 +11,8 @@ from typing import Any
 from torch import Tensor
 
 from embed_core.errors import ConfigError
-from embed_core.train.backends.base import Backend
-from embed_core.train.telemetry import total_norm
+from embed_core.train.engine.backends.base import Backend
+from embed_core.train.engine.telemetry import total_norm
 
 
 class DeepSpeed(Backend):

@@ -23,7 +23,7 @@ import numpy as np
 from embed_core.train.config import AutoRegEmbedConfig
 from embed_core.errors import ConfigError
 from embed_core.schema import INFONCE_TASKS, PAIR_TASKS
-from embed_core.train.batches import DatasetRecords
+from embed_core.train.engine.batches import DatasetRecords
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def device_mesh(shape: tuple[int, ...], device_type: str):
 def mesh_for(train, world: int, device_type: str):
     """The mesh ``train.fsdp_mesh`` asks for over ``world`` ranks, this node's ranks from the
     launcher (``world.local_world_size``): None (flat) or a 2-D replicate × shard ``DeviceMesh``."""
-    from embed_core.train.world import local_world_size
+    from embed_core.dist.world import local_world_size
 
     return device_mesh(train.fsdp_mesh_shape(world, local_world_size(world)), device_type)
 

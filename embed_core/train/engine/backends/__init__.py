@@ -8,7 +8,7 @@ picks the one a stage's train config asks for (``sharding: fsdp``, ``deepspeed: 
 from __future__ import annotations
 
 from embed_core.registry import discover
-from embed_core.train.backends.base import Backend
+from embed_core.train.engine.backends.base import Backend
 
 __all__ = ["Backend", "BACKENDS", "backend_for"]
 

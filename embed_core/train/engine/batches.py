@@ -13,7 +13,7 @@ The layout a loss asks for (``Loss.layout``, ``embed_core.losses``):
   the record has fewer (CoDiEmb Eq. 2);
 * ``hmcl`` — (query, positive, weak-positive, optional hard negative). Retrieval: the record's
   positive and hard negative; its weak-positive from ``weak_positives``, else made by the HMCL
-  supplier from the positive (``embed_core.train.edits``). Scored pairs: the pair's second text takes
+  supplier from the positive (``embed_core.train.engine.edits``). Scored pairs: the pair's second text takes
   the level its score gives (``hmcl_levels``), the missing positive / weak-positive are made by
   the supplier (HMCL Algorithm 1), a missing negative stays missing (masked).
 
@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from embed_core.schema import CLS_TASKS, INFONCE_TASKS, PAIR_TASKS
-from embed_core.train.edits import generate_positive, generate_weak_positive
+from embed_core.train.engine.edits import generate_positive, generate_weak_positive
 
 
 

@@ -8,17 +8,17 @@ LayerNorm), linear warm-up then cosine / linear decay, gradient clipping, bf16 a
 on CPUs with native bf16, optional gradient checkpointing and GradCache.
 
 What is not the loop lives beside it, one concern a module:
-* ``embed_core.train.passes``: a micro-batch's encoder passes (length buckets, packing, GradCache),
+* ``embed_core.train.engine.passes``: a micro-batch's encoder passes (length buckets, packing, GradCache),
   and the agreement that keeps every rank's passes paired where forwards are collective;
-* ``embed_core.train.backends``: plain, FSDP and DeepSpeed, one small interface (wrap, backward,
+* ``embed_core.train.engine.backends``: plain, FSDP and DeepSpeed, one small interface (wrap, backward,
   step, state); the loop below has no branch on the back end;
-* ``embed_core.train.checkpoint``: ``<run_dir>/checkpoints/<stage>/step-N/``, exact resume.
+* ``embed_core.train.engine.checkpoint``: ``<run_dir>/checkpoints/<stage>/step-N/``, exact resume.
 
 Under ``torch.distributed`` every rank draws the same dataset at a step and takes its own slice;
 each loss all-gathers (with gradients, ``torch.distributed.nn.all_gather``) what it wants shared:
 retrieval losses gather queries and documents so every rank's queries see all ranks' documents;
 CLS and CoSENT batches stay local. The records each step consumed (``consumed``, the stage's
-lineage) are not in a checkpoint: a resume draws them again (``embed_core.train.lineage.replay``).
+lineage) are not in a checkpoint: a resume draws them again (``embed_core.train.engine.lineage.replay``).
 """
 
 from __future__ import annotations
@@ -44,18 +44,18 @@ from embed_core.model.embedder import Embedder
 from embed_core.model.encoder import use_tf32, uses_bf16
 from embed_core.model.packing import resolve_attention
 from embed_core.progress import Progress
-from embed_core.train import checkpoint
-from embed_core.train.backends import backend_for
+from embed_core.train.engine import checkpoint
+from embed_core.train.engine.backends import backend_for
 from embed_core.schema import INFONCE_TASKS
-from embed_core.train.batches import DatasetRecords, TaskBatch, build_batch
+from embed_core.train.engine.batches import DatasetRecords, TaskBatch, build_batch
 from embed_core.train.config import TrainConfig, TrainStageConfig
-from embed_core.train.distributed import broadcast_from_main, init_process_group, mean_over_ranks, wait_for_main
-from embed_core.train.lineage import Consumed, consumed_positions, replay
-from embed_core.train.passes import Passes, default_pass_cost
-from embed_core.train.prefetch import BatchSource
-from embed_core.train.sampling import Batch, GroupedBatchSampler, origin_factors
-from embed_core.train.telemetry import FlopModel, device_peak_tflops, peak_memory
-from embed_core.train.world import spans_nodes
+from embed_core.dist.distributed import broadcast_from_main, init_process_group, mean_over_ranks, wait_for_main
+from embed_core.train.engine.lineage import Consumed, consumed_positions, replay
+from embed_core.train.engine.passes import Passes, default_pass_cost
+from embed_core.train.engine.prefetch import BatchSource
+from embed_core.train.engine.sampling import Batch, GroupedBatchSampler, origin_factors
+from embed_core.train.engine.telemetry import FlopModel, device_peak_tflops, peak_memory
+from embed_core.dist.world import spans_nodes
 
 CHECKPOINT_PREFIX = checkpoint.PREFIX
 
@@ -129,7 +129,7 @@ class Trainer:
             # again where it trains: the kernel chosen there (FlashAttention, SDPA's) must honour
             # is_causal=False too (a collective back end's ranks rely on the check made at load)
             self.model.check_bidirectional(bf16=self.bf16)
-        self.lineage = True  # records consumed per step (embed_core.train.lineage): records, not derived examples
+        self.lineage = True  # records consumed per step (embed_core.train.engine.lineage): records, not derived examples
 
     # -- set-up shared with the AutoRegEmbed trainer ---------------------------------------------
     def _init_run(self, train: TrainConfig, stage: TrainStageConfig, seed: int, log: Callable[[str], None]) -> None:
@@ -212,7 +212,7 @@ class Trainer:
         return (Matryoshka(loss, *self.matryoshka) if self.matryoshka else loss)(emb, batch, ctx)
 
     def _forward_backward(self, batch: TaskBatch, scale: float, last: bool = True) -> float:
-        """Loss and gradients of one micro-batch (``embed_core.train.passes``); ``last``: the step's
+        """Loss and gradients of one micro-batch (``embed_core.train.engine.passes``); ``last``: the step's
         last micro-batch, whose last backward pass completes the step's gradients."""
         return self.passes.forward_backward(batch, lambda emb: self._loss(batch, emb), scale,
                                             lambda loss, final: self.backend.backward(loss, last and final))
@@ -277,7 +277,7 @@ class Trainer:
         self.metrics += out
         return out
 
-    # -- checkpoints (embed_core.train.checkpoint) ----------------------------------------------
+    # -- checkpoints (embed_core.train.engine.checkpoint) ----------------------------------------------
     def save_checkpoint(self) -> Path:
         return checkpoint.save(self)
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from embed_core.train.world import env_rank, launched
+from embed_core.dist.world import env_rank, launched
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ T = TypeVar("T")
 def _join(timeout_s: float | None) -> Any:
     """The distributed helpers, with this process in the job's process group (the first step can
     come before the first training stage, which would otherwise create it)."""
-    from embed_core.train import distributed
+    from embed_core.dist import distributed
 
     distributed.init_process_group(timeout_s=timeout_s)
     return distributed

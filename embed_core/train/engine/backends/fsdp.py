@@ -1,4 +1,4 @@
-"""``train.sharding: fsdp``: torch FSDP2 (``embed_core.train.sharding``). Every forward gathers the
+"""``train.sharding: fsdp``: torch FSDP2 (``embed_core.train.engine.sharding``). Every forward gathers the
 weights of each layer from all ranks, so forwards are collective; gradients are reduce-scattered
 after every backward (``fsdp_sync: every_backward``) or only the step's last (``step``);
 checkpoints hold each rank's shard (torch.distributed.checkpoint)."""
@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from embed_core.train import sharding
-from embed_core.train.backends.base import Backend, stored
-from embed_core.train.checkpoint import load_plain, save_plain
+from embed_core.train.engine import sharding
+from embed_core.train.engine.backends.base import Backend, stored
+from embed_core.train.engine.checkpoint import load_plain, save_plain
 
 
 class FSDP(Backend):

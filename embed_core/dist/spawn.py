@@ -3,7 +3,7 @@ worker with N devices (or ``embedpipe train`` without torchrun) trains with N ra
 
 ``local_ranks`` makes the calling process rank 0 of a process group of ``train.processes`` (auto:
 one per visible CUDA device) and starts ranks 1..N-1 as children (``python -m
-embed_core.train.spawned <spec>``, rendezvous on a free local port, each armed to die with rank 0:
+embed_core.dist.spawned <spec>``, rendezvous on a free local port, each armed to die with rank 0:
 ``embed_core.procs``). The children run the same ``run_train_stage`` as a launched rank would, so
 everything the launchers do holds here too (rank 0 alone writes and commits, and, in a flow run,
 reports to Prefect; the others train alongside and wait at barriers). When the stage ends, rank 0
@@ -34,9 +34,9 @@ import torch
 from embed_core.errors import CollectiveError, ConfigError, EmbedpipeError
 from embed_core.procs import dying_with_parent, end_on_signals, free_port
 from embed_core.train.config import TrainConfig
-from embed_core.train.distributed import (collective_error, destroy_process_group, rank_environment,
+from embed_core.dist.distributed import (collective_error, destroy_process_group, rank_environment,
                                           rank_log_failure, set_stage, who)
-from embed_core.train.world import launched
+from embed_core.dist.world import launched
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 FLIGHT_RECORDER = "flight-recorder"  # NCCL's dumps of the ranks' last collectives, rank-<k>, on a watchdog timeout
@@ -84,7 +84,7 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
         log = open(work / f"rank-{k}.log", "w")  # noqa: SIM115 (closed with the child)
         children.append((k, log, subprocess.Popen(
             # SIGKILL: a rank blocked in a C++ collective would not run a SIGTERM handler
-            dying_with_parent([sys.executable, "-m", "embed_core.train.spawned", str(spec)], signal.SIGKILL),
+            dying_with_parent([sys.executable, "-m", "embed_core.dist.spawned", str(spec)], signal.SIGKILL),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # a Ctrl-C reaches rank 0, which stops them
             env={**os.environ, **env, "RANK": str(k), "LOCAL_RANK": str(k)})))
     saved = {key: os.environ.get(key) for key in (*RENDEZVOUS, *env)}

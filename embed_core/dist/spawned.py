@@ -1,4 +1,4 @@
-"""A rank that ``embed_core.train.spawn.local_ranks`` started: ``python -m embed_core.train.spawned
+"""A rank that ``embed_core.dist.spawn.local_ranks`` started: ``python -m embed_core.dist.spawned
 <spec.json>`` trains the stage the spec names as one of the launched ranks (its environment holds
 the rank, the world size and the rendezvous address). It ends as a launched rank does
 (``rank_ending_cleanly``: its process groups destroyed, a SIGTERM obeyed even in a C++ collective),
@@ -14,7 +14,7 @@ from pathlib import Path
 
 def main(spec_path: str) -> int:
     from embed_core.errors import user_error
-    from embed_core.train.distributed import rank_ending_cleanly
+    from embed_core.dist.distributed import rank_ending_cleanly
 
     try:
         with rank_ending_cleanly():

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from embed_core.train.batches import TaskBatch
+from embed_core.train.engine.batches import TaskBatch
 from embed_core.train.records import release_pages
-from embed_core.train.sampling import Batch, GroupedBatchSampler
+from embed_core.train.engine.sampling import Batch, GroupedBatchSampler
 
 
 class BatchSource:

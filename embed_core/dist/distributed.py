@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from embed_core.errors import CollectiveError, EmbedpipeError, LaunchError, register_user_error
-from embed_core.train.world import env_rank, launched, local_world_size
+from embed_core.dist.world import env_rank, launched, local_world_size
 
 
 def is_main_process() -> bool:

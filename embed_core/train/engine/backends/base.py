@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from embed_core.train.checkpoint import load_plain, save_plain
-from embed_core.train.telemetry import total_norm
+from embed_core.train.engine.checkpoint import load_plain, save_plain
+from embed_core.train.engine.telemetry import total_norm
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -43,7 +43,7 @@ class Backend:
 
     name: ClassVar[str]
     #: a forward pass is itself a collective (it gathers sharded weights): every rank must make the
-    #: same passes (``embed_core.train.passes``), and dev evaluation runs on every rank
+    #: same passes (``embed_core.train.engine.passes``), and dev evaluation runs on every rank
     collective_forward: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module, stage: Any, train: Any, *, device: torch.device, bf16: bool,
