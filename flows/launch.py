@@ -47,9 +47,10 @@ def as_launched_rank() -> AbstractContextManager[None]:
 
 def is_other_rank(command: str) -> bool:
     """True in a rank other than 0 of a launched job; a launched command other than train is an error.
-    A launched rank (rank 0 too) is armed here to die with its launcher."""
+    A launched rank (rank 0 too) is armed here to die with its launcher, and its launcher's variables
+    checked (``embed_core.dist.world.launch_contract``)."""
     from embed_core.procs import die_with_parent
-    from embed_core.dist.world import env_rank, launched  # no torch: most commands never train
+    from embed_core.dist.world import env_rank, launch_contract, launched  # no torch: most commands never train
 
     if not launched():
         return False
@@ -57,6 +58,7 @@ def is_other_rank(command: str) -> bool:
         raise EmbedpipeError(f"embedpipe {command} runs in one process; only `embedpipe train` runs under "
                              "torchrun, deepspeed or accelerate launch")
     die_with_parent(signal.SIGKILL)
+    launch_contract()  # the launcher's variables, one line each, before the run directory is touched
     return env_rank() != 0
 
 

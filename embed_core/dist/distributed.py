@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from embed_core.errors import CollectiveError, EmbedpipeError, LaunchError, register_user_error
-from embed_core.dist.world import env_rank, launched, local_world_size
+from embed_core.dist.world import Launch, env_rank, launch_contract, launched, local_world_size
 
 
 def is_main_process() -> bool:
@@ -37,19 +37,35 @@ def init_process_group(single: bool = False, timeout_s: float | None = None) -> 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     if launched() and not torch.distributed.is_initialized():
-        local, local_world = int(os.environ.get("LOCAL_RANK", "0")), local_world_size()
-        divide_host_threads(local_world)
-        for key, value in rank_environment(local_world).items():  # read by CUDA's, NCCL's, tokenizers' first use
+        job = launch_contract()
+        divide_host_threads(job.local_world)
+        for key, value in rank_environment(job.local_world).items():  # read by CUDA's, NCCL's, tokenizers' first use
             os.environ.setdefault(key, value)
         if torch.cuda.is_available():
-            torch.cuda.set_device(local_device_index(local, torch.cuda.device_count()))
-        torch.distributed.init_process_group(backend, **timeout)
+            torch.cuda.set_device(local_device_index(job.local_rank, torch.cuda.device_count()))
+        try:
+            torch.distributed.init_process_group(backend, **timeout)
+        except torch.distributed.DistError as exc:  # the store: a rank that never came, an address never reached
+            raise LaunchError(rendezvous_line(job, exc, timeout_s)) from None
     elif single and not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
                                              **timeout)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def rendezvous_line(job: Launch, exc: BaseException, timeout_s: float | None) -> str:
+    """The one line of a rank that could not meet the others at ``MASTER_ADDR:MASTER_PORT``: a rank
+    that never came (rank 0 waits for them), or a rank 0 that never listened (the others wait for it)."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    detail = detail.split("] ", 1)[-1]  # torch's sentence, without its C++ source path
+    within = f"within train.dist_timeout_s = {timeout_s:g} s" if timeout_s else "within torch's default timeout"
+    waited = ("the other ranks did not all join" if job.rank == 0 else
+              f"rank 0 was not reachable at {job.address}")
+    return (f"{who(job.rank, job.world)}: the job's ranks did not meet at MASTER_ADDR:MASTER_PORT = {job.address} "
+            f"{within}: {waited} (torch: {detail}); start every rank with the same MASTER_ADDR and MASTER_PORT, "
+            "and check that rank 0 is running and its host reachable on that port")
 
 
 def local_device_index(local_rank: int, visible: int) -> int:

@@ -8,11 +8,17 @@ world, and a process that a job scheduler started as one of several tasks withou
 (``srun -n 8 python -m flows.cli train``, ``mpirun -np 8 ...``). Such tasks have no ``WORLD_SIZE``,
 so each would run the whole command on its own, all of them writing one run directory; the
 scheduler's own variables tell them apart from one process that a batch script runs once.
+
+The rest of the launcher's contract — ``LOCAL_RANK`` within ``LOCAL_WORLD_SIZE``, the rendezvous
+address ``MASTER_ADDR``/``MASTER_PORT`` — is checked once, by :func:`launch_contract`, when a
+rank joins its process group (``embed_core.dist.distributed.init_process_group``), one line each,
+as torchrun checks its own arguments.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from embed_core.errors import LaunchError
 
@@ -83,3 +89,45 @@ def spans_nodes() -> bool:
     """True where the job's ranks are on more than one machine (a launcher's ``LOCAL_WORLD_SIZE`` below
     its ``WORLD_SIZE``)."""
     return local_world_size() < world_size()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a launched rank needs to join its job: its place on its node and where the ranks meet."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    master_addr: str
+    master_port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+
+def launch_contract() -> Launch:
+    """The launcher's variables of a launched rank, parsed and checked (one line each, :class:`LaunchError`):
+    ``WORLD_SIZE``/``RANK`` (:func:`world_size`), ``LOCAL_WORLD_SIZE`` in 1..WORLD_SIZE, ``LOCAL_RANK``
+    in 0..LOCAL_WORLD_SIZE-1, ``MASTER_ADDR`` set and ``MASTER_PORT`` a port number."""
+    world = world_size()
+    local_world = _number("LOCAL_WORLD_SIZE", world)
+    if not 1 <= local_world <= world:
+        raise LaunchError(f"LOCAL_WORLD_SIZE={local_world} is outside 1..WORLD_SIZE={world}: this process's launch "
+                          "environment is inconsistent; start the command under torchrun, which sets both")
+    local = _number("LOCAL_RANK", 0)
+    if not 0 <= local < local_world:
+        raise LaunchError(f"LOCAL_RANK={local} is outside this node's {local_world} process"
+                          f"{'es' if local_world > 1 else ''} (LOCAL_WORLD_SIZE={local_world}, ranks 0..{local_world - 1}): "
+                          "this process's launch environment is inconsistent; start the command under torchrun")
+    addr = os.environ.get("MASTER_ADDR", "").strip()
+    if not addr:
+        raise LaunchError(f"MASTER_ADDR is unset in a job of WORLD_SIZE={world}: its ranks have no address to meet "
+                          "at; torchrun sets it, else set MASTER_ADDR to rank 0's host and MASTER_PORT to a free port")
+    port = _number("MASTER_PORT", 0)
+    if not 0 < port < 65536:
+        raise LaunchError(f"MASTER_PORT={os.environ.get('MASTER_PORT', '').strip() or 'unset'} in a job of "
+                          f"WORLD_SIZE={world} is not a port number (1..65535); torchrun sets it, else set it to a "
+                          "free port on rank 0's host")
+    return Launch(env_rank(), world, local, local_world, addr, port)

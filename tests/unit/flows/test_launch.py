@@ -8,7 +8,7 @@ from tests.helpers.procs import kill_parent_and_check_children
 @pytest.mark.parametrize(("rank", "other"), [("0", "False"), ("1", "True")])
 def test_a_launched_rank_dies_with_its_sigkilled_launcher(rank, other):
     """The launcher here is a Python process that starts one rank as torchrun does (its own
-    session, the launcher's environment: WORLD_SIZE, RANK)."""
+    session, the launcher's environment: WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)."""
     kill_parent_and_check_children("""
         import subprocess, sys, time
         rank = subprocess.Popen([sys.executable, "-c", "from flows import launch; import time; "
@@ -18,7 +18,8 @@ def test_a_launched_rank_dies_with_its_sigkilled_launcher(rank, other):
         assert rank.stdout.readline().strip() == OTHER
         print("ready", flush=True)
         time.sleep(600)
-    """.replace("OTHER", repr(other)), env={"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank})
+    """.replace("OTHER", repr(other)), env={"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank,
+                                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
 
 
 def test_a_command_outside_a_launcher_decides_so_without_importing_torch():
