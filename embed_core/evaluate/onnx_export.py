@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ def export_onnx(model_dir: Path, export_dir: Path) -> OnnxEncoder:
     and return the onnxruntime encoder of the export (tokenizer, prompts and max length from
     ``model_dir``)."""
     require_onnx()
+    quiet_onnxruntime()  # the exporter's optimizer may load onnxruntime too
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(model_dir), device="cpu").float().eval()
@@ -140,12 +142,20 @@ def without_prompt(mask: Tensor, prompt_length: Tensor) -> Tensor:
     return mask * (positions >= (first + prompt_length).unsqueeze(1)).to(mask.dtype)
 
 
+def quiet_onnxruntime() -> None:
+    """onnxruntime (1.32 on Linux) writes a device id and a telemetry database under
+    ``~/.cache/Microsoft/DeveloperTools/`` when it is loaded, ``DO_NOT_TRACK`` or not; its own switch
+    ``ORT_DISABLE_TELEMETRY`` keeps it from writing outside the run (a value the user set is kept)."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+
 class OnnxEncoder:
     """Encodes texts with an exported ``onnx/model.onnx`` on onnxruntime (CPU), tokenized by the
     model folder's tokenizer, each under one of the saved prompts as sentence-transformers prefixes
     it, truncated to the saved max length."""
 
     def __init__(self, model_dir: str | Path, onnx_path: str | Path | None = None):
+        quiet_onnxruntime()
         import onnxruntime
         from transformers import AutoTokenizer
 

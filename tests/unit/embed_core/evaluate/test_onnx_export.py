@@ -123,3 +123,37 @@ def test_an_encoder_refuses_a_prompt_the_model_does_not_have(exported):
     assert isinstance(encoder, OnnxEncoder) and encoder.encode([], prompt_name="query").shape == (0, 32)
     with pytest.raises(ValueError, match="'passage' is not one of the model's prompts"):
         encoder.encode(["a cat"], prompt_name="passage")
+
+
+EXPORT_IN_A_FRESH_HOME = """
+import sys
+from pathlib import Path
+from embed_core.evaluate.onnx_export import export_onnx
+from embed_core.model.embedder import Embedder
+saved = Embedder(sys.argv[1], max_length=24).save(Path(sys.argv[2]) / "model")
+encoder = export_onnx(saved, Path(sys.argv[2]) / "release")
+print(encoder.encode(["a cat"], batch_size=1).shape)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs the onnx extra")
+def test_an_onnx_export_and_its_encoding_write_nothing_into_an_empty_home(tiny_model, tmp_path):
+    """onnxruntime writes a device id and a telemetry database under ~/.cache/Microsoft when loaded
+    (DO_NOT_TRACK or not): the export and the encoder keep it off, so HOME stays empty."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.repo import REPO
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "ORT_"))}
+    env.update(HOME=str(home), PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", EXPORT_IN_A_FRESH_HOME, str(tiny_model), str(work)], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "(1, 32)"
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []
