@@ -80,9 +80,12 @@ class FileFormat(StrictModel):
     header: bool = Field(True, description="Whether the first line names the columns.")
     quoting: Literal["auto", "none", "minimal"] = Field(
         "auto", description="CSV/TSV quoting: auto (sniffed), none (quotes are text), minimal (RFC 4180).")
-    multiline: bool = Field(True, description="CSV: quoted fields may span lines (RFC 4180, as pandas, Excel and "
-                            "Python's csv write them); a quote that never closes quarantines its record and every "
-                            "line after it as one row (unterminated_quote). Off: a record is one line, and a quote "
+    multiline: bool = Field(True, description="CSV (and TSV with quoting: minimal): quoted fields may span lines "
+                            "(RFC 4180, as pandas, Excel and Python's csv write them). A broken record costs only "
+                            "the line it starts on, and the lines after it are read again as rows: a quote that "
+                            "never closes (unterminated_quote), a record without the file's number of fields "
+                            "(malformed_line), a quoted field whose lines are rows of the file's shape "
+                            "(stray_quote). Off: a record is one line, and a quote "
                             "still open at the end of its line is a stray quote: prepare quarantines that line and "
                             "reads the next line as a new row; evaluation data stops with an error naming the line.")
     columns: dict[str, str | int] = Field(

@@ -20,11 +20,14 @@ folder from someone else cannot make a run read ``~/.aws/credentials``. Files ar
 a file that is damaged (truncated gzip, not Parquet, unreadable) is a ``SourceError``, never a
 silently shortened dataset.
 
-CSV: by default quoted fields may span lines (RFC 4180: what pandas, Excel and Python's csv write,
-read into the records pandas reads); a record is numbered by the line it starts on, and a quote
-that never closes quarantines its record, reported at the line where it opened with the count of
-lines it made unreadable. ``multiline: false`` makes a record one line: a quote left open at the
-end of its line quarantines that line only (reason ``stray_quote``).
+CSV and TSV: by default quoted fields may span lines (RFC 4180: what pandas, Excel and Python's
+csv write, read into the records pandas reads); a record is numbered by the line it starts on. A
+broken record costs only its first line, as pandas' ``on_bad_lines`` keeps the good rows: a quote
+that never closes (``unterminated_quote``), a record that does not parse into the file's number of
+fields (``malformed_line``), or a quoted field whose inner lines are each a row of the file's shape
+(``stray_quote``: what a stray quote swallows) quarantines the line it started on, and the lines
+after it are read again as rows. ``multiline: false`` makes a record one line: a quote left open
+at the end of its line quarantines that line only (reason ``stray_quote``).
 
 Bounds (``ReadLimits``, a source's ``limits``): a line, a field, a record and the decompressed file
 have a size past which the row is quarantined (``line_too_long``, ``field_too_long``,
@@ -438,39 +441,132 @@ def _csv_records_by_line(lines: Iterable[tuple[int, bytes | None, bytes]], displ
             yield line_no, _parse_record(display, line_no, [_decode(raw)], delimiter, quoting)
 
 
+class _Lines:
+    """(line number, bytes, line end) of a file, into which lines can be put back to be read again."""
+
+    def __init__(self, lines: Iterable[tuple[int, bytes | None, bytes]]):
+        self._lines, self._back = iter(lines), []
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> tuple[int, bytes | None, bytes]:
+        return self._back.pop() if self._back else next(self._lines)
+
+    def put_back(self, held: list[tuple[int, bytes | None, bytes]]) -> None:
+        self._back.extend(reversed(held))
+
+
 def _csv_records_multiline(lines: Iterable[tuple[int, bytes | None, bytes]], display: str, delimiter: str,
-                           quoting: int, limits: ReadLimits) -> Iterator[tuple[int, list[str] | RowError]]:
-    """RFC 4180 records whose quoted fields may span lines, each numbered by the line it starts on.
-    A record is cut into lines by ``_quote_open_after`` (one bit of state a line), so a record over
-    ``limits.max_record_bytes`` (or holding a line over ``max_line_bytes``) is dropped as it is read,
-    and quarantined as one row with every line that belongs to it; a quote that never closes
-    quarantines its record to the end of the file."""
-    record: list[str] = []  # the record's lines, and the line ends inside its quoted fields
-    start = size = last = 0
-    dropped: str | None = None  # why the record is not kept (its lines are then not held)
-    open_quote = False
-    for last, raw, end in lines:
-        if not open_quote:
-            start, record, size, dropped = last, [], 0, None
+                           quoting: int, limits: ReadLimits,
+                           width: Callable[[], int | None] = lambda: None) -> Iterator[tuple[int, list[str] | RowError]]:
+    """RFC 4180 records whose quoted fields may span lines, each numbered by the line it starts on,
+    recovering from a broken quote as pandas' ``on_bad_lines`` keeps the good rows: a record whose
+    quote never closes, that does not parse into the file's ``width()`` fields, or whose quoted
+    field holds lines that are rows of the file's shape (``_holds_rows``) costs only its first line
+    (quarantined), and the lines after it are read again. A record is cut into lines by
+    ``_quote_open_after`` (one bit of state a line) and held only up to ``limits.max_record_bytes``:
+    a larger one is quarantined whole (``record_too_long``), its lines never held."""
+    source = _Lines(lines)
+    for start, raw, end in source:
+        if raw is None:
+            yield start, line_too_long(display, start, limits)
+            continue
+        text = _decode(raw)
+        if not _quote_open_after(text, delimiter, False):
+            yield start, (_dropped(display, start, start, "record_too_long", len(raw), limits)
+                          if len(raw) > limits.max_record_bytes else
+                          _parse_record(display, start, [text], delimiter, quoting))
+            continue
+        yield from _quoted_record(source, (start, raw, end), display, delimiter, quoting, limits, width())
+
+
+def _quoted_record(source: _Lines, first: tuple[int, bytes, bytes], display: str, delimiter: str, quoting: int,
+                   limits: ReadLimits, width: int | None) -> Iterator[tuple[int, list[str] | RowError]]:
+    """The record a quote opened on ``first`` starts, read from ``source`` until the quote closes;
+    when it is broken, its first line quarantined and the other lines put back into ``source``."""
+    start = first[0]
+    held, size, last = [first], len(first[1]) + len(first[2]), start
+    for last, raw, end in source:
         if raw is None:  # an over-long line: its quotes are unknown, so the next line starts a record
-            dropped, record, open_quote = dropped or "line_too_long", [], False
-        else:
-            text = _decode(raw)
-            open_quote = _quote_open_after(text, delimiter, open_quote)
-            size += len(raw) + len(end)
-            if dropped is None and size > limits.max_record_bytes:
-                dropped, record = "record_too_long", []
-            if dropped is None:
-                record.append(text)
-                if open_quote:
-                    record.append(_decode(end))
+            yield start, _dropped(display, start, last, "line_too_long", size, limits)
+            return
+        held.append((last, raw, end))
+        size += len(raw) + len(end)
+        if size > limits.max_record_bytes:
+            yield start, _skip_record(source, held, display, delimiter, limits)
+            return
+        if not _quote_open_after(_decode(raw), delimiter, True):
+            break
+    else:
+        yield start, _recover(source, held, display, "unterminated_quote", "a quoted field opened on this line is "
+                              "never closed")
+        return
+    yield start, _closed_record(source, held, display, delimiter, quoting, width)
+
+
+def _closed_record(source: _Lines, held: list[tuple[int, bytes, bytes]], display: str, delimiter: str, quoting: int,
+                   width: int | None) -> list[str] | RowError:
+    """The fields of a record whose quote closed on its last held line, unless it is broken."""
+    lines = [part for _, raw, end in held for part in (_decode(raw), _decode(end))][:-1]
+    fields = _parse_record(display, held[0][0], lines, delimiter, quoting)
+    if isinstance(fields, RowError):
+        return _recover(source, held, display, fields.reason, fields.detail)
+    if width is not None and len(fields) != width:
+        return _recover(source, held, display, "malformed_line", f"malformed record: expected {width} fields, got "
+                        f"{len(fields)} from lines {held[0][0]}-{held[-1][0]}")
+    if len(held) > 2 and _holds_rows(held, delimiter, quoting, width):
+        return _recover(source, held, display, "stray_quote", f"a quote opened on this line holds lines {held[1][0]}-"
+                        f"{held[-2][0]}, which read as rows of this file")
+    return fields
+
+
+def _holds_rows(held: list[tuple[int, bytes, bytes]], delimiter: str, quoting: int, width: int | None) -> bool:
+    """Whether a closed record is what a stray quote swallows: its first and last lines are each a
+    row of the file's ``width`` fields with their quote read as text, and every non-blank line
+    between them a row of that width on its own. A real quoted field's first and last lines
+    together make one row, so both have that width only in a file of one column."""
+    if width is None or width < 2:
+        return False
+    first, *middle, last = [_decode(raw) for _, raw, _ in held]
+    literal = [next(csv.reader([line], delimiter=delimiter, quoting=csv.QUOTE_NONE)) for line in (first, last)]
+    if any(len(fields) != width for fields in literal):
+        return False
+    for line in (line for line in middle if line.strip()):
+        if _quote_open_after(line, delimiter, False):
+            return False
+        try:
+            if len(next(csv.reader([line], delimiter=delimiter, quoting=quoting, strict=True))) != width:
+                return False
+        except (csv.Error, StopIteration):
+            return False
+    return True
+
+
+def _recover(source: _Lines, held: list[tuple[int, bytes, bytes]], display: str, reason: str, why: str) -> RowError:
+    """``held``'s first line quarantined, the lines after it put back to be read again as rows."""
+    source.put_back(held[1:])
+    after = len(held) - 1
+    return RowError(display, held[0][0], None, reason, why + (
+        f": this line is quarantined and the {after} line{'s' if after > 1 else ''} after it read again as rows"
+        if after else ""))
+
+
+def _skip_record(source: _Lines, held: list[tuple[int, bytes, bytes]], display: str, delimiter: str,
+                 limits: ReadLimits) -> RowError:
+    """A record past ``limits.max_record_bytes`` that holds no rows: its lines read to the closing
+    quote without being held, and quarantined as one row."""
+    start, last, size = held[0][0], held[-1][0], sum(len(raw) + len(end) for _, raw, end in held)
+    open_quote = _quote_open_after(_decode(held[-1][1]), delimiter, True)
+    held.clear()
+    for last, raw, end in source:
+        if raw is None:
+            return _dropped(display, start, last, "line_too_long", size, limits)
+        size += len(raw) + len(end)
+        open_quote = _quote_open_after(_decode(raw), delimiter, open_quote)
         if not open_quote:
-            yield start, (_dropped(display, start, last, dropped, size, limits) if dropped
-                          else _parse_record(display, start, record, delimiter, quoting))
-    if open_quote:
-        yield start, (_dropped(display, start, last, dropped, size, limits) if dropped else RowError(
-            display, start, None, "unterminated_quote", f"a quoted field opened on this line is never closed: lines "
-            f"{start}-{last} ({last - start + 1} lines) could not be read as rows"))
+            break
+    return _dropped(display, start, last, "record_too_long", size, limits)
 
 
 def _dropped(display: str, start: int, last: int, reason: str, size: int, limits: ReadLimits) -> RowError:
@@ -489,10 +585,12 @@ def read_delimited(path: Path, display: str, *, delimiter: str, header: bool, qu
     never closes) refuses the file: without its header no row can be read."""
     quote = csv.QUOTE_NONE if quoting == "none" else csv.QUOTE_MINIMAL
     lines = read_lines_with_ends(path, display, root, limits=limits)
-    records = (_csv_records_multiline if multiline and quote != csv.QUOTE_NONE else _csv_records_by_line)(
-        lines, display, delimiter, quote, limits)
     names: list[str] | None = None
     expected_fields: int | None = None
+    if multiline and quote != csv.QUOTE_NONE:  # the file's shape, once known, tells a broken quote apart
+        records = _csv_records_multiline(lines, display, delimiter, quote, limits, width=lambda: expected_fields)
+    else:
+        records = _csv_records_by_line(lines, display, delimiter, quote, limits)
     for line, fields in records:
         if isinstance(fields, RowError):
             if header and names is None:

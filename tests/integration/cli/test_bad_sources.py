@@ -114,13 +114,29 @@ def test_quoted_fields_that_span_lines_are_read_with_the_defaults(tmp_path, capf
     assert "Two\nlines." in {r["query"] for r in rows}
 
 
-def test_an_unterminated_quote_is_reported_where_it_opened_with_the_lines_lost(tmp_path, capfd):
-    (tmp_path / "s.csv").write_text(HEADER + GOOD + '"Never closed,x,1\n' + GOOD * 3)
+def test_an_unterminated_quote_costs_only_its_line_and_the_rows_after_it_are_kept(tmp_path, capfd):
+    after = "".join(f"A cat sleeps {i}.,A cat is sleeping.,4.{i}\n" for i in range(3))  # distinct: not deduplicated
+    (tmp_path / "s.csv").write_text(HEADER + GOOD + '"Never closed,x,1\n' + after)
     assert prepare(capfd, tmp_path, [sts("s.csv")]).rc == 0
     (q,) = quarantine(tmp_path)
     assert (q["row"], q["reason"]) == (3, "unterminated_quote")
-    assert "lines 3-6 (4 lines)" in q["message"]
-    assert written_refs(tmp_path, "sts") == ["s.csv:2"]
+    assert "this line is quarantined and the 3 lines after it read again as rows" in q["message"]
+    assert written_refs(tmp_path, "sts") == ["s.csv:2", "s.csv:4", "s.csv:5", "s.csv:6"]
+
+
+def test_by_default_a_stray_quote_that_swallows_rows_costs_its_own_line_and_no_good_row(tmp_path, capfd):
+    """RFC 4180 reads lines 3-6 as one record of three fields; lines 4-5 are rows of the file's shape."""
+    (tmp_path / "s.csv").write_text(
+        HEADER + GOOD
+        + '"A stray quote opens here.,A man is playing.,4.0\n'                 # 3 stray quote
+        + "A woman slices an onion.,Someone cuts an onion.,4.2\n"              # 4
+        + "A child runs.,A kid is running.,3.9\n"                             # 5
+        + 'Closing it here",A dog barks.,1.0\n'                                # 6 the quote "closes" here
+        + "A cat sleeps.,A cat is sleeping.,4.8\n")                           # 7
+    result = prepare(capfd, tmp_path, [sts("s.csv")])
+    assert result.rc == 0, result.err
+    assert [(q["row"], q["reason"]) for q in quarantine(tmp_path)] == [(3, "stray_quote")]
+    assert written_refs(tmp_path, "sts") == ["s.csv:2", "s.csv:4", "s.csv:5", "s.csv:6", "s.csv:7"]
 
 
 def test_invisible_only_texts_and_scores_outside_the_range_are_quarantined(tmp_path, capfd):

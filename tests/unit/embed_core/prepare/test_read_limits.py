@@ -74,20 +74,62 @@ def test_a_record_that_spans_lines_is_numbered_by_the_line_it_starts_on(tmp_path
     assert [(r.row, r.values["text"]) for r in read_rows(tmp_path / "t.csv", "t.csv")] == [(2, "a\nb\nc"), (5, "d")]
 
 
-def test_an_unterminated_quote_quarantines_its_record_to_the_end_and_keeps_no_fragment(tmp_path):
+def test_an_unterminated_quote_costs_only_its_line_and_the_rows_after_it_are_read(tmp_path):
     (tmp_path / "t.csv").write_text('text,label\ngood,1\n"never closed,2\nthree,3\nfour,4\n')
     got = list(read_rows(tmp_path / "t.csv", "t.csv"))
-    assert [r.values for r in got if isinstance(r, RawRow)] == [{"text": "good", "label": "1"}]
+    assert [r.values for r in got if isinstance(r, RawRow)] == [
+        {"text": "good", "label": "1"}, {"text": "three", "label": "3"}, {"text": "four", "label": "4"}]
     (err,) = [r for r in got if isinstance(r, RowError)]
-    assert (err.row, err.reason) == (3, "unterminated_quote") and "lines 3-5 (3 lines)" in err.detail
+    assert (err.row, err.reason) == (3, "unterminated_quote")
+    assert err.detail == ("a quoted field opened on this line is never closed: this line is quarantined and the 2 "
+                          "lines after it read again as rows")
 
 
-def test_a_malformed_record_across_lines_is_one_quarantined_row_and_the_next_record_is_read(tmp_path):
-    # Line 3 opens a quote that line 4 closes with text after it: one broken record of two lines.
+def test_a_quote_opened_on_the_last_line_quarantines_that_line(tmp_path):
+    (tmp_path / "t.csv").write_text('text,label\ngood,1\n"never closed,2\n')
+    got = list(read_rows(tmp_path / "t.csv", "t.csv"))
+    assert [(r.row, r.reason, r.detail) for r in got if isinstance(r, RowError)] == [
+        (3, "unterminated_quote", "a quoted field opened on this line is never closed")]
+
+
+def test_a_malformed_record_across_lines_costs_its_first_line_and_the_next_line_that_parses_is_a_row(tmp_path):
+    # Line 3 opens a quote that line 4 closes with text after it: line 3 is the broken one; line 4 parses alone.
     (tmp_path / "t.csv").write_text('text,label\ngood,1\n"opens here\ncloses" here,2\nafter,3\n')
     got = list(read_rows(tmp_path / "t.csv", "t.csv"))
     assert [(r.row, r.reason) for r in got if isinstance(r, RowError)] == [(3, "malformed_line")]
-    assert [r.values["text"] for r in got if isinstance(r, RawRow)] == ["good", "after"]
+    assert [(r.row, r.values["text"]) for r in got if isinstance(r, RawRow)] == [
+        (2, "good"), (4, 'closes" here'), (5, "after")]
+
+
+@pytest.mark.parametrize("delimiter, suffix", [(",", "csv"), ("\t", "tsv")])
+def test_a_stray_quote_that_swallows_rows_of_the_files_shape_costs_only_its_own_line(tmp_path, delimiter, suffix):
+    """The quote opened on line 3 closes at the end of line 6's first field (a stray quote there too):
+    RFC 4180 reads lines 3-6 as one record of the right width, but lines 4-5 are each a row of the
+    file's shape."""
+    rows = [["text", "other", "score"], ["good", "g", "1"], ['"stray quote', "a", "2"], ["three", "b", "3"],
+            ["four", "c", "4"], ['close here"', "d", "5"], ["seven", "e", "7"]]
+    path = tmp_path / f"t.{suffix}"
+    path.write_text("".join(delimiter.join(r) + "\n" for r in rows))
+    got = list(read_rows(path, path.name, delimiter=delimiter, quoting="minimal"))  # a TSV's quotes: text by default
+    (err,) = [r for r in got if isinstance(r, RowError)]
+    assert (err.row, err.reason) == (3, "stray_quote")
+    assert err.detail.startswith("a quote opened on this line holds lines 4-5, which read as rows of this file")
+    assert [(r.row, r.values["text"]) for r in got if isinstance(r, RawRow)] == [
+        (2, "good"), (4, "three"), (5, "four"), (6, 'close here"'), (7, "seven")]
+
+
+def test_a_quoted_field_whose_inner_lines_are_not_rows_of_the_files_shape_stays_one_record(tmp_path):
+    """What pandas and the csv module write: a text with line breaks and commas, one record."""
+    import csv
+
+    path = tmp_path / "t.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([["text", "other", "score"], ["a\nb, with one comma\nc", "x", "1"],
+                                 ["Dear all,\n\nthanks\n", "y", "2"], ["plain", "z", "3"]])
+    got = list(read_rows(path, "t.csv"))
+    assert all(isinstance(r, RawRow) for r in got), got
+    assert [r.values["text"] for r in got] == ["a\nb, with one comma\nc", "Dear all,\n\nthanks\n", "plain"]
+    assert [r.values for r in got] == pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
 
 
 def test_multiline_false_still_quarantines_a_stray_quote_on_its_own_line(tmp_path):
