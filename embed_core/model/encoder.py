@@ -28,7 +28,7 @@ import torch
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import sha256_file
 from embed_core.model.cpu_inference import pack_linear_layers
-from embed_core.model.files import MODEL_FILE_SUFFIXES, check_model_dir
+from embed_core.model.files import MODEL_FILE_SUFFIXES, check_model_dir, check_model_role
 from embed_core.model.onednn import cap_onednn_primitive_cache
 from embed_core.progress import Progress
 
@@ -151,9 +151,13 @@ def model_source(name: str) -> Path:
 def model_fingerprint(name: str, pooling: str, max_length: int, bf16: bool) -> str:
     """Identifies the embeddings an encoder produces (weights, tokenizer, pooling, length,
     precision) without loading or de-quantising the model: file hashes are streamed and
-    remembered by file identity (``embed_core.fingerprint.sha256_file``)."""
+    remembered by file identity (``embed_core.fingerprint.sha256_file``). The model is checked to be
+    what its role needs first (``embed_core.model.files.check_model_role``): every stage keys its
+    cache on its models' fingerprints, so a wrong model is refused before any work."""
     h = hashlib.sha256()
     root = model_source(name)
+    if pooling != "lm":  # a decoder read as a language model (AutoRegEmbed's) has no role to check
+        check_model_role(root, "cross_encoder" if pooling == "cross_encoder" else "embedder")
     files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file())
     for path in files:
         if path.name.endswith(MODEL_FILE_SUFFIXES):

@@ -140,6 +140,53 @@ def check_model_config(path: Path) -> None:
             _check_sizes(path, f"{key}.", sub)
 
 
+# Heads of task models: a checkpoint of one is a classifier (a cross-encoder when it scores pairs),
+# whose encoder without its head is not a trained embedding model.
+TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
+ROLES = ("cross_encoder", "embedder")
+
+
+def check_model_role(root: Path, role: str) -> None:
+    """A model directory is what its role needs, else one line (``ModelFilesError``): a
+    ``cross_encoder`` (the mine stage's teacher) is a ``*ForSequenceClassification`` checkpoint with one
+    label, so its head is loaded, not newly initialised (sentence-transformers' CrossEncoder would
+    otherwise score with a random head, a warning on stdout); an ``embedder`` (base, mining or
+    evaluated model, an embedder teacher) is not a task model whose head would be dropped. A GGUF
+    model (its config is in the file) is not judged here."""
+    if role not in ROLES:
+        raise ValueError(f"role {role!r}: one of {ROLES}")
+    if root.is_file() or not (root / "config.json").is_file():
+        return
+    config = json.loads((root / "config.json").read_bytes())  # check_model_config read it whole already
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    heads = [a for a in archs if a.endswith(TASK_HEADS)]
+    if role == "cross_encoder":
+        scorers = [a for a in heads if a.endswith("ForSequenceClassification")]
+        if not scorers:
+            raise ModelFilesError(
+                f"{root}: mine.teacher kind cross_encoder needs a cross-encoder (a *ForSequenceClassification "
+                f"checkpoint with one label: a sentence-transformers CrossEncoder, a reranker), but config.json names "
+                f"{', '.join(archs) or 'no architecture'}: its scoring head would be newly initialised at random; "
+                "for an embedding model use kind: embedder")
+        labels = _labels(config)
+        if labels != 1:
+            raise ModelFilesError(f"{root}: mine.teacher kind cross_encoder needs one score per pair, but this "
+                                  f"{scorers[0]} has {labels} labels (config.json num_labels / id2label); give a "
+                                  "reranker trained with one label")
+    elif heads and len(heads) == len(archs):
+        raise ModelFilesError(f"{root}: a {heads[0]} checkpoint (a classifier or cross-encoder), not an embedding "
+                              "model: its encoder would be used without the head it was trained with; give an "
+                              "embedding model, or use it as mine.teacher with kind: cross_encoder")
+
+
+def _labels(config: dict) -> int:
+    """A config's label count as transformers reads it: ``id2label``'s size, else ``num_labels``, else 2."""
+    if isinstance(config.get("id2label"), dict) and config["id2label"]:
+        return len(config["id2label"])
+    value = config.get("num_labels")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 2
+
+
 def _check_sizes(path: Path, prefix: str, config: dict) -> None:
     """The checks of ``check_model_config`` on one (sub-)config; ``prefix`` names it in the error."""
     def bad(field: str, reason: str) -> ModelFilesError:
