@@ -60,8 +60,8 @@ class ReadLimits(StrictModel):
         "being held in memory.")
     max_record_bytes: int = Field(
         64 * MiB, ge=1024, description="Bytes of one record (default 64 MiB): a CSV record whose quoted fields span "
-        "lines, or a Parquet row. A larger one is quarantined (reason record_too_long) with every line that "
-        "belongs to it.")
+        "lines, a Parquet row, or a corpus document (a .txt, .md, .html or .pdf file, read no further than this "
+        "before decoding). A larger one is quarantined (reason record_too_long) with every line that belongs to it.")
     max_field_bytes: int = Field(
         32 * MiB, ge=1024, description="Bytes (UTF-8) of one field (default 32 MiB): a CSV cell, a JSONL string "
         "value, a Parquet text or binary cell. A row holding a larger one is quarantined (reason field_too_long), "

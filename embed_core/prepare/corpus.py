@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embed_core.artifacts import StageWriter, TableStream, checked_outputs
-from embed_core.errors import RowError
+from embed_core.errors import RowError, SourceError
 from embed_core.prepare.cleaning import EvalTexts, KeyStore, contaminated_field, normalize_text
 from embed_core.prepare.convert import Skipped, convert_source
 from embed_core.prepare.near_dup import NearDuplicateIndex
@@ -82,6 +82,14 @@ def write_corpus(spec, config, writer: StageWriter, keys: KeyStore, quarantine: 
             continue
         out.append({"id": item.id, "dataset": spec.name, "text": text, "source_ref": item.source_ref})
     out.close()
+    if out.rows == 0 and not spec.allow_empty:  # success means data: an empty corpus is not a finished one
+        quarantined = ", ".join(f"{n} {r}" for r, n in reasons.most_common()) or "none"
+        raise SourceError(spec.path, None, None, "empty_source",
+                          f"corpus source '{spec.name}' wrote no passage: {counts['converted']} read ({counts['deduped']} "
+                          f"duplicates, {counts['excluded_contamination'] + counts['excluded_near_duplicate']} in "
+                          f"evaluation sets), {counts['skipped']} too short, quarantined: {quarantined} (a folder's "
+                          "documents are its files ending in params.suffixes); set allow_empty: true on the source "
+                          "to accept an empty corpus")
     return {"source": spec.name, "kind": spec.kind, "path": spec.path, "records_converted": counts["converted"],
             "rows_skipped": counts["skipped"], "quarantined": sum(reasons.values()),
             "quarantined_by_reason": dict(reasons), "truncated_texts": counts["truncated_texts"], "dev_records": 0,

@@ -8,7 +8,10 @@ the file's own characters); an HTML file's visible text (scripts, styles and the
 block elements separated by blank lines); a JSONL line's ``title`` and ``text`` fields joined by a
 blank line (BEIR's corpus layout); a PDF's extracted text, pages separated by blank lines. Every text goes through ``cleaning.clean_text`` like any other
 source's; a document that cannot be read (bad bytes, bad JSON, no text, a PDF that does not
-parse or without pypdf) is one ``RowError`` with its reason.
+parse or without pypdf, a FIFO or device where a document belongs) is one ``RowError`` with its
+reason. A document is read under a byte bound before it is decoded (the source's
+``limits.max_record_bytes``): a larger one is a quarantined row naming the file and the bound, and
+running out of memory while reading one is an error line naming the file.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from embed_core.errors import RowError, SourceError
+from embed_core.config_base import ReadLimits
+from embed_core.errors import OUT_OF_MEMORY, RowError, SourceError
+from embed_core.paths import file_problem
 from embed_core.prepare.cleaning import UnusableText, clean_text
-from embed_core.prepare.readers import confine, open_binary, read_jsonl
+from embed_core.prepare.readers import DEFAULT_LIMITS, confine, open_binary, over_bound, read_jsonl
 from embed_core.schema import is_blank
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown")
@@ -56,20 +61,39 @@ def corpus_files(path: Path, display: str, root: Path | None, suffixes: tuple[st
     for f in sorted(p for p in path.rglob("*") if p.name.lower().removesuffix(".gz").endswith(suffixes)):
         shown = f"{display.rstrip('/')}/{f.relative_to(path).as_posix()}"
         target = confine(f, shown, root)
-        if target.is_file():
+        if not target.is_dir():  # a FIFO or device of a document's name: read_documents quarantines it
             out.append((shown, target))
     return out
 
 
 def read_documents(display: str, path: Path, *, text_field: str, title_field: str | None,
-                   id_field: str | None) -> Iterator[Document | RowError]:
+                   id_field: str | None, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[Document | RowError]:
     name = display.lower().removesuffix(".gz")  # '.gz' is read transparently
-    if name.endswith(".jsonl"):
-        yield from _jsonl_documents(display, path, text_field, title_field, id_field)
-    elif name.endswith(".pdf"):
-        yield _pdf_document(display, path)
+    problem = file_problem(path)
+    if problem is not None:
+        yield RowError(display, None, None, "not_a_file", problem)
+    elif name.endswith(".jsonl"):
+        yield from _jsonl_documents(display, path, text_field, title_field, id_field, limits)
     else:
-        yield _file_document(display, path, html=name.endswith(HTML_SUFFIXES))
+        try:
+            data = _bounded_bytes(display, path, limits)
+            if isinstance(data, RowError):
+                yield data
+            else:
+                yield _pdf_document(display, data) if name.endswith(".pdf") else \
+                    _file_document(display, data, html=name.endswith(HTML_SUFFIXES))
+        except MemoryError:
+            raise SourceError(display, None, None, "out_of_memory", "reading this document: " + OUT_OF_MEMORY) from None
+
+
+def _bounded_bytes(display: str, path: Path, limits: ReadLimits) -> bytes | RowError:
+    """A document's bytes, read no further than ``limits.max_record_bytes`` (then a RowError)."""
+    with open_binary(path, display, None, limits) as fh:
+        data = fh.read(limits.max_record_bytes + 1)
+    if len(data) > limits.max_record_bytes:
+        return RowError(display, None, None, "record_too_long", "document of " + over_bound(
+            "max_record_bytes", None, limits.max_record_bytes))
+    return data
 
 
 def _decoded(data: bytes) -> str:
@@ -79,9 +103,7 @@ def _decoded(data: bytes) -> str:
     return data.decode("utf-8")
 
 
-def _file_document(display: str, path: Path, *, html: bool) -> Document | RowError:
-    with open_binary(path, display, None) as fh:
-        data = fh.read()
+def _file_document(display: str, data: bytes, *, html: bool) -> Document | RowError:
     try:
         text = _decoded(data)
     except UnicodeDecodeError as exc:
@@ -97,15 +119,13 @@ def _file_document(display: str, path: Path, *, html: bool) -> Document | RowErr
     return Document(display, None, display, text)
 
 
-def _pdf_document(display: str, path: Path) -> Document | RowError:
+def _pdf_document(display: str, data: bytes) -> Document | RowError:
     """A PDF's text (pypdf's extraction, pages joined by blank lines)."""
     try:
         import pypdf
     except ImportError:
         return RowError(display, None, None, "unsupported_format", "PDF documents need the pdf extra "
                         "(pip install 'embedpipe[pdf]', which installs pypdf), or convert the PDF to text first")
-    with open_binary(path, display, None) as fh:
-        data = fh.read()
     try:
         pages = [page.extract_text() or "" for page in pypdf.PdfReader(io.BytesIO(data)).pages]
     except Exception as exc:  # noqa: BLE001 - a damaged PDF raises many kinds; each is this document's problem
@@ -122,8 +142,8 @@ def _pdf_document(display: str, path: Path) -> Document | RowError:
 
 
 def _jsonl_documents(display: str, path: Path, text_field: str, title_field: str | None,
-                     id_field: str | None) -> Iterator[Document | RowError]:
-    for raw in read_jsonl(path, display, None):
+                     id_field: str | None, limits: ReadLimits) -> Iterator[Document | RowError]:
+    for raw in read_jsonl(path, display, None, limits=limits):
         if isinstance(raw, RowError):
             yield raw
             continue

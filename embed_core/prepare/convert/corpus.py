@@ -76,7 +76,7 @@ class Corpus(Converter):
         documents = 0
         for display, path in self._files():
             for doc in read_documents(display, path, text_field=p.text_field, title_field=p.title_field,
-                                      id_field=p.id_field):
+                                      id_field=p.id_field, limits=self.spec.limits):
                 if isinstance(doc, RowError):
                     yield doc
                     continue
