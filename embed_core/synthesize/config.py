@@ -226,6 +226,13 @@ class SynthesizeConfig(StrictModel):
                                     "fails instead of committing — an outage is not a finished stage — so Prefect's "
                                     "task retry applies and the next run repeats only the unanswered requests (answers "
                                     "are cached). 1 = never fail.")
+    max_malformed_share: float = Field(0.9, ge=0, le=1, description="Largest share of the answered requests whose "
+                                       "answer does not parse or validate after max_parse_retries (prose instead of "
+                                       "JSON, a judge that answers neither yes nor no), counted for generation and "
+                                       "for the judge apart. Beyond it the stage fails instead of committing what "
+                                       "little was kept — a model that does not follow the prompt's format is not a "
+                                       "finished stage; the malformed answers are in the error line and the stage's "
+                                       "log. 1 = never fail.")
     retry_delay_s: float = Field(30, ge=0, description="Seconds before that task retry (time for an LLM server to "
                                  "come back after a restart).")
 

@@ -46,7 +46,7 @@ import pyarrow as pa
 from embed_core.artifacts import StageWriter, read_manifest, read_records
 from embed_core.config import RunConfig, config_hash
 from embed_core.synthesize.config import NOT_IN_KEY, SynthesizeConfig
-from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.errors import ConfigError, EmbedpipeError, printable
 from embed_core.fingerprint import Fingerprint
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import records_to_table, table_to_records
@@ -145,6 +145,7 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
         gen_s = time.perf_counter() - t_gen
         launched = client_stats.get("server", {}).get("base_urls")
         _refuse_an_outage(cfg, outcomes, ", ".join(launched) if launched else None)
+        _refuse_malformed(cfg, outcomes, "the generation model")
         kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora, run_dir)
         kept, filtered, judged = (_judge(cfg, kept, filtered, templates, run_dir, config.seed, client_stats, servers)
                                   if corpora else (kept, filtered, None))
@@ -204,6 +205,7 @@ def _judge(cfg: SynthesizeConfig, kept: list[Candidate], filtered: list[dict[str
     queries = [c for c in kept if c.outcome.job.strategy == QUERIES]
     judged = judge_queries(cfg, queries, templates, run_dir, seed, client_stats, servers)
     _refuse_an_outage(cfg, judged.outcomes, judged.client.get("server", {}).get("base_url"))
+    _refuse_malformed(cfg, judged.outcomes, "the judge")
     rows = [query_dropped(c, reason, scores) for c, reason, scores in judged.dropped]
     return [c for c in kept if c.outcome.job.strategy != QUERIES] + judged.kept, filtered + rows, judged
 
@@ -222,6 +224,23 @@ def _refuse_an_outage(cfg: SynthesizeConfig, outcomes: list, launched_url: str |
     raise EmbedpipeError(f"synthesize: {len(failed)} of {len(asked)} requests to {url} got no answer (first: {detail}), "
                          f"more than synthesize.max_failed_share {cfg.max_failed_share}; nothing was committed: check "
                          "the server and run again (the answers so far are cached)")
+
+
+def _refuse_malformed(cfg: SynthesizeConfig, outcomes: list, who: str) -> None:
+    """Fail before anything is committed when more than ``max_malformed_share`` of the answered
+    requests got an answer that does not parse or validate: the line says how many, and the first
+    raw answer (escaped, cut), so a model that answers prose or a judge that answers ``maybe`` is
+    not committed as a finished stage with nothing in it."""
+    answered = [o for o in outcomes if o.answer is not None or o.reason == "malformed"]
+    malformed = [o for o in answered if o.answer is None]
+    if not malformed or len(malformed) <= cfg.max_malformed_share * len(answered):
+        return
+    first = malformed[0]
+    said = printable(" ".join(str(first.raw or "").split()), 80)
+    raise EmbedpipeError(f"synthesize: {len(malformed)} of {len(answered)} answers of {who} do not parse or validate "
+                         f"(first: {' '.join(first.detail.split())[:120]}; it answered {said!r}), more than "
+                         f"synthesize.max_malformed_share {cfg.max_malformed_share}; nothing was committed: use a "
+                         "model that follows the prompt's format, or adapt the prompts (prompt_dir)")
 
 
 def _chosen_datasets(cfg: SynthesizeConfig, run_dir: Path, upstream: str) -> tuple[dict[str, list], list[str]]:

@@ -16,7 +16,9 @@ request's connection is dropped unanswered and the port stops accepting (a crash
 ``answered`` keeps the body of every request it answered with 200. A relevance judge's prompt
 (``judge-relevance.yaml``) gets "yes", or "no" when its query holds one of ``judge_no``'s words; a
 request asking for ``logprobs`` gets the first token's top logprobs too (yes 0.8 / no 0.2 for a
-yes, 0.1 / 0.9 for a no) unless ``logprobs=False`` (a server that sends none).
+yes, 0.1 / 0.9 for a no) unless ``logprobs=False`` (a server that sends none). ``prose=True``: every
+generation prompt gets prose instead of the JSON it asks for (a model that ignores the format);
+``judge_answer``: what every judge prompt gets instead ("maybe": a judge that answers neither).
 """
 
 from __future__ import annotations
@@ -87,8 +89,10 @@ def _answer(prompt: str, chat: bool) -> str:
 class ScriptedLLMServer:
     def __init__(self, faults: list[str] | None = None, timeout_sleep: float = 3.0,
                  reject_response_format: bool | int = False, die_after: int | None = None,
-                 judge_no: tuple[str, ...] = (), logprobs: bool = True):
+                 judge_no: tuple[str, ...] = (), logprobs: bool = True, prose: bool = False,
+                 judge_answer: str | None = None):
         self.judge_no = tuple(judge_no)
+        self.prose, self.judge_answer = prose, judge_answer
         self.logprobs = logprobs
         self.faults = list(faults or [])
         self.die_after = die_after
@@ -165,8 +169,8 @@ class ScriptedLLMServer:
                     self._send(200, b'{"id": "x", "choices": [ this is not json')
                     return
                 prompt = body["messages"][-1]["content"] if chat else body["prompt"]
-                judge = _judge(prompt, server.judge_no) if _is_judge(prompt) else None
-                text = ("Sure! Here is a rewrite without JSON." if "MALFORMED" in prompt
+                judge = (server.judge_answer or _judge(prompt, server.judge_no)) if _is_judge(prompt) else None
+                text = ("Sure! Here is a rewrite without JSON." if "MALFORMED" in prompt or (server.prose and not judge)
                         else (f" {judge}" if not chat else judge) if judge else _answer(prompt, chat))
                 lp = _logprobs(judge, chat) if judge and server.logprobs and body.get("logprobs") else None
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",

@@ -98,3 +98,25 @@ def test_an_llm_server_that_is_down_fails_synthesize_instead_of_committing_it(de
     assert not (run_dir / "synthesize").exists()
     status = in_process(capfd, "status", "--run-dir", run_dir)
     assert "synthesize         missing" in status.out
+
+
+@pytest.mark.prefect
+def test_an_llm_that_answers_only_prose_fails_synthesize_instead_of_committing_nothing(demo_copy, tmp_path, capfd,
+                                                                                     prefect_harness):
+    """Malformed answers are the model's, not an outage: beyond synthesize.max_malformed_share of
+    them the stage fails with one line (it used to commit `synthesize (computed)` with 0 kept)."""
+    from tests.helpers.llm_server import ScriptedLLMServer
+    from tests.unit.embed_core.synthesize.test_synthesize import _server_cfg
+
+    raw = yaml.safe_load(demo_copy.read_text())
+    raw["prepare"]["sources"] = [s for s in raw["prepare"]["sources"] if s["name"] in ("scifact", "stsb", "banking77")]
+    run_dir = tmp_path / "runs" / "demo"
+    with ScriptedLLMServer(prose=True) as server:
+        raw["synthesize"] = {**_server_cfg(server.base_url, max_parse_retries=0), "retry_delay_s": 0}
+        demo_copy.write_text(yaml.safe_dump(raw))
+        assert in_process(capfd, "prepare", "--config", demo_copy).rc == 0
+        failed = in_process(capfd, "synthesize", "--config", demo_copy)
+    failed.assert_one_line_error("synthesize: 15 of 15 answers of the generation model do not parse or validate",
+                                 "it answered 'Sure! Here is a rewrite without JSON.'",
+                                 "more than synthesize.max_malformed_share 0.9; nothing was committed")
+    assert not (run_dir / "synthesize").exists()
