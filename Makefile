@@ -1,5 +1,5 @@
 # make demo  — end-to-end pipeline on the bundled data (local ephemeral Prefect, no server to start)
-# make test  — the test suite (make test-fast: the unit tests only)
+# make test  — every test tier but the matrix, what CI runs (make test-fast = plain pytest: the fast tier)
 # make serve — local Prefect server + workers (pools cpu, gpu) + the deployments of deployments/prefect.yaml
 #              (FILES_ROOT=DIR: serve the run directories under DIR to the UI's file links; default runs/)
 # make stop  — stop what make serve started
@@ -80,7 +80,7 @@ test: $(STAMP)
 	if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
 	  ( $(MAKE) -s install-llm > $(VENV)/llm-install.log 2>&1; echo $$? > $(VENV)/llm-install.rc ) & fi; \
 	( while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
-	  if [ -f $(LLM_STAMP) ]; then EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider \
+	  if [ -f $(LLM_STAMP) ]; then EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -n 0 -m llama_server -p no:cacheprovider \
 	    > $(VENV)/llama-tests.log 2>&1; echo $$? > $(VENV)/llama-tests.rc; else echo 1 > $(VENV)/llama-tests.rc; fi ) & \
 	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not llama_server and not matrix"; rc=$$?; \
 	while [ ! -f $(VENV)/llama-tests.rc ]; do sleep 5; done; \
@@ -90,18 +90,19 @@ test: $(STAMP)
 	rm -f $(VENV)/llm-install.rc $(VENV)/llama-tests.rc; \
 	exit $$rc
 
-# The unit tests alone (tests/unit, no real servers, no whole-stage runs) in FAST_WORKERS pytest-xdist
-# processes of one torch thread each (2 on 2 cores: 3 min 19 s in one process -> 2 min 7 s on an
-# AVX2 EPYC; 3 workers were slower). No Prefect server starts: "not slow" selects none of its tests.
+# The fast tier, what plain `pytest` runs (tests/helpers/tiers.py: no server, no launcher, no whole
+# pipeline) in FAST_WORKERS pytest-xdist processes of one torch thread each (2 on 2 cores; 3 were
+# slower; its time: docs/testing.md, "Tiers").
 FAST_WORKERS ?= 2
 test-fast: $(STAMP)
 	@$(PRECOMPILE)
-	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(FAST_WORKERS) --dist loadfile tests/unit -m "not slow"
+	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(FAST_WORKERS) --dist loadfile
 
 # The distributed test matrix (tests/integration/launchers/test_matrix.py): back ends x GradCache x
-# packing x 2 and 3 ranks x task mixes on causal-LM and BERT checkpoints, under torchrun; ~10 min.
+# packing x 2 and 3 ranks x task mixes on causal-LM and BERT checkpoints, under torchrun (its time:
+# docs/testing.md, "Tiers").
 test-matrix: $(STAMP)
-	$(VENV)/bin/pytest -q -m matrix tests/integration/launchers/test_matrix.py
+	$(VENV)/bin/pytest -q -n 0 -m matrix tests/integration/launchers/test_matrix.py
 
 # FILES_ROOT=DIR: the folder whose run directories the UI's file links open (default: runs/)
 serve: $(LLM_STAMP)
