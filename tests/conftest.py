@@ -1,15 +1,20 @@
-import atexit
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
-import pytest
-import yaml
+# Plain `pytest` runs its workers (pyproject's -n auto) with one torch (OpenMP) thread each, as
+# `make test` does (TEST_THREADS): tiny models, and two threads per worker would fight over the cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from flows.env import apply_defaults
-from tests.helpers import schedule, shared_prefect
-from tests.helpers.repo import REPO, SHARED_DATA
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from flows.env import apply_defaults  # noqa: E402
+from tests.helpers import schedule, shared_prefect, tiers  # noqa: E402
+from tests.helpers.repo import REPO, SHARED_DATA  # noqa: E402
 
 # Before anything imports prefect: the defaults every process that runs flows gets (no telemetry,
 # embed_core's logs in the run logs), and a private Prefect home so result persistence (task
@@ -41,9 +46,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    tiers.select_default_tier(config)  # plain `pytest`: the fast tier (tests/helpers/tiers.py)
     config._embedpipe_durations = schedule.Recorder() if config.getoption("--store-durations") else None
     # pytest-xdist's controlling process, with workers to come: one Prefect server for all of them,
-    # unless the marker expression leaves every Prefect test out (make test-fast: -m "not slow")
+    # unless the marker expression leaves every Prefect test out (plain pytest, the fast tier)
     if (getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
             and shared_prefect.selected(config.option.markexpr, markers_of("prefect"))):
         config._embedpipe_shared_prefect = shared_prefect.start()
@@ -53,6 +59,12 @@ def pytest_unconfigure(config):
     shared = getattr(config, "_embedpipe_shared_prefect", None)
     if shared is not None:
         shared_prefect.stop(shared)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """pyproject's ``-n auto``: a command that names paths runs in one process (no workers to
+    start for one file; ``-n N`` asks for workers); without paths, one worker per core."""
+    return 0 if config.args_source == pytest.Config.ArgsSource.ARGS else None
 
 
 # Tests that start a real server (Prefect, llama.cpp) are slow by nature: marked slow at collection.
@@ -65,10 +77,11 @@ def markers_of(marker: str) -> set[str]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that start a real server are slow by nature (``SLOW_BY_NATURE``): `make test-fast`
-    (-m "not slow") leaves them out with the ones marked slow by hand. The longest files run
-    first (tests/helpers/schedule.py)."""
+    """Tests that start a real server are slow by nature (``SLOW_BY_NATURE``): the fast tier
+    leaves them out with the ones marked slow by hand, and every test under tests/integration
+    (marked ``integration``). The longest files run first (tests/helpers/schedule.py)."""
     for item in items:
+        tiers.mark_integration(item, config.rootpath)
         if any(item.get_closest_marker(name) for name in SLOW_BY_NATURE):
             item.add_marker(pytest.mark.slow)
     schedule.longest_files_first(items, schedule.load())

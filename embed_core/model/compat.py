@@ -53,3 +53,31 @@ def require_transformers() -> None:
     problem = transformers_problem(installed_transformers())
     if problem:
         raise ConfigError(problem)
+
+
+def deepspeed_only_once_imported() -> None:
+    """Keep ``save_pretrained`` from importing DeepSpeed (and MLflow, which DeepSpeed imports) in a
+    process that does not use it.
+
+    transformers' ``save_pretrained`` unwraps the model with accelerate's
+    ``extract_model_from_parallel``, which imports DeepSpeed whenever it is installed (the
+    ``deepspeed`` and ``dev`` extras) to ask whether the model is a ``DeepSpeedEngine``: about 7
+    CPU-seconds of imports in every process that saves a model. A model can only be wrapped in a
+    ``DeepSpeedEngine`` by a process that imported DeepSpeed, so accelerate's availability check is
+    answered there as installed *and* already imported; a DeepSpeed run (which imports it to build
+    its engine) unwraps as before. Idempotent; without accelerate there is nothing to change."""
+    import sys
+
+    try:
+        from accelerate.utils import other
+    except ImportError:
+        return
+    installed = other.is_deepspeed_available
+    if getattr(installed, "only_once_imported", False):
+        return
+
+    def is_deepspeed_available() -> bool:
+        return "deepspeed" in sys.modules and installed()
+
+    is_deepspeed_available.only_once_imported = True
+    other.is_deepspeed_available = is_deepspeed_available

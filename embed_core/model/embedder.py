@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from embed_core import __version__
 from embed_core.errors import ConfigError
-from embed_core.model.compat import require_transformers
+from embed_core.model.compat import deepspeed_only_once_imported, require_transformers
 from embed_core.model.encoder import POOLINGS, pool_hidden, resolve_model_path
 from embed_core.model.eos import add_eos, check_saved_tokenizer_appends_eos, ends_with_eos
 from embed_core.model.packing import SEGMENTS, pack_features, packed_model_inputs, pool_packed, uses_varlen_attention
@@ -290,6 +290,7 @@ def save_merged(model: nn.Module, out: Path, state_dict: dict[str, Tensor] | Non
     peft model's LoRA adapters are merged into the base weights from the state dict one layer at a
     time (``merged_lora_state_dict``), never by copying the model, and the model keeps its adapters,
     so training can go on."""
+    deepspeed_only_once_imported()  # save_pretrained would import DeepSpeed (embed_core/model/compat.py)
     state = state_dict if state_dict is not None else model.state_dict()
     if not hasattr(model, "get_base_model"):
         model.save_pretrained(out, state_dict=state)

@@ -3,7 +3,7 @@ CLI calls it before anything loads torch).
 
 oneDNN keeps every primitive it creates in an LRU cache of 1,024 by default, one per input shape;
 length-sorted batches have a new shape almost every batch, and under bf16 each cached primitive holds
-megabytes, so a mining process grew by about 1 GB over a 78,657-text pool (docs/testing.md). The
+megabytes, so a mining process grew by about 1 GB over a 78,657-text pool (docs/experiments.md). The
 cache's capacity is read from ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` once per process, when the first
 primitive is made; child processes (launchers, Ray workers) inherit it. With 8, encoding was no
 slower in the same measurement: the shapes rarely repeat, so the large cache hardly ever hit.

@@ -11,6 +11,14 @@ from pathlib import Path
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
+def _save(model, dest: Path) -> None:
+    """``save_pretrained`` as embedpipe saves (without importing DeepSpeed: embed_core/model/compat.py)."""
+    from embed_core.model.compat import deepspeed_only_once_imported
+
+    deepspeed_only_once_imported()
+    model.save_pretrained(dest)
+
+
 def _copy_tokenizer(src: Path, dest: Path) -> None:
     for name in TOKENIZER_FILES:
         if (src / name).exists():
@@ -30,7 +38,7 @@ def build_tiny_bert(dest: Path, dropout: float = 0.1) -> Path:
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128,
                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    BertModel(config).save_pretrained(dest)
+    _save(BertModel(config), dest)
     return dest
 
 
@@ -48,7 +56,7 @@ def build_tiny_gemma(dest: Path) -> Path:
                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
                               sliding_window=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                               eos_token_id=tokenizer.eos_token_id)
-    Gemma3ForCausalLM(config).save_pretrained(dest)
+    _save(Gemma3ForCausalLM(config), dest)
     tokenizer.save_pretrained(dest)
     return dest
 
@@ -69,7 +77,7 @@ def build_tiny_decoder(dest: Path, model_type: str = "qwen3", tokenizer_dir: Pat
         kw["sliding_window"] = 64
     kw.update(sizes)
     torch.manual_seed(0)
-    AutoModel.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
+    _save(AutoModel.from_config(CONFIG_MAPPING[model_type](**kw)), dest)
     _copy_tokenizer(tokenizer_dir, dest)
     return dest
 
@@ -90,7 +98,7 @@ def build_tiny_causal_lm(dest: Path, model_type: str = "qwen3", *, tied: bool = 
     if model_type != "qwen2":
         kw["head_dim"] = 16
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](**kw)).save_pretrained(dest)
+    _save(AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](**kw)), dest)
     _copy_tokenizer(tokenizer_dir, dest)
     return dest
 
@@ -108,5 +116,5 @@ def build_tiny_cross_encoder(dest: Path) -> Path:
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128, num_labels=1)
-    BertForSequenceClassification(config).save_pretrained(dest)
+    _save(BertForSequenceClassification(config), dest)
     return dest
