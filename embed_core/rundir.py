@@ -52,6 +52,7 @@ class RunDirError(EmbedpipeError):
 # dir (data-watch -> pipeline) re-enters instead of deadlocking on its own flock.
 _held: dict[str, tuple[int, int]] = {}
 _held_guard = threading.Lock()
+_created: dict[str, Path] = {}  # run directories this process made -> the topmost directory it made for it
 
 
 @contextmanager
@@ -104,6 +105,7 @@ def run_dir_lock(run_dir: str | Path, purpose: str = "", token: str | None = Non
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+        _discard_if_unused(run_dir)
 
 
 def raise_if_busy(run_dir: str | Path) -> None:
@@ -203,14 +205,37 @@ def is_own_snapshot(path: Path) -> bool:
 
 
 def _make_dir(run_dir: Path) -> None:
+    missing = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if missing:  # made by this process: gone again if its run refuses before writing anything
+            _created[str(run_dir.resolve())] = missing[-1].resolve()
     except FileExistsError:
         raise RunDirError(f"{run_dir}: cannot be a run directory: it (or a parent) is a file") from None
     except NotADirectoryError:
         raise RunDirError(f"{run_dir}: cannot be a run directory: a parent of it is a file") from None
     except OSError as exc:
         raise RunDirError(f"{run_dir}: cannot create the run directory: {exc.strerror}") from None
+
+
+def _discard_if_unused(run_dir: Path) -> None:
+    """Remove ``run_dir`` (and the parents made with it) when this process created it and nothing but
+    its marker and lock is in it: a refused run (a missing upstream stage, a bad launch) leaves no
+    directory behind. A directory anything was written into is kept, and forgotten."""
+    top = _created.pop(str(run_dir.resolve()), None)
+    if top is None:
+        return
+    try:
+        if {e.name for e in os.scandir(run_dir)} - {MARKER, LOCK_FILE}:
+            return
+        for name in (MARKER, LOCK_FILE):
+            (run_dir / name).unlink(missing_ok=True)
+        for path in [run_dir, *run_dir.parents]:
+            path.rmdir()  # an empty directory only
+            if path == top:
+                break
+    except OSError:
+        return  # in use after all (another process wrote into it): kept
 
 
 def _open_lock_file(run_dir: Path) -> int:

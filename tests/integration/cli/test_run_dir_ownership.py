@@ -98,3 +98,18 @@ def test_a_users_folder_holding_a_history_jsonl_is_refused_and_its_temporary_fil
     in_process(capfd, "prepare", "--config", write_config(data, [STS_SOURCE]), "--run-dir", folder
                ).assert_one_line_error(str(folder), "not an embedpipe run directory")
     assert snapshot(folder) == before
+
+
+def test_a_refused_run_leaves_no_run_directory_behind_and_keeps_one_that_was_there(tmp_path, data, capfd,
+                                                                                  prefect_harness):
+    """``embedpipe mine`` before prepare: refused with one line; the run directory (and the parents it
+    made) it created for the run are gone again, an empty folder the user made is kept."""
+    config = write_config(tmp_path, [STS_SOURCE], mine={"tasks": ["sts"]})
+    new = tmp_path / "runs" / "new" / "r"
+    in_process(capfd, "mine", "--config", config, "--run-dir", new).assert_one_line_error(
+        f"mine reads {new}/prepare, which has no manifest.json")
+    assert not (tmp_path / "runs").exists()
+    kept = tmp_path / "mine_to_keep"
+    kept.mkdir()
+    in_process(capfd, "mine", "--config", config, "--run-dir", kept).assert_one_line_error("has no manifest.json")
+    assert kept.is_dir()
