@@ -1,4 +1,6 @@
-"""The train stage's body (declared in ``stage.py``): QZhou's two-stage recipe (stage 1 retrieval only, stage 2 all tasks with η).
+"""The train stage's body (declared in ``stage.py``): QZhou's two-stage recipe (stage 1 retrieval only,
+stage 2 all tasks with η), read as a recipe: the step resolved once (``resolved``), its key (``key``),
+load -> build the trainer (``modes``, ``trainers``) -> fit (a ``FitOutcome``) -> commit (``commit``).
 
 Each configured stage is its own artifact ``<run_dir>/train-<name>/``:
 * ``model/`` — the saved model (transformers + sentence-transformers layout, ``embedpipe.json``
@@ -15,7 +17,7 @@ the previous stage's model (``init_from`` to choose another), the first from ``b
 
 A stage in an AutoRegEmbed mode (``mode: autoregembed_ic | autoregembed_cda``) trains the
 compression encoder against a frozen decoder instead (``embed_core.train.engine.autoregembed``); a CDA stage
-first precomputes its reference scores with its initial model into ``<run_dir>/reference-<name>/``
+first precomputes its reference scores with its initial model into ``<run_dir>/reference-<name>/`` (``reference``)
 (``scores.parquet``), an artifact of its own keyed by that model, the examples and the method's
 settings, so a resumed or re-run stage reuses it.
 """

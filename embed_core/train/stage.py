@@ -7,7 +7,9 @@ hard negatives for the training records nearest to that model's dev failures
 (``embed_core.synthesize.targeted_step``). The stage trains on its last step's records. The steps
 belong to the train stage so that they run where training runs (a GPU work pool) and in its order;
 under several processes they run on rank 0 alone (``embed_core.dist.ranks``). This module is the
-one place that names those directories."""
+one place that names those directories, and ``STEPS`` the one table of step kinds: each entry its
+prefix, body, records, key, inputs, which ranks run it, its summary and report; a manifest records
+its kind as ``step`` (``manifest_step`` reads one written before from its sections)."""
 
 from __future__ import annotations
 
