@@ -17,9 +17,9 @@ the previous stage's model (``init_from`` to choose another), the first from ``b
 
 A stage in an AutoRegEmbed mode (``mode: autoregembed_ic | autoregembed_cda``) trains the
 compression encoder against a frozen decoder instead (``embed_core.train.engine.autoregembed``); a CDA stage
-first precomputes its reference scores with its initial model into ``<run_dir>/reference-<name>/`` (``reference``)
-(``scores.parquet``), an artifact of its own keyed by that model, the examples and the method's
-settings, so a resumed or re-run stage reuses it.
+first precomputes its reference scores with its initial model (``embed_core.train.reference``) into
+``<run_dir>/reference-<name>/`` (``scores.parquet``), an artifact of its own keyed by that model,
+the examples and the method's settings, so a resumed or re-run stage reuses it.
 """
 
 from __future__ import annotations
