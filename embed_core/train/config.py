@@ -12,6 +12,7 @@ from embed_core.errors import ConfigError
 from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.mine.config import check_remine_keys
 from embed_core.synthesize.config import TargetedConfig
+from embed_core.train.modes import mode_of
 
 # A task without a batch_size entry (e.g. one a stage's `tasks` adds, or autoregembed): the
 # paper's batch of 32 (AutoRegEmbed §4.1).
@@ -433,7 +434,7 @@ class TrainConfig(StrictModel):
             if stage.merge is not None and stage.merge.stage not in earlier:
                 raise ValueError(f"stages[{stage.name}].merge.stage: {stage.merge.stage!r} is no earlier stage "
                                  f"(earlier: {', '.join(earlier) or 'none'})")
-            if stage.merge is not None and stage.mode != "contrastive":
+            if stage.merge is not None and not mode_of(stage).merges:
                 raise ValueError(f"stages[{stage.name}].merge: only contrastive stages save weights that average")
         return v
 
@@ -458,7 +459,7 @@ class TrainConfig(StrictModel):
 
     def matryoshka_of(self, stage: TrainStageConfig) -> MatryoshkaConfig | None:
         """The Matryoshka settings ``stage`` trains with: its own, else the section's (contrastive stages)."""
-        if stage.mode != "contrastive":
+        if not mode_of(stage).matryoshka:
             return None
         return stage.matryoshka if stage.matryoshka is not None else self.matryoshka
 
@@ -466,7 +467,7 @@ class TrainConfig(StrictModel):
     @classmethod
     def _matryoshka_contrastive(cls, v: list[TrainStageConfig]) -> list[TrainStageConfig]:
         for stage in v:
-            if stage.matryoshka is not None and stage.mode != "contrastive":
+            if stage.matryoshka is not None and not mode_of(stage).matryoshka:
                 raise ValueError(f"stages[{stage.name}].matryoshka: Matryoshka training is for contrastive stages, "
                                  f"not {stage.mode}")
         return v
@@ -482,9 +483,22 @@ class TrainConfig(StrictModel):
                               f"{local_world} local ranks do not divide {world}; use fsdp_mesh: flat")
         return (world // local_world, local_world)
 
+    def backend_name(self) -> str:
+        """The training back end this section asks for: ``none``, ``fsdp`` or ``deepspeed`` (the names of
+        ``embed_core.train.engine.backends``). The one place it is derived from ``sharding`` and
+        ``deepspeed``: everything else asks this (a layout test holds it); both set is refused."""
+        asked = [name for name, on in (("fsdp", self.sharding == "fsdp"), ("deepspeed", self.deepspeed is not None))
+                 if on]
+        if len(asked) > 1:
+            raise ValueError("sharding: fsdp and deepspeed both shard the model: choose one (fsdp works with "
+                             "GradCache and dev evaluation; docs/stages.md, 'Sharding and memory')")
+        return asked[0] if asked else "none"
+
     def _zero_stage(self) -> int | None:
         """DeepSpeed's ZeRO stage (0 when its config names none); None without train.deepspeed."""
-        return None if self.deepspeed is None else int((self.deepspeed.get("zero_optimization") or {}).get("stage", 0))
+        if self.backend_name() != "deepspeed":
+            return None
+        return int((self.deepspeed.get("zero_optimization") or {}).get("stage", 0))
 
     @model_validator(mode="after")
     def _no_zero3(self) -> "TrainConfig":
@@ -500,7 +514,7 @@ class TrainConfig(StrictModel):
     @model_validator(mode="after")
     def _dev_under_deepspeed(self) -> "TrainConfig":
         with_dev = [s.name for s in self.stages if s.dev is not None]
-        if self.deepspeed is not None and with_dev:
+        if self.backend_name() == "deepspeed" and with_dev:
             raise ValueError(f"dev evaluation (stages {', '.join(with_dev)}) runs on rank 0 alone, which DeepSpeed's "
                              "partitioned state does not allow: drop train.deepspeed (train.sharding: fsdp works with "
                              "dev evaluation) or the stages' dev sections")
@@ -512,7 +526,7 @@ class TrainConfig(StrictModel):
         # partitions) gradients in backward hooks that expect one backward per micro-batch
         # (sentence-transformers#3173, tevatron#206), so the combination is refused, not guessed at.
         cached = [s.name for s in self.stages if s.grad_cache_chunk or s.grad_cache_max_tokens]
-        if self.deepspeed is not None and cached:
+        if self.backend_name() == "deepspeed" and cached:
             raise ValueError(f"grad_cache_chunk (stages {', '.join(cached)}) does not work with DeepSpeed (ZeRO stage "
                              f"{self._zero_stage()}): train without train.deepspeed (multi-process GradCache works "
                              "under torchrun), or use gradient_checkpointing instead of GradCache")
@@ -520,11 +534,9 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_sharding(self) -> "TrainConfig":
-        if self.sharding == "fsdp" and self.deepspeed is not None:
-            raise ValueError("sharding: fsdp and deepspeed both shard the model: choose one (fsdp works with "
-                             "GradCache and dev evaluation; docs/stages.md, 'Sharding and memory')")
-        arc = [s.name for s in self.stages if s.mode != "contrastive"]
-        if self.sharding == "fsdp" and arc:
+        backend = self.backend_name()  # refuses fsdp and deepspeed together
+        arc = [s.name for s in self.stages if not mode_of(s).shards]
+        if backend == "fsdp" and arc:
             raise ValueError(f"sharding: fsdp is for contrastive stages; stages {', '.join(arc)} are AutoRegEmbed "
                              "(an encoder and a frozen decoder): train them with sharding: none")
         if self.weights_dtype == "bf16" and self.precision == "fp32":

@@ -72,6 +72,7 @@ from typing import Any
 
 from embed_core.errors import ConfigError
 from embed_core.train.config import TrainConfig, TrainStageConfig
+from embed_core.train.modes import mode_of
 
 GiB = 2 ** 30
 # Kept free on a GPU of --gpu-memory GiB: the CUDA context, cuBLAS/NCCL workspaces and the caching
@@ -345,7 +346,7 @@ def lora_targets(shape: ModelShape, targets: list[str] | str) -> list[str]:
 def shard_degree(train: TrainConfig, world: int, local: int | None = None) -> int:
     """Ranks each tensor is sharded over: 1 without fsdp; under fsdp the last dimension of the mesh
     (``TrainConfig.fsdp_mesh_shape``): every rank (flat), a node's ``local`` ranks (hybrid)."""
-    if train.sharding != "fsdp" or world < 2:
+    if train.backend_name() != "fsdp" or world < 2:
         return 1
     return train.fsdp_mesh_shape(world, local or world)[-1]
 
@@ -367,7 +368,7 @@ def states(shape: ModelShape, train: TrainConfig, world: int, bf16: bool, local:
         with_grad = [s for k, s in shape.params.items() if k not in shape.no_gradient()]
     weights = _shard(trained, 4, n) + _shard(frozen, frozen_bytes, n)
     grads, adamw = _shard(with_grad, 4, n), _shard(with_grad, 8, n)
-    if train.deepspeed is not None and world > 1:
+    if train.backend_name() == "deepspeed" and world > 1:
         stage = train._zero_stage() or 0
         adamw = adamw // world if stage >= 1 else adamw
         grads = grads // world if stage >= 2 else grads
@@ -588,7 +589,7 @@ def plan_stage(shape: ModelShape, train: TrainConfig, stage: TrainStageConfig, *
         (f"{stage.grad_cache_max_tokens} tokens" if stage.grad_cache_max_tokens else "")
     sp = StagePlan(stage=stage.name, sharding=_sharding(train, gpus, local),
                    precision="bf16" if uses_bf16(train.precision, device) else "fp32", grad_cache=cache or None)
-    if stage.mode != "contrastive":
+    if not mode_of(stage).planned:
         sp.skipped = f"mode {stage.mode}: AutoRegEmbed (an encoder and a frozen decoder) is not modelled"
         return sp
     if not stage_tasks(stage):
@@ -687,10 +688,9 @@ def format_plan(plan: Plan) -> str:
 
 def _sharding(train: TrainConfig, gpus: int, local: int | None) -> str:
     """The back end and its mesh: none, deepspeed, fsdp/16 (flat), hsdp/2x8 (replicate × shard)."""
-    if train.deepspeed is not None:
-        return "deepspeed"
-    if train.sharding != "fsdp" or gpus < 2:
-        return train.sharding
+    backend = train.backend_name()
+    if backend != "fsdp" or gpus < 2:
+        return backend
     mesh = train.fsdp_mesh_shape(gpus, local or gpus)
     return f"fsdp/{gpus}" if len(mesh) == 1 else f"hsdp/{mesh[0]}x{mesh[1]}"
 

@@ -7,10 +7,14 @@ hard negatives for the training records nearest to that model's dev failures
 (``embed_core.synthesize.targeted_step``). The stage trains on its last step's records. The steps
 belong to the train stage so that they run where training runs (a GPU work pool) and in its order;
 under several processes they run on rank 0 alone (``embed_core.dist.ranks``). This module is the
-one place that names those directories."""
+one place that names those directories, and ``STEPS`` the one table of step kinds: each entry its
+prefix, body, records, key, inputs, which ranks run it, its summary and report; a manifest records
+its kind as ``step`` (``manifest_step`` reads one written before from its sections)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,8 @@ NAME = "train"
 BODY = "embed_core.train.run"
 MINE_BODY = "embed_core.mine.run"
 SYNTH_BODY = "embed_core.synthesize.targeted_step"
+KEY = "embed_core.train.key"  # the training step's cache key and inputs
+START = "embed_core.train.resolved"  # the model a training stage starts from
 PREFIX = "train-"
 REMINE_PREFIX = mine_stage.NAME + "-"
 SYNTH_PREFIX = "synth-"
@@ -73,16 +79,15 @@ def is_synth_instance(name: str) -> bool:
     return name.startswith(SYNTH_PREFIX)
 
 
-def stage_steps(stage: Any) -> list[str]:
-    """The instances of one training stage, in order: its re-mining step (``remine``), its
-    error-driven synthesis step (``targeted_synthesis``), the stage itself."""
-    return ([remine_instance_name(stage.name)] if stage.remine is not None else []) + \
-        ([synth_instance_name(stage.name)] if stage.targeted_synthesis is not None else []) + [instance_name(stage.name)]
-
-
 def trained_model_dirs(run_dir: str | Path) -> list[Path]:
     """``<run_dir>/train-*/model`` directories, whatever the config says."""
     return sorted(Path(run_dir).glob(f"{PREFIX}*/model"))
+
+
+def stage_steps(stage: Any) -> list[str]:
+    """The instances of one training stage, in order: its re-mining step (``remine``), its
+    error-driven synthesis step (``targeted_synthesis``), the stage itself (``STEPS``' order)."""
+    return [kind.instance_name(stage.name) for kind in STEPS if kind.configured(stage)]
 
 
 def train_stage_names(config: RunConfig, stage: str | None) -> list[str]:
@@ -96,18 +101,18 @@ def train_stage_names(config: RunConfig, stage: str | None) -> list[str]:
         return steps
     if stage.isdigit() and 1 <= int(stage) <= len(stages):  # --stage 1 | 2
         return stage_steps(stages[int(stage) - 1])
-    if stage in steps and not is_train_instance(stage):
+    before = [inst for inst in steps if step_kind(inst) is not TRAIN]  # the steps before a stage
+    if stage in before:
         return [stage]
     for s in stages:
         if s.name == stage_name_of(stage):
             return stage_steps(s)
     raise ConfigError(f"train: no stage {stage!r} (configured: {', '.join(s.name for s in stages)}"
-                      + "".join(f", {inst}" for inst in steps if not is_train_instance(inst)) + ")")
+                      + "".join(f", {inst}" for inst in before) + ")")
 
 
 def _stage_of(ctx: StageContext, instance: str) -> Any:
-    name = instance.removeprefix(REMINE_PREFIX if is_remine_instance(instance) else
-                                 SYNTH_PREFIX if is_synth_instance(instance) else PREFIX)
+    name = instance.removeprefix(step_kind(instance).prefix)
     return next(s for s in ctx.config.train.stages if s.name == name)
 
 
@@ -115,15 +120,25 @@ def records_dir(ctx: StageContext, instance: str) -> str:
     """The stage directory whose records ``instance`` reads: a training stage its last step's (else
     the records upstream), a synthesis step the re-mining step's (else the records upstream), a
     re-mining step those the mine stage reads (its negatives are replaced, a source's own kept)."""
-    if is_remine_instance(instance):
-        return [u for u in ctx.upstreams if u != mine_stage.NAME][-1]
+    return step_kind(instance).records(ctx, instance)
+
+
+def _records_before(ctx: StageContext, instance: str) -> str:
     steps = stage_steps(_stage_of(ctx, instance))
     before = steps[:steps.index(instance)]
     return before[-1] if before else ctx.upstream
 
 
+def _remine_records(ctx: StageContext, instance: str) -> str:
+    return [u for u in ctx.upstreams if u != mine_stage.NAME][-1]
+
+
 def _start_model(ctx: StageContext) -> str:
-    return lazy(BODY, "start_model_path")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name)
+    return lazy(START, "start_model_path")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name)
+
+
+def _start_model_dirs(ctx: StageContext) -> list[Path]:
+    return lazy(START, "start_model_dirs")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name)
 
 
 def _remine_settings(ctx: StageContext):
@@ -133,12 +148,7 @@ def _remine_settings(ctx: StageContext):
                            pooling=ctx.config.train.pooling)
 
 
-def format_counts(manifest: dict[str, Any]) -> str:
-    if "targeted" in manifest:  # an error-driven synthesis step's manifest
-        return "\n".join([synth_stage.format_counts(manifest), "dev failures -> training records: " + ", ".join(
-            f"{ds} {c['failures']} -> {c['selected']}" for ds, c in manifest["targeted"]["datasets"].items())])
-    if "stage_name" not in manifest:  # a re-mining step's manifest
-        return mine_stage.format_counts(manifest)
+def _train_counts(manifest: dict[str, Any]) -> str:
     lines = [f"stage {manifest['stage_name']}: {manifest['steps']} steps from {manifest['init_model']}"]
     hw = manifest.get("hardware")
     if hw:  # manifests written before it was recorded have none
@@ -153,53 +163,131 @@ def format_counts(manifest: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
-    if is_remine_instance(ctx.instance):
-        return mine_stage.report(ctx, manifest)
-    if is_synth_instance(ctx.instance):
-        return synth_stage.report(ctx, manifest)
+def _synth_counts(manifest: dict[str, Any]) -> str:
+    return "\n".join([synth_stage.format_counts(manifest), "dev failures -> training records: " + ", ".join(
+        f"{ds} {c['failures']} -> {c['selected']}" for ds, c in manifest["targeted"]["datasets"].items())])
+
+
+def _train_report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
     return Report(markdown=f"Model: `{ctx.run_dir / instance_name(manifest['stage_name']) / 'model'}`\n\n"
                            "![loss curve](loss.png)")
 
 
+def _remine_fingerprint(ctx: StageContext, upstream: str):
+    return lazy(MINE_BODY, "mining_fingerprint")(ctx.config, ctx.run_dir, _remine_settings(ctx), ctx.instance,
+                                                 upstream=upstream)
+
+
+def _synth_fingerprint(ctx: StageContext, upstream: str):
+    return lazy(SYNTH_BODY, "targeted_fingerprint")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name,
+                                                    ctx.instance, _start_model(ctx), upstream=upstream)
+
+
+def _train_fingerprint(ctx: StageContext, upstream: str):
+    return lazy(KEY, "input_fingerprint")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=upstream)
+
+
+def _step_inputs(ctx: StageContext, upstream: str) -> list[Path]:
+    return [ctx.run_dir / upstream, *_start_model_dirs(ctx)]
+
+
+def _synth_inputs(ctx: StageContext, upstream: str) -> list[Path]:
+    extra = [ctx.run_dir / "prepare"] if upstream != "prepare" else []
+    return [ctx.run_dir / upstream, *extra, *_start_model_dirs(ctx)]
+
+
+def _train_inputs(ctx: StageContext, upstream: str) -> list[Path]:
+    return lazy(KEY, "input_dirs")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name, upstream=upstream)
+
+
+def _remine_run(ctx: StageContext, fingerprint, upstream: str) -> dict[str, Any]:
+    return lazy(MINE_BODY, "mine_into")(ctx.config, ctx.run_dir, _remine_settings(ctx), ctx.instance, fingerprint,
+                                        upstream=upstream)
+
+
+def _synth_run(ctx: StageContext, fingerprint, upstream: str) -> dict[str, Any]:
+    return lazy(SYNTH_BODY, "run_targeted")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name,
+                                            ctx.instance, _start_model(ctx), fingerprint, upstream=upstream)
+
+
+def _train_run(ctx: StageContext, fingerprint, upstream: str) -> dict[str, Any]:
+    return lazy(BODY, "run_train_stage")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=upstream,
+                                         resume=ctx.options.resume, fingerprint=fingerprint)
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """One kind of instance of the train stage; its manifest records ``name`` as its ``step``."""
+
+    name: str
+    prefix: str  # its directories' prefix (``mine-``, ``synth-``, ``train-``)
+    body: str  # the module that runs it
+    instance_name: Callable[[str], str]  # training stage name -> its directory
+    configured: Callable[[Any], bool]  # whether a training stage has this step
+    records: Callable[[StageContext, str], str]  # (ctx, instance) -> the stage directory whose records it reads
+    fingerprint: Callable[[StageContext, str], Any]  # (ctx, records upstream) -> its cache key
+    inputs: Callable[[StageContext, str], list[Path]]  # (ctx, records upstream) -> the directories it reads
+    run: Callable[[StageContext, Any, str], dict[str, Any]]  # (ctx, fingerprint, records upstream) -> manifest
+    all_ranks: bool  # every rank runs it (training); else rank 0 alone, the other ranks reading what it committed
+    summarize: Callable[[dict[str, Any]], str]  # manifest -> the lines `embedpipe status` prints
+    report: Callable[[StageContext, dict[str, Any]], Report]
+    cli_arg: Callable[[str], str]  # instance -> its --stage value
+
+
+REMINE = StepKind("remine", REMINE_PREFIX, MINE_BODY, remine_instance_name, lambda s: s.remine is not None,
+                  _remine_records, _remine_fingerprint, _step_inputs, _remine_run, all_ranks=False,
+                  summarize=mine_stage.format_counts, report=mine_stage.report, cli_arg=lambda i: i)
+SYNTHESIS = StepKind("targeted_synthesis", SYNTH_PREFIX, SYNTH_BODY, synth_instance_name,
+                     lambda s: s.targeted_synthesis is not None, _records_before, _synth_fingerprint, _synth_inputs,
+                     _synth_run, all_ranks=False, summarize=_synth_counts, report=synth_stage.report,
+                     cli_arg=lambda i: i)
+TRAIN = StepKind("train", PREFIX, BODY, instance_name, lambda s: True, _records_before, _train_fingerprint,
+                 _train_inputs, _train_run, all_ranks=True, summarize=_train_counts, report=_train_report,
+                 cli_arg=stage_name_of)
+STEPS = (REMINE, SYNTHESIS, TRAIN)  # in the order they run before and as a training stage
+KINDS = {kind.name: kind for kind in STEPS}
+
+
+def step_kind(instance: str) -> StepKind:
+    """The kind of an instance directory, by its prefix (the one place instance names are told apart)."""
+    return next(kind for kind in STEPS if instance.startswith(kind.prefix))
+
+
+def manifest_step(manifest: dict[str, Any]) -> str:
+    """The step kind a manifest records; for one written before manifests recorded it, read from its
+    sections (a synthesis step's has ``targeted``, a re-mining step's no ``stage_name``)."""
+    if "step" in manifest:
+        return manifest["step"]
+    if "targeted" in manifest:
+        return SYNTHESIS.name
+    return TRAIN.name if "stage_name" in manifest else REMINE.name
+
+
+def format_counts(manifest: dict[str, Any]) -> str:
+    return KINDS[manifest_step(manifest)].summarize(manifest)
+
+
+def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
+    return step_kind(ctx.instance).report(ctx, manifest)
+
+
 def _fingerprint(ctx: StageContext):
-    upstream = records_dir(ctx, ctx.instance)
-    if is_remine_instance(ctx.instance):
-        return lazy(MINE_BODY, "mining_fingerprint")(ctx.config, ctx.run_dir, _remine_settings(ctx), ctx.instance,
-                                                     upstream=upstream)
-    if is_synth_instance(ctx.instance):
-        return lazy(SYNTH_BODY, "targeted_fingerprint")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name,
-                                                        ctx.instance, _start_model(ctx), upstream=upstream)
-    return lazy(BODY, "input_fingerprint")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=upstream)
+    return step_kind(ctx.instance).fingerprint(ctx, records_dir(ctx, ctx.instance))
 
 
 def _inputs(ctx: StageContext) -> list[Path]:
-    upstream = records_dir(ctx, ctx.instance)
-    name = _stage_of(ctx, ctx.instance).name
-    if is_train_instance(ctx.instance):
-        return lazy(BODY, "input_dirs")(ctx.config, ctx.run_dir, name, upstream=upstream)
-    extra = [ctx.run_dir / "prepare"] if is_synth_instance(ctx.instance) and upstream != "prepare" else []
-    return [ctx.run_dir / upstream, *extra, *lazy(BODY, "start_model_dirs")(ctx.config, ctx.run_dir, name)]
+    return step_kind(ctx.instance).inputs(ctx, records_dir(ctx, ctx.instance))
 
 
 def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
     """A training stage on every rank; a step before it (re-mining, targeted synthesis) on rank 0
     alone, the other ranks reading what it committed (``embed_core.dist.ranks``)."""
-    upstream = records_dir(ctx, ctx.instance)
-    if is_train_instance(ctx.instance):
-        return lazy(BODY, "run_train_stage")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=upstream,
-                                             resume=ctx.options.resume, fingerprint=fingerprint)
-    return ranks.on_main_rank(ctx.instance, lambda: _run_step(ctx, fingerprint, upstream),
+    kind, upstream = step_kind(ctx.instance), records_dir(ctx, ctx.instance)
+    if kind.all_ranks:
+        return kind.run(ctx, fingerprint, upstream)
+    return ranks.on_main_rank(ctx.instance, lambda: kind.run(ctx, fingerprint, upstream),
                               lambda: ranks.committed(ctx.run_dir, ctx.instance, fingerprint.key),
                               timeout_s=ctx.config.train.dist_timeout_s)
-
-
-def _run_step(ctx: StageContext, fingerprint, upstream: str) -> dict[str, Any]:
-    if is_remine_instance(ctx.instance):
-        return lazy(MINE_BODY, "mine_into")(ctx.config, ctx.run_dir, _remine_settings(ctx), ctx.instance, fingerprint,
-                                            upstream=upstream)
-    return lazy(SYNTH_BODY, "run_targeted")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name,
-                                            ctx.instance, _start_model(ctx), fingerprint, upstream=upstream)
 
 
 # log_prints off: dev tasks run mteb, whose `datasets` dependency disassembles code with print()
@@ -209,4 +297,4 @@ STAGE = Stage(name=NAME, help="the training stages in order, each after its re-m
               enabled=lambda c: c.train is not None, fingerprint=_fingerprint, run=_run, summarize=format_counts,
               report=_report, options=TrainOptions, log_prints=False,
               instances=lambda c, o: train_stage_names(c, o.stage), inputs=_inputs,
-              cli_args=lambda instance: f"--stage {stage_name_of(instance) if is_train_instance(instance) else instance}")
+              cli_args=lambda instance: f"--stage {step_kind(instance).cli_arg(instance)}")

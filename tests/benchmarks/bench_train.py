@@ -141,7 +141,7 @@ def run_ours(steps: int, batch: int, dataset: str, bf16: bool, settings: list[st
     trainer._optimizer_step = clock.wrap("optimizer", trainer._optimizer_step)
     trainer.train_step()  # warm-up: first-call allocations, oneDNN kernel selection
     clock.start()
-    metrics = trainer.fit()[1:]
+    metrics = trainer.fit().metrics[1:]
     return {**clock.result(sum(m["tokens"] for m in metrics)), "bf16": trainer.bf16}
 
 

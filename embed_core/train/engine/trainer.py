@@ -51,6 +51,7 @@ from embed_core.train.engine.batches import DatasetRecords, TaskBatch, build_bat
 from embed_core.train.config import TrainConfig, TrainStageConfig
 from embed_core.dist.distributed import broadcast_from_main, init_process_group, mean_over_ranks, wait_for_main
 from embed_core.train.engine.lineage import Consumed, consumed_positions, replay
+from embed_core.train.engine.outcome import FitOutcome
 from embed_core.train.engine.passes import Passes, default_pass_cost
 from embed_core.train.engine.prefetch import BatchSource
 from embed_core.train.engine.sampling import Batch, GroupedBatchSampler, origin_factors
@@ -139,7 +140,7 @@ class Trainer:
         np.random.seed(seed)
         self.train_cfg, self.stage, self.seed, self.log = train, stage, seed, log
         # a launched job's process group (gloo / nccl); FSDP needs one even for a single process
-        self.rank, self.world = init_process_group(single=train.sharding == "fsdp", timeout_s=train.dist_timeout_s)
+        self.rank, self.world = init_process_group(single=train.backend_name() == "fsdp", timeout_s=train.dist_timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         # auto: bf16 autocast on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16: 2.8x the fp32
         # encoder throughput measured on a 2-core Xeon with AMX); fp32 elsewhere, and where a test
@@ -307,7 +308,8 @@ class Trainer:
         return state
 
     # -- the loop ------------------------------------------------------------------------------
-    def fit(self, *, resume: bool = False) -> list[dict[str, Any]]:
+    def fit(self, *, resume: bool = False) -> FitOutcome:
+        """Train to ``stage.steps`` (from the newest checkpoint with ``resume``); every rank calls it."""
         if resume and self.checkpoints():
             latest = self.checkpoints()[-1]
             self.load_checkpoint(latest)
@@ -331,7 +333,15 @@ class Trainer:
         progress.close()
         self.batches.close()
         self._keep_best()
-        return self.metrics
+        return self.outcome()
+
+    def outcome(self) -> FitOutcome:
+        """What the run trained, for the commit: every rank calls it (FSDP gathers the whole weights)."""
+        select_best = self.best is not None and self.stage.dev is not None and self.stage.dev.select == "best"
+        return FitOutcome(steps=self.step, metrics=self.metrics, dev_rows=self.dev_rows, best=self.best,
+                          selected_step=self.best["step"] if select_best else self.step,
+                          consumed=self.consumed if self.lineage else None, world=self.world, device=self.device,
+                          bf16=self.bf16, model=self.model, state=self.consolidated_state())
 
     # -- dev evaluation ------------------------------------------------------------------------
     @property

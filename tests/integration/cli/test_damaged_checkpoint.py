@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from embed_core.config import load_config
-from embed_core.train.run import input_fingerprint, load_datasets
+from embed_core.train.key import input_fingerprint
+from embed_core.train.run import load_datasets
 from embed_core.train.engine.trainer import Trainer
 from tests.helpers.cli_run import in_process
 from tests.unit.embed_core.train.test_training import _config_dict

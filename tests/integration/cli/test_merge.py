@@ -48,7 +48,7 @@ def test_the_saved_weights_are_the_weighted_average_of_the_stage_and_the_earlier
 
 
 def test_the_merge_is_part_of_the_stages_cache_key(trained):
-    from embed_core.train.run import input_fingerprint
+    from embed_core.train.key import input_fingerprint
 
     run_dir, _, plain, merged = trained
     keys = {input_fingerprint(c, run_dir, "stage2", upstream="prepare").key for c in (plain, merged)}

@@ -121,7 +121,7 @@ def test_code_identity_changes_with_a_module_in_the_closure_and_a_library_versio
 def test_an_evaluate_edit_retrains_only_a_stage_whose_dev_scores_choose_its_weights(tmp_path, monkeypatch):
     from embed_core.config import parse_config
     from embed_core.evaluate.config import SCORING_LIBRARIES
-    from embed_core.train import run as train_run
+    from embed_core.train import key as train_key
 
     pkg = tmp_path / "embed_core"
     shutil.copytree(REPO / "embed_core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
@@ -145,8 +145,8 @@ def test_an_evaluate_edit_retrains_only_a_stage_whose_dev_scores_choose_its_weig
         {"name": "chosen", "dev": {"tasks": [{"name": "D", "type": "sts", "path": "dev.csv", "header": False,
                                               "columns": {"text1": 0, "text2": 1, "score": 2}}]}}]}})
     plain, chosen = config.train.stages
-    assert train_run._dev_inputs(config, tmp_path, plain) == {}
-    dev = train_run._dev_inputs(config, tmp_path, chosen)
+    assert train_key._dev_inputs(config, tmp_path, plain) == {}
+    dev = train_key._dev_inputs(config, tmp_path, chosen)
     # the dev evaluation's code and mteb's version are in the key of the stage they select weights for
     assert dev["code"] == after["embed_core.train.dev"] and dev["D:dev.csv"] == fingerprint.sha256_file(tmp_path / "dev.csv")
     code_identity.cache_clear()

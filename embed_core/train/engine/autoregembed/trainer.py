@@ -34,13 +34,17 @@ DATASET = "autoregembed"
 class AutoRegEmbedTrainer(Trainer):
     def __init__(self, train: TrainConfig, stage: TrainStageConfig, examples: list[ICExample] | list[CDAExample], *,
                  init_model: str, decoder_model: str, checkpoint_dir: Path, seed: int = 42,
-                 log: Callable[[str], None] = print, reference: tuple[Tensor, Tensor] | None = None):
-        if train.deepspeed is not None:
+                 log: Callable[[str], None] = print, reference: tuple[Tensor, Tensor] | None = None,
+                 objective: str | None = None):
+        """``objective``: ``ic`` or ``cda`` (``OBJECTIVES``; the mode table names it, by default the
+        stage mode's suffix)."""
+        if train.backend_name() == "deepspeed":
             raise ConfigError(f"train stage {stage.name}: AutoRegEmbed modes run without DeepSpeed (unset train.deepspeed)")
         self._init_run(train, stage, seed, log)
         self.cfg = train.autoregembed
         self.examples = examples
         self.reference = reference
+        self.objective = OBJECTIVES[objective or stage.mode.removeprefix("autoregembed_")]
         model = CompressionEncoder(init_model, compress_tokens=self.cfg.compress_tokens,
                                         max_length=self.cfg.context_max_length,
                                         instruction_template=self.cfg.instruction_template,
@@ -102,9 +106,13 @@ class AutoRegEmbedTrainer(Trainer):
         return torch.cat(pos), torch.cat(neg)
 
     def batch_loss(self, indices: list[int]) -> Tensor:
-        batch = [self.examples[i] for i in indices]
-        if self.stage.mode == "autoregembed_ic":
-            return self.ic_loss(batch)
+        """The stage's objective (``OBJECTIVES``: L_IC or L_CDA) on the examples at ``indices``."""
+        return self.objective(self, [self.examples[i] for i in indices], indices)
+
+    def _ic_batch(self, batch: list[ICExample], indices: list[int]) -> Tensor:
+        return self.ic_loss(batch)
+
+    def _cda_batch(self, batch: list[CDAExample], indices: list[int]) -> Tensor:
         if self.reference is None:
             raise ConfigError("autoregembed_cda: reference scores were not computed (call reference_scores first)")
         lp_q_pos, lp_self, lp_q_neg = self.cda_logprobs(batch)
@@ -127,3 +135,8 @@ class AutoRegEmbedTrainer(Trainer):
                          "tokens": self._tokens})
         self._optimizer_step()
         return self._record_step(rows, t0)
+
+
+# the method's two losses: L_IC (stage 1) and L_CDA (stage 2); embed_core.train.modes picks one per mode
+OBJECTIVES: dict[str, Callable[..., Tensor]] = {"ic": AutoRegEmbedTrainer._ic_batch,
+                                                "cda": AutoRegEmbedTrainer._cda_batch}

@@ -1,8 +1,8 @@
 """Training back ends, one module each, and their registry (read like ``embed_core.losses``).
 
 Every module here that defines a subclass of ``Backend`` with a ``name`` is found; ``backend_for``
-picks the one a stage's train config asks for (``sharding: fsdp``, ``deepspeed: {...}``, else
-``none``). The trainer's loop calls only the ``Backend`` interface.
+picks the one a stage's train config names (``TrainConfig.backend_name``: ``sharding: fsdp``,
+``deepspeed: {...}``, else ``none``). The trainer's loop calls only the ``Backend`` interface.
 """
 
 from __future__ import annotations
@@ -17,8 +17,5 @@ BACKENDS: dict[str, type[Backend]] = discover(__name__, __path__, Backend, "name
 
 
 def backend_for(train) -> type[Backend]:
-    """The back end ``train`` asks for (config validation allows exactly one)."""
-    chosen = [cls for cls in BACKENDS.values() if cls.applies(train)]
-    if len(chosen) != 1:
-        raise RuntimeError(f"train config selects {len(chosen)} back ends: {[c.name for c in chosen]}")
-    return chosen[0]
+    """The back end ``train`` asks for (``TrainConfig.backend_name``, the one place it is derived)."""
+    return BACKENDS[train.backend_name()]

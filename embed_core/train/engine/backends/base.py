@@ -55,11 +55,6 @@ class Backend:
         self.grad_norm: float | None = None
 
     @classmethod
-    def applies(cls, train: Any) -> bool:
-        """Whether ``train`` (the config's train section) asks for this back end."""
-        raise NotImplementedError
-
-    @classmethod
     def reads_weights(cls, rank: int) -> bool:
         """Whether this rank reads the checkpoint's weights (False: it builds the model on the meta
         device and ``place`` gives it its weights)."""

@@ -18,10 +18,6 @@ from embed_core.train.engine.telemetry import total_norm
 class DeepSpeed(Backend):
     name = "deepspeed"
 
-    @classmethod
-    def applies(cls, train) -> bool:
-        return train.deepspeed is not None
-
     def wrap(self, lr_lambda) -> None:
         """Single-process runs get local rendezvous defaults; multi-process runs come from the
         ``deepspeed``/``torchrun`` launcher's environment. On CPU (``DS_ACCELERATOR=cpu``) gloo."""

@@ -21,10 +21,6 @@ class FSDP(Backend):
     collective_forward = True
 
     @classmethod
-    def applies(cls, train) -> bool:
-        return train.sharding == "fsdp"
-
-    @classmethod
     def reads_weights(cls, rank: int) -> bool:
         return rank == 0  # the others get their shards from rank 0 (sharding.load_sharded)
 

@@ -12,10 +12,6 @@ from embed_core.dist.distributed import GradientAverage
 class Plain(Backend):
     name = "none"
 
-    @classmethod
-    def applies(cls, train) -> bool:
-        return train.sharding == "none" and train.deepspeed is None
-
     def wrap(self, lr_lambda) -> None:
         super().wrap(lr_lambda)
         self.averager = GradientAverage(self.model) if self.world > 1 else None

@@ -145,7 +145,7 @@ def test_information_compression_trains_the_encoder_and_leaves_the_decoder_froze
                                   checkpoint_dir=tmp_path / "ckpt", log=lambda m: None)
     decoder_before = {k: v.clone() for k, v in trainer.decoder.state_dict().items()}
     encoder_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    rows = trainer.fit()
+    rows = trainer.fit().metrics
     assert len(rows) == 2 and all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
     assert all(torch.equal(v, trainer.decoder.state_dict()[k]) for k, v in decoder_before.items())
     changed = [k for k, v in trainer.model.state_dict().items() if not torch.equal(v, encoder_before[k])]

@@ -74,15 +74,17 @@ def test_an_unknown_origin_is_refused_naming_the_known_ones():
 
 
 def test_the_stages_lineage_records_its_origin_weight(tmp_path):
-    from types import SimpleNamespace
+    import torch
 
+    from embed_core.train.commit import lineage_of
     from embed_core.train.engine.lineage import read_metadata
-    from embed_core.train.run import _lineage
+    from embed_core.train.engine.outcome import FitOutcome
 
     stage = TrainStageConfig(name="s", steps=1, origin_weight={"synthetic": 0.5})
-    trained = SimpleNamespace(lineage=True, consumed=[(1, "d", [0])], step=1, best=None, world=1)  # what a step leaves
-    table = _lineage(tmp_path, "synthesize", stage, {"d": DatasetRecords("d", _records(["synthetic"]))}, trained)
+    trained = FitOutcome(steps=1, metrics=[], dev_rows=[], best=None, selected_step=1, consumed=[(1, "d", [0])],
+                         world=1, device=torch.device("cpu"), bf16=False, model=None, state=None)  # what a step leaves
+    table = lineage_of(tmp_path, "synthesize", stage, {"d": DatasetRecords("d", _records(["synthetic"]))}, trained)
     assert read_metadata(table.schema)["origin_weight"] == {"synthetic": 0.5}
     plain = TrainStageConfig(name="s", steps=1)
-    table = _lineage(tmp_path, "synthesize", plain, {"d": DatasetRecords("d", _records(["synthetic"]))}, trained)
+    table = lineage_of(tmp_path, "synthesize", plain, {"d": DatasetRecords("d", _records(["synthetic"]))}, trained)
     assert "origin_weight" not in read_metadata(table.schema)
