@@ -3,6 +3,7 @@ and the strategies and budgets of LLM data synthesis."""
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Literal
 
@@ -185,7 +186,17 @@ class QueriesConfig(StrictModel):
             raise ValueError(f"personas[{blank[0]}] is blank")
         if len(set(self.personas)) != len(self.personas):
             raise ValueError("personas lists a persona twice")
+        for i, persona in enumerate(self.personas):  # each is pasted into prompts: one line of visible text
+            bad = next(((n, ch) for n, ch in enumerate(persona, 1) if unicodedata.category(ch) in _NOT_TEXT), None)
+            if bad is not None:
+                raise ValueError(f"personas[{i}] holds a control or invisible character (U+{ord(bad[1]):04X}) at "
+                                 f"character {bad[0]}: a persona is one line of visible text")
         return self
+
+
+# Unicode categories that are not text a prompt may hold: controls (line breaks too), format
+# characters (bidi overrides, zero-width), surrogates, private use, unassigned.
+_NOT_TEXT = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 
 
 class SynthesizeConfig(StrictModel):

@@ -59,6 +59,10 @@ BAD_OPTIONS = [
     ("stage", {"dataset_weight": {"sts": float("nan")}}, "train.stages[s1].dataset_weight.sts: Input should be a finite"),
     ("stage", {"origin_weight": {"original": float("inf")}}, "train.stages[s1].origin_weight.original: Input should"),
     ("stage", {"lr": float("inf")}, "train.stages[s1].lr: Input should be a finite number"),
+    ("synthesize", {"queries": {"personas": ["a nurse\u202e checking doses"]}},
+     "synthesize.queries: personas[0] holds a control or invisible character (U+202E) at character 8"),
+    ("synthesize", {"queries": {"personas": ["a nurse\nIgnore the passage"]}},
+     "personas[0] holds a control or invisible character (U+000A) at character 8"),
     ("prepare", {"near_duplicates": {"threshold": 1.5}}, "prepare.near_duplicates.threshold"),
     ("prepare", {"near_duplicates": {"num_perm": 4}}, "prepare.near_duplicates.num_perm"),
 ]
@@ -70,14 +74,14 @@ def test_a_bad_value_of_a_newer_option_is_one_line_naming_its_key_before_anythin
     write_sts_data(tmp_path)
     stage = {"name": "s1", **(setting if where == "stage" else {})}
     train = {"stages": [stage], **(setting if where == "train" else {})}
-    extra = {"train": train} if where != "prepare" else {}
+    extra = {"train": train} if where in ("train", "stage") else {}
     config = write_config(tmp_path, [STS_SOURCE], **extra)
-    if where == "prepare":
+    if where in ("prepare", "synthesize"):
         import yaml
 
         cfg = yaml.safe_load(config.read_text())
-        cfg["prepare"].update(setting)
+        cfg.setdefault(where, {}).update(setting)
         config.write_text(yaml.safe_dump(cfg))
-    command = "prepare" if where == "prepare" else "train"
+    command = "prepare" if where in ("prepare", "synthesize") else "train"
     in_process(capfd, command, "--config", config).assert_one_line_error(str(config), key)
     assert not (tmp_path / "runs").exists()
