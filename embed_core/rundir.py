@@ -30,6 +30,7 @@ from embed_core import __version__
 from embed_core.artifacts import atomic_write_bytes, clean_leftovers, read_manifest
 from embed_core.config import RunConfig, load_config
 from embed_core.errors import EmbedpipeError, printable
+from embed_core.paths import file_problem
 
 log = logging.getLogger("embedpipe.rundir")
 
@@ -336,14 +337,39 @@ def append_history(run_dir: str | Path, entry: dict[str, Any]) -> None:
         fh.write(line)
 
 
+MAX_HISTORY_LINE = 64 * 1024  # an entry is a few hundred bytes; a longer line is not one
+
+
 def read_history(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's stage results, oldest first. What is not an entry — a line cut by a crash, bytes
+    that are not UTF-8 or JSON, a JSON value that is not an object naming its stage, a line longer
+    than any entry — is skipped (the file is a log others may have damaged, never a reason to fail
+    ``status``), and a line is never held past ``MAX_HISTORY_LINE`` bytes."""
     path = Path(run_dir) / HISTORY
-    if not path.exists():
+    if file_problem(path) is not None:
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash; the rest is still good
+    with open(path, "rb") as fh:
+        while line := fh.readline(MAX_HISTORY_LINE + 1):
+            if len(line) > MAX_HISTORY_LINE and not line.endswith(b"\n"):
+                while (rest := fh.readline(MAX_HISTORY_LINE)) and not rest.endswith(b"\n"):
+                    pass  # the rest of an over-long line, dropped chunk by chunk
+                continue
+            entry = _history_entry(line)
+            if entry is not None:
+                out.append(entry)
     return out
+
+
+def _history_entry(line: bytes) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("stage"), str):
+        return None
+    seconds = entry.get("seconds")
+    return {**entry, "cached": entry.get("cached") is True, "at": str(entry.get("at", "")),
+            "seconds": seconds if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None}
+
+
