@@ -241,7 +241,14 @@ def _read_results(path: Path) -> list[dict[str, Any]]:
     if missing:
         raise EmbedpipeError(f"{path}: not an evaluate results file (no column {missing[0]!r}); give a run directory "
                              "or the results.parquet its evaluate stage wrote")
-    return table.to_pylist()
+    rows = table.to_pylist()
+    for row in rows:  # a NaN score is an error naming its task, as evaluate's own is, never a number in a table
+        value = row["value"]
+        if not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+            raise EmbedpipeError(f"{path}: model {printable(row['model'], 80)}, task {printable(row['task'], 80)}: "
+                                 f"{printable(row['metric'], 40)} is {value!r}, not a finite score; run that run's "
+                                 "evaluate stage again (--force)")
+    return rows
 
 
 def _compare_dir(out: Path) -> Path:

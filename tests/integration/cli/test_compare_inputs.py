@@ -53,3 +53,13 @@ def test_a_compare_md_compare_did_not_write_is_never_overwritten_but_its_own_is(
     assert in_process(capfd, "compare", results, "--out", fresh).rc == 0
     assert in_process(capfd, "compare", results, "--out", fresh).rc == 0  # its own files: rewritten
     assert "a/base" in (fresh / "compare.md").read_text()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_nan_score_in_a_results_file_is_one_line_naming_model_and_task_not_a_number_in_the_table(tmp_path, capfd,
+                                                                                                   value):
+    path = tmp_path / "nan.parquet"
+    pq.write_table(pa.Table.from_pylist([{**ROWS[0], "value": value}]), path)
+    in_process(capfd, "compare", path, "--out", tmp_path / "out").assert_one_line_error(
+        f"{path}: model base, task T: cosine_spearman is {value!r}, not a finite score")
+    assert not (tmp_path / "out").exists()
