@@ -33,6 +33,7 @@ import torch
 
 from embed_core.errors import CollectiveError, ConfigError, EmbedpipeError
 from embed_core.procs import dying_with_parent, end_on_signals, free_port
+from embed_core.stage_dirs import CHECKPOINTS
 from embed_core.train.config import TrainConfig
 from embed_core.dist.distributed import (collective_error, destroy_process_group, rank_environment,
                                           rank_log_failure, set_stage, who)
@@ -71,7 +72,7 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
     # rank 0 obeys a SIGTERM (a Prefect worker cancelling the flow run) within seconds even while it
     # waits in a collective; its children, armed with SIGKILL, die with it
     end_on_signals((signal.SIGTERM, signal.SIGINT))
-    work = Path(run_dir) / "checkpoints" / f".ranks-{stage_name}"
+    work = Path(run_dir) / CHECKPOINTS / f".ranks-{stage_name}"
     work.mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
     spec.write_text(json.dumps({"config": config.model_dump(mode="json"), "run_dir": str(run_dir),

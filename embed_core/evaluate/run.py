@@ -48,7 +48,7 @@ from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses
 from embed_core.evaluate.stage import NAME as STAGE
 from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 from embed_core.paths import files_within, resolve_within
-from embed_core.train.stage import instance_name, stage_name_of, trained_model_dirs
+from embed_core.stage_dirs import instance_name, stage_name_of, trained_model_dirs
 
 log = logging.getLogger("embedpipe.evaluate")
 # Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).

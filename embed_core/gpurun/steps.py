@@ -37,9 +37,11 @@ def train_summary(run_dir: Path, stage_names: list[str]) -> dict[str, Any]:
     memory (MB: CUDA allocated; on a CPU the process's peak resident memory)."""
     import pyarrow.parquet as pq  # here: the first-run script imports this module before pyarrow is checked
 
+    from embed_core.stage_dirs import instance_name
+
     out = {}
     for name in stage_names:
-        manifest_path = run_dir / f"train-{name}" / "manifest.json"
+        manifest_path = run_dir / instance_name(name) / "manifest.json"
         if not manifest_path.exists():
             continue
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))

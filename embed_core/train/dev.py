@@ -29,6 +29,7 @@ from embed_core.evaluate.config import EvalTaskSpec
 from embed_core.evaluate.model import EvalModel
 from embed_core.model.settings import ModelSettings
 from embed_core.schema import PAIR_TASKS
+from embed_core.stage_dirs import PREPARE
 from embed_core.train.config import DevConfig, DevTaskSpec
 
 log = logging.getLogger("embedpipe.train")
@@ -40,7 +41,7 @@ def materialize(spec: DevTaskSpec, run_dir: Path, work_dir: Path) -> EvalTaskSpe
     fields = spec.model_dump(exclude={"dataset", "weight"})
     if not spec.dataset:
         return EvalTaskSpec(**fields)
-    tables = read_records(run_dir, "prepare", kind="dev_records")
+    tables = read_records(run_dir, PREPARE, kind="dev_records")
     table = tables.get(f"dev/{spec.dataset}.parquet")
     if table is None or table.num_rows == 0:
         raise ConfigError(f"dev task {spec.name}: prepare set aside no dev records for dataset {spec.dataset!r} "
