@@ -180,7 +180,7 @@ def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> di
     the scoring libraries' versions (``embed_core.train.dev`` is a leaf of this stage's code walk)."""
     if stage.dev is None:
         return {}
-    from embed_core.evaluate.config import SCORING_LIBRARIES
+    from embed_core.scoring.config import SCORING_LIBRARIES
     from embed_core.fingerprint import sha256_file
 
     out: dict[str, str] = {"code": code_identity("embed_core.train.dev", SCORING_LIBRARIES)}

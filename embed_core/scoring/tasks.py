@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from embed_core.evaluate.config import EvalTaskSpec
+from embed_core.scoring.config import EvalTaskSpec
 from embed_core.errors import ConfigError, EmbedpipeError
-from embed_core.evaluate import data as local_data
+from embed_core.scoring import data as local_data
 
 MTEB_TYPES = {"sts": "STS", "retrieval": "Retrieval", "classification": "Classification",
               "pair_classification": "PairClassification"}

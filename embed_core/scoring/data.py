@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from embed_core.evaluate.config import EvalTaskSpec
+from embed_core.scoring.config import EvalTaskSpec
 from embed_core.errors import RowError, SourceError
 from embed_core.prepare.convert import CONVERTERS
 from embed_core.prepare.convert.beir import beir_files, read_qrels, read_queries
