@@ -1,4 +1,4 @@
-"""The first-run script (``python -m embed_core.gpurun.first``, embed_core/gpurun/first.py): its
+"""The first-run script (``python -m embedpipe_tools.gpurun.first``, embedpipe_tools/gpurun/first.py): its
 CPU sequence passes every step and writes report.json with every probe and the GPU check; a probe
 that ends its process is recorded and the probes after it still run; an older transformers stops
 the run with one line; what the install step takes from the kit."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from embed_core.gpurun import first
-from embed_core.gpurun.probes import PROBES
+from embedpipe_tools.gpurun import first
+from embedpipe_tools.gpurun.probes import PROBES
 from tests.helpers.repo import REPO
 
 
@@ -23,7 +23,7 @@ def cpu_first_run(tmp_path_factory):
     """One run of the CPU sequence (about 70 s on 2 free cores)."""
     out = tmp_path_factory.mktemp("first") / "report"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "embed_core.gpurun.first", "--out", str(out), "--cpu"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "embedpipe_tools.gpurun.first", "--out", str(out), "--cpu"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=900)
     return proc, out
 
@@ -126,7 +126,7 @@ def test_a_transformers_older_than_5_2_stops_the_run_with_one_line_and_exit_2(tm
     fake = _fake_transformers(tmp_path / "old", "4.44.2")
     env = {**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "embed_core.gpurun.first", "--out", str(out), "--cpu"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "embedpipe_tools.gpurun.first", "--out", str(out), "--cpu"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "transformers 4.44.2 is installed; embedpipe needs transformers>=5.2,<6" in proc.stderr

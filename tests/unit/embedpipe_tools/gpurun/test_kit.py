@@ -1,4 +1,4 @@
-"""``make gpu-first`` (embed_core/gpurun/kit.py): the first-run kit as built, measured on disk, is at
+"""``make gpu-first`` (embedpipe_tools/gpurun/kit.py): the first-run kit as built, measured on disk, is at
 most 60 MiB (with pyarrow's wheel too), holds the project with its tokenizer files and no weights,
 and on a machine without pydantic its first_run.sh installs the kit's wheels offline and the
 trainer imports."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from embed_core.gpurun import kit
+from embedpipe_tools.gpurun import kit
 from tests.helpers.repo import REPO
 
 LIMIT = 60 * 2 ** 20
@@ -57,9 +57,9 @@ def test_make_gpu_first_writes_a_kit_of_at_most_60_mib_with_the_project_its_toke
     project = next((built / "wheels").glob("embedpipe-*.whl"))
     with zipfile.ZipFile(project) as z:
         names = z.namelist()
-    assert {f"embed_core/gpucheck/minilm_tokenizer/{f}" for f in ("tokenizer.json", "tokenizer_config.json",
+    assert {f"embedpipe_tools/gpucheck/minilm_tokenizer/{f}" for f in ("tokenizer.json", "tokenizer_config.json",
                                                                    "vocab.txt", "special_tokens_map.json")} <= set(names)
-    assert "embed_core/gpurun/first.py" in names and "embed_core/gpurun/probes.py" in names
+    assert "embedpipe_tools/gpurun/first.py" in names and "embedpipe_tools/gpurun/probes.py" in names
     assert not [n for n in names if n.endswith((".safetensors", ".bin", ".gguf", ".pt"))]
     assert (built / "first_run.sh").read_text() == (REPO / "deployments" / "gpu" / "first_run.sh").read_text()
     subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=built, check=True, capture_output=True)

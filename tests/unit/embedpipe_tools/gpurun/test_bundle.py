@@ -1,4 +1,4 @@
-"""``make gpu-bundle`` (embed_core/gpurun/bundle.py): the resolved set covers every third-party
+"""``make gpu-bundle`` (embedpipe_tools/gpurun/bundle.py): the resolved set covers every third-party
 import of the project that the GPU machine lacks and leaves its torch alone; the parts are at most
 60 MiB and reassemble into the wheels; install.sh installs offline without changing torch."""
 
@@ -15,22 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from embed_core.gpurun import bundle
+from embedpipe_tools.gpurun import bundle
 from tests.helpers.repo import REPO
 
 
 def third_party_imports() -> set[str]:
-    """Top-level modules imported anywhere in embed_core, flows and tasks (function-level too)
+    """Top-level modules imported anywhere in embed_core, flows, tasks and embedpipe_tools (function-level too)
     that are neither the standard library nor the project's own."""
     names: set[str] = set()
-    for package in ("embed_core", "flows", "tasks"):
+    for package in ("embed_core", "flows", "tasks", "embedpipe_tools"):
         for path in (REPO / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Import):
                     names |= {a.name.split(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                     names.add(node.module.split(".")[0])
-    return {n for n in names if n not in sys.stdlib_module_names and n not in ("embed_core", "flows", "tasks")}
+    return {n for n in names if n not in sys.stdlib_module_names and n not in ("embed_core", "flows", "tasks", "embedpipe_tools")}
 
 
 def test_every_third_party_import_the_gpu_machine_lacks_is_in_the_bundle_pinned_to_the_installed_version():

@@ -1,4 +1,4 @@
-"""The first run on a GPU (``python -m embed_core.gpurun.first --out DIR``, or ``bash
+"""The first run on a GPU (``python -m embedpipe_tools.gpurun.first --out DIR``, or ``bash
 dist/gpu-first/first_run.sh`` from the kit ``make gpu-first`` writes): in at most 7.5 minutes
 (``--budget-s``) on one H100, within a 15-minute reservation, what only a GPU can show, in five
 steps, each a subprocess under its own time limit, ``DIR/report.json`` rewritten whole after each:
@@ -10,9 +10,9 @@ steps, each a subprocess under its own time limit, ``DIR/report.json`` rewritten
    pyarrow when the kit has it) into ``--site`` with ``pip install --no-index --no-deps``, which then
    goes first on the later steps' ``PYTHONPATH`` (the machine's own packages are left as they are);
    then the trainer and the GPU check must import;
-3. ``probes``: the CUDA probes (``embed_core.gpurun.probes``); a probe that kills its process (an
+3. ``probes``: the CUDA probes (``embedpipe_tools.gpurun.probes``); a probe that kills its process (an
    NCCL abort) is recorded and the probes after it run in a new process;
-4. ``gpucheck``: ``python -m embed_core.gpucheck --encoder random-minilm`` with few steps and a time
+4. ``gpucheck``: ``python -m embedpipe_tools.gpucheck --encoder random-minilm`` with few steps and a time
    budget (its JSON is rewritten after each part, so a time limit keeps what finished);
 5. ``collect``: peak allocated against reserved memory of every probe and GPU-check model, the
    planner's figure beside them, each step's time, and the headline figures in reading order.
@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embed_core.gpurun.report import write_json
-from embed_core.gpurun.steps import run_command
+from embedpipe_tools.gpurun.report import write_json
+from embedpipe_tools.gpurun.steps import run_command
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder embed_core is imported from
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder embed_core and embedpipe_tools are imported from
 STEPS = ("environment", "install", "probes", "gpucheck", "collect")
 # 7.5 minutes: what one H100 run may take (a 15-minute reservation holds the machine's start, the
 # transfer, this run under a call limit of 480 s, and a short rerun); the CPU sequence takes about
@@ -66,7 +66,7 @@ def now() -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m embed_core.gpurun.first", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m embedpipe_tools.gpurun.first", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="the report folder (report.json, the steps' JSON and logs)")
     p.add_argument("--cpu", action="store_true", help="the same sequence on the CPU with the tiniest settings")
     p.add_argument("--kit", type=Path, help="the kit folder make gpu-first wrote (kit.json, wheels/): what to install "
@@ -103,7 +103,7 @@ class FirstRun:
         # what an earlier run installed stays on the path of a rerun (--only probes,...)
         self.site: Path | None = args.site.resolve() if args.site.is_dir() else None
         self.report: dict[str, Any] = {
-            "kit": "embed_core.gpurun.first", "mode": self.mode, "status": "running", "started": now(),
+            "kit": "embedpipe_tools.gpurun.first", "mode": self.mode, "status": "running", "started": now(),
             "updated": now(), "elapsed_s": 0.0, "budget_s": args.budget_s, "out": str(self.out),
             "read_in_order": list(READ_IN_ORDER), "steps": [], "headline": {}}
 
@@ -176,7 +176,7 @@ def environment_step(run: FirstRun) -> bool:
     limit = run.limit("environment")
     with tempfile.TemporaryDirectory(prefix="embedpipe-first-") as tmp:  # into report.json: $OUT keeps few files
         path = Path(tmp) / "environment.json"
-        args = ["-m", "embed_core.gpurun.probes", "environment", "--out", str(path),
+        args = ["-m", "embedpipe_tools.gpurun.probes", "environment", "--out", str(path),
                 *(["--cpu"] if run.args.cpu else [])]
         result = run.command(args, "environment", limit)
         env = read_json(path) or {}
@@ -242,7 +242,7 @@ def install_step(run: FirstRun) -> None:
         result = run.command(pip, "install", limit)
         error = result.get("error") and f"pip install: {result['error']}"
     check = ("import importlib; [importlib.import_module(m) for m in ('pydantic', 'pyarrow', 'embed_core.train.engine.trainer', "
-             "'embed_core.gpucheck.parts', 'embed_core.gpurun.probes')]")
+             "'embedpipe_tools.gpucheck.parts', 'embedpipe_tools.gpurun.probes')]")
     if error is None:
         result = run.command(["-c", check], "install-check", max(1.0, limit - (time.monotonic() - t0)))
         section["imports"] = "ok" if result["rc"] == 0 else result.get("error")
@@ -253,7 +253,7 @@ def install_step(run: FirstRun) -> None:
 
 def probes_step(run: FirstRun) -> None:
     """Every probe; after a probe that ends its process, the rest in a new one while time is left."""
-    from embed_core.gpurun.probes import PROBES
+    from embedpipe_tools.gpurun.probes import PROBES
 
     limit, t0 = run.limit("probes"), time.monotonic()
     path = run.out / "probes.json"
@@ -261,7 +261,7 @@ def probes_step(run: FirstRun) -> None:
     results: dict[str, Any] = {}
     why = "not run: the step's time limit"
     while (left := [p for p in PROBES if p not in results]) and (remaining := limit - (time.monotonic() - t0)) > 1:
-        args = ["-m", "embed_core.gpurun.probes", "probes", "--out", str(path), "--only", ",".join(left),
+        args = ["-m", "embedpipe_tools.gpurun.probes", "probes", "--out", str(path), "--only", ",".join(left),
                 *(["--cpu"] if run.args.cpu else [])]
         result = run.command(args, "probes", remaining, append=bool(results))  # keep a crashed process's log
         state = read_json(path) or {}
@@ -286,11 +286,11 @@ def probes_step(run: FirstRun) -> None:
 
 
 def gpucheck_step(run: FirstRun) -> None:
-    """``python -m embed_core.gpucheck --encoder random-minilm`` with few steps and a budget."""
+    """``python -m embedpipe_tools.gpucheck --encoder random-minilm`` with few steps and a budget."""
     limit = run.limit("gpucheck")
     path = run.out / "gpucheck.json"
     path.unlink(missing_ok=True)
-    args = ["-m", "embed_core.gpucheck", "--encoder", "random-minilm", "--out", str(path),
+    args = ["-m", "embedpipe_tools.gpucheck", "--encoder", "random-minilm", "--out", str(path),
             "--steps", str(GPUCHECK_STEPS[run.mode]), *(["--cpu"] if run.args.cpu else [])]
     if not run.args.cpu:
         args += ["--budget-s", str(max(1, round(limit - GPUCHECK_TAIL_S)))]
@@ -326,7 +326,7 @@ def gpucheck_brief(check: dict[str, Any]) -> dict[str, Any]:
 def collect_step(run: FirstRun) -> None:
     """Peak memory (allocated, reserved, planned) of every probe and model, each step's time, and
     the headline figures."""
-    from embed_core.gpurun.first_summary import headline, memory
+    from embedpipe_tools.gpurun.first_summary import headline, memory
 
     limit, t0 = run.limit("collect"), time.monotonic()
     try:

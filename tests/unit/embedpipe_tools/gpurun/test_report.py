@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from embed_core.gpurun import fits
-from embed_core.gpurun.report import targets, write
+from embedpipe_tools.gpurun import fits
+from embedpipe_tools.gpurun.report import targets, write
 
 
 def test_the_quality_targets_need_every_score_and_nothing_below_the_base_model():

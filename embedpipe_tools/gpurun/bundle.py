@@ -1,4 +1,4 @@
-"""``make gpu-bundle`` (``python -m embed_core.gpurun.bundle``): the wheels a GPU machine lacks for the
+"""``make gpu-bundle`` (``python -m embedpipe_tools.gpurun.bundle``): the wheels a GPU machine lacks for the
 project, for an offline reservation with a small transfer budget.
 
 Such a machine has Python 3.12 with a CUDA torch, transformers, sentence-transformers, pandas,
@@ -41,7 +41,8 @@ MACHINE_HAS = ("torch", "transformers", "sentence-transformers", "pandas", "pyar
 # transformers, needs pydantic here): always bundled, with what they need
 MACHINE_LACKS = ("prefect", "mteb", "faiss-cpu", "pydantic", "datasketch")
 # What install.sh imports once installed: the modules the machine lacked, then the project's packages
-CHECKED_MODULES = ("prefect", "mteb", "faiss", "pydantic", "datasketch", "embed_core", "flows", "tasks")
+CHECKED_MODULES = ("prefect", "mteb", "faiss", "pydantic", "datasketch", "embed_core", "flows", "tasks",
+                   "embedpipe_tools")
 PYTHON = "3.12"
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64")
 # Python 3.12 on Linux x86-64: the markers a requirement is judged by
@@ -238,7 +239,7 @@ def build(out: Path, *, requirements: list[str] | None = None, part_bytes: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m embed_core.gpurun.bundle", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m embedpipe_tools.gpurun.bundle", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=REPO / "dist" / "gpu-bundle", help="the bundle's folder (emptied first)")
     args = p.parse_args(argv)
     try:

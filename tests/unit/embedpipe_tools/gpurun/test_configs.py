@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from embed_core.config import load_config
-from embed_core.gpurun.configs import ABLATION, QUALITY, TINY, ablation_rows, quality_config
+from embedpipe_tools.gpurun.configs import ABLATION, QUALITY, TINY, ablation_rows, quality_config
 
 
 def test_the_quality_run_is_quality_yaml_at_precision_auto_evaluating_its_own_last_stage(tmp_path):
@@ -49,7 +49,7 @@ def test_the_tiny_configs_change_sizes_data_and_models_only(tmp_path):
 
 
 def test_the_quality_run_shares_the_run_directory_of_the_ablations_base_row_only_when_their_settings_agree(tmp_path):
-    from embed_core.gpurun.configs import shared_run_name
+    from embedpipe_tools.gpurun.configs import shared_run_name
 
     quality = quality_config(tmp_path)
     _, runs = ablation_rows(tmp_path)

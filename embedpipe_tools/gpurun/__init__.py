@@ -1,10 +1,10 @@
-"""``make gpu-run`` (``python -m embed_core.gpurun``): one command that proves training and the
+"""``make gpu-run`` (``python -m embedpipe_tools.gpurun``): one command that proves training and the
 quality recipe on a short GPU reservation (sized for one H100 in under 25 minutes).
 
 The sequence, each step through the project's own commands in a subprocess:
 
 1. the machine: the CUDA device, or the CPU and whether it trains in bf16 (``machine``);
-2. the GPU check, ``python -m embed_core.gpucheck`` (``--cpu --steps 1`` in the tiny run);
+2. the GPU check, ``python -m embedpipe_tools.gpucheck`` (``--cpu --steps 1`` in the tiny run);
 3. ``quality.yaml`` end to end through the CLI (``embedpipe run``) with ``train.precision: auto``
    and its evaluation, on the ephemeral Prefect backend (PREFECT_API_URL unset) or the server
    PREFECT_API_URL names, in the run directory of the ablation's base row at its seed (the same
@@ -20,7 +20,7 @@ After every step ``gpu-run.json`` and ``gpu-run.md`` are rewritten in the report
 peak memory, each train stage's tokens/s, MFU and peak memory, and every run's test scores, so a
 reservation cut off mid-run keeps what finished. The runs and the commands' logs are in the same
 folder (``runs/``, ``logs/``). ``--cpu`` (``make gpu-run CPU=1``) runs the identical sequence on the
-CPU with tiny models built in code and tiny budgets (``embed_core.gpurun.configs.TINY``); it is
+CPU with tiny models built in code and tiny budgets (``embedpipe_tools.gpurun.configs.TINY``); it is
 what the test suite runs. Exit status: 0 when every step that ran succeeded, 1 when one failed, 2
 (one line) when a config does not load.
 """
@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embed_core.gpurun import report as reporting
-from embed_core.gpurun.steps import run_command, scores, train_summary
+from embedpipe_tools.gpurun import report as reporting
+from embedpipe_tools.gpurun.steps import run_command, scores, train_summary
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_S = 25 * 60
@@ -45,9 +45,9 @@ CPU_BUDGET_S = 15 * 60
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from embed_core.gpurun.configs import ABLATION, QUALITY
+    from embedpipe_tools.gpurun.configs import ABLATION, QUALITY
 
-    p = argparse.ArgumentParser(prog="python -m embed_core.gpurun", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m embedpipe_tools.gpurun", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="the tiny sequence on the CPU (tiny models, small budgets)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("GPU_RUN_OUT") or REPO / "runs" / "gpu-run"),
                    help="the report folder (default: $GPU_RUN_OUT, else runs/gpu-run)")
@@ -70,7 +70,7 @@ class Runner:
     """The sequence's state: the report, rewritten after every step, and the time budget."""
 
     def __init__(self, args: argparse.Namespace, cuda: bool):
-        from embed_core.gpurun.machine import describe
+        from embedpipe_tools.gpurun.machine import describe
 
         self.args, self.cuda, self.out = args, cuda, args.out.resolve()
         self.budget = args.budget_s or (CPU_BUDGET_S if args.cpu else BUDGET_S)
@@ -78,7 +78,7 @@ class Runner:
         self.env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **({"CUDA_VISIBLE_DEVICES": ""} if args.cpu else {})}
         self.report: dict[str, Any] = {
-            "runner": "embed_core.gpurun", "mode": "cpu-tiny" if args.cpu else "full", "status": "running",
+            "runner": "embedpipe_tools.gpurun", "mode": "cpu-tiny" if args.cpu else "full", "status": "running",
             "started": now(), "updated": now(), "elapsed_s": 0.0, "budget_s": self.budget, "out": str(self.out),
             "machine": describe(cuda), "versions": versions(), "steps": [], "gpucheck": {}, "quality": {},
             "ablation": {"rows": []}, "cuda_only": list(reporting.CUDA_ONLY),
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     runner = Runner(args, cuda=not args.cpu and torch.cuda.is_available())
     print(f"gpu-run: {runner.report['machine']['device']}: {runner.report['machine']['verdict']}", flush=True)
     print(f"gpu-run: report in {runner.out}/gpu-run.md (rewritten after every step)", flush=True)
-    from embed_core.gpurun.configs import ablation_rows, quality_config, shared_run_name
+    from embedpipe_tools.gpurun.configs import ablation_rows, quality_config, shared_run_name
 
     # both configs load before any step runs: a broken one costs no reservation time
     quality = quality_config(runner.out, tiny_model=tiny_model(runner), path=args.quality)
@@ -181,7 +181,7 @@ def gpucheck_step(runner: Runner) -> None:
         runner.step("gpucheck", "skipped", error="no CUDA GPU")
         return
     out = runner.out / "gpucheck.json"
-    cmd = [sys.executable, "-m", "embed_core.gpucheck", "--out", str(out), *(["--cpu", "--steps", "1"]
+    cmd = [sys.executable, "-m", "embedpipe_tools.gpucheck", "--out", str(out), *(["--cpu", "--steps", "1"]
                                                                               if runner.args.cpu else [])]
     print("gpu-run: GPU check ...", flush=True)
     result = run_command(cmd, runner.out / "logs" / "gpucheck.log", env=runner.env)
@@ -257,7 +257,7 @@ def tiny_model(runner: Runner) -> Path | None:
     if not runner.args.cpu:
         return None
     if runner.tiny_model is None:
-        from embed_core.gpucheck.setup import build_tiny_bert
+        from embedpipe_tools.gpucheck.setup import build_tiny_bert
 
         runner.tiny_model = build_tiny_bert(runner.out / "tiny-bert")
     return runner.tiny_model

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from embed_core.gpucheck.parts import run_trainer, train_config
-from embed_core.gpucheck.setup import Profile
+from embedpipe_tools.gpucheck.parts import run_trainer, train_config
+from embedpipe_tools.gpucheck.setup import Profile
 
 
 # FSDP's gradient norms against the unsharded run's, relative: rounding only in fp32; bf16 parameters

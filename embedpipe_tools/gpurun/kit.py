@@ -1,4 +1,4 @@
-"""``make gpu-first`` (``python -m embed_core.gpurun.kit --out dist/gpu-first``): the first-run kit,
+"""``make gpu-first`` (``python -m embedpipe_tools.gpurun.kit --out dist/gpu-first``): the first-run kit,
 at most 60 MiB in all, for a GPU machine that has torch, transformers and sentence-transformers
 (docs/gpu-run.md), so that one short reservation measures instead of installing:
 
@@ -9,7 +9,7 @@ at most 60 MiB in all, for a GPU machine that has torch, transformers and senten
   pyarrow (52 MiB) only with ``--with-pyarrow`` (``WITH_PYARROW=1``), for a machine without it, and
   then for Python 3.12 alone (pydantic-core's other wheels would take the kit over 60 MiB);
 * ``first_run.sh`` (a copy of deployments/gpu/first_run.sh): installs what the machine lacks into
-  a folder of its own, offline, and runs ``python -m embed_core.gpurun.first``;
+  a folder of its own, offline, and runs ``python -m embedpipe_tools.gpurun.first``;
 * ``kit.json``: the groups the first run installs from (each with its root, the project's floor for
   it and its pins), the wheels and every file's size; ``SHA256SUMS``.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from embed_core.errors import EmbedpipeError, GpuRunError
-from embed_core.gpurun import bundle
+from embedpipe_tools.gpurun import bundle
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT_BYTES = 60 * 2 ** 20
@@ -116,7 +116,7 @@ def project_tokenizer_files(wheel: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m embed_core.gpurun.kit", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m embedpipe_tools.gpurun.kit", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=REPO / "dist" / "gpu-first", help="the kit's folder (emptied first)")
     p.add_argument("--with-pyarrow", action="store_true", help="carry pyarrow's Python 3.12 wheel too (52 MiB)")
     args = p.parse_args(argv)

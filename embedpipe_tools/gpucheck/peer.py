@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from embed_core.gpucheck.parts import release, synchronize
-from embed_core.gpucheck.setup import Batches
+from embedpipe_tools.gpucheck.parts import release, synchronize
+from embedpipe_tools.gpucheck.setup import Batches
 
 
 def load_peer() -> tuple[Any, Any] | str:

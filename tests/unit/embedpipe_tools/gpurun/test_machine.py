@@ -3,7 +3,7 @@ in about an hour), one with AVX2 only is not (4-5 hours); read from /proc/cpuinf
 
 from __future__ import annotations
 
-from embed_core.gpurun.machine import describe
+from embedpipe_tools.gpurun.machine import describe
 
 CPUINFO = "processor\t: 0\nvendor_id\t: X\nmodel name\t: {model}\nflags\t\t: fpu sse2 {flags}\n\nprocessor\t: 1\n"
 

@@ -1,4 +1,4 @@
-"""The first run's probes (embed_core/gpurun/probes.py) can fail: a decoder left causal fails the
+"""The first run's probes (embedpipe_tools/gpurun/probes.py) can fail: a decoder left causal fails the
 bidirectional probe, and a GradCache replay without the RNG states restored fails the replay probe
 (the CPU first run in test_first.py shows them passing)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from embed_core.gpurun import probes
+from embedpipe_tools.gpurun import probes
 
 
 def test_a_decoder_left_causal_fails_the_bidirectional_probe_for_every_case(monkeypatch):

@@ -1,4 +1,4 @@
-"""The first run's environment and CUDA probes (``python -m embed_core.gpurun.probes``), each a
+"""The first run's environment and CUDA probes (``python -m embedpipe_tools.gpurun.probes``), each a
 question only a GPU answers for sure, asked of the project's own functions on the device (on the CPU
 with ``--cpu``, where they check that the probe itself works):
 
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from embed_core.gpurun.report import write_json
+from embedpipe_tools.gpurun.report import write_json
 
 PROBES = ("bidirectional", "pool_packed_bf16", "grad_cache_replay", "collectives", "fsdp2_adamw_dcp")
 POOL_LENGTHS = (64, 256, 512)
@@ -94,7 +94,7 @@ def memory_kib() -> dict[str, int]:
 def environment() -> dict[str, Any]:
     """The machine as the first run sees it before installing anything: GPU, driver, Python, torch,
     CUDA, NCCL, the packages the project needs or compares against, bf16, free disk and memory."""
-    from embed_core.gpucheck import transformers_too_old
+    from embedpipe_tools.gpucheck import transformers_too_old
 
     import torch
 
@@ -116,7 +116,7 @@ def environment() -> dict[str, Any]:
                    capability=f"{props.major}.{props.minor}", bf16=torch.cuda.is_bf16_supported(),
                    nccl=".".join(map(str, torch.cuda.nccl.version())))
     else:  # /proc/cpuinfo's flags (embed_core.model imports pydantic, which the machine may lack yet)
-        from embed_core.gpurun.machine import cpu_flags
+        from embedpipe_tools.gpurun.machine import cpu_flags
 
         env.update(device="cpu", bf16=bool(cpu_flags()[1] & {"avx512_bf16", "amx_bf16"}), nccl=None)
     if env["importable"]["flash_attn"]:
@@ -240,7 +240,7 @@ def probe_grad_cache_replay(device) -> dict[str, Any]:
     import torch
     from transformers import BertConfig, BertModel
 
-    from embed_core.gpucheck.setup import MINILM, VOCAB
+    from embedpipe_tools.gpucheck.setup import MINILM, VOCAB
     from embed_core.train.engine.checkpoint import rng_state, set_rng_state
 
     torch.manual_seed(0)
@@ -315,7 +315,7 @@ def probe_fsdp2(device) -> dict[str, Any]:
     """See ``fsdp2_adamw_dcp`` in the module's docstring."""
     import torch
 
-    from embed_core.gpurun.fsdp_probe import fsdp2_round_trip
+    from embedpipe_tools.gpurun.fsdp_probe import fsdp2_round_trip
     from embed_core.dist.distributed import init_process_group
 
     if device.type == "cuda":
@@ -379,7 +379,7 @@ def run_probes(names: list[str], out: Path, cpu: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m embed_core.gpurun.probes", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m embedpipe_tools.gpurun.probes", description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=("environment", "probes"))
     p.add_argument("--out", type=Path, required=True, help="the JSON file written")
     p.add_argument("--cpu", action="store_true", help="on the CPU (CUDA hidden)")

