@@ -52,7 +52,7 @@ from embed_core.dist.distributed import barrier, check_shared_directory, init_pr
 from embed_core.dist.ranks import committed, on_main_rank
 from embed_core.train.engine.sampling import dataset_weights
 from embed_core.dist.spawn import local_ranks, training_processes
-from embed_core.train.stage import instance_name
+from embed_core.stage_dirs import instance_name
 
 log = logging.getLogger("embedpipe.train")
 
@@ -304,7 +304,7 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     """Train the configured stage ``stage_name`` on the records of ``upstream`` (a stage directory)
     and commit ``train-<stage>/``; every rank of a launched run calls it, rank 0 writes. Not
     launched, it starts ``train.processes`` local ranks itself (``embed_core.dist.spawn``)."""
-    with local_ranks(config, Path(run_dir), stage_name, upstream=upstream, resume=resume):
+    with local_ranks(config, Path(run_dir), stage_name, body=run_train_stage, upstream=upstream, resume=resume):
         return _run_train_stage(config, Path(run_dir), stage_name, upstream=upstream, resume=resume,
                                 fingerprint=fingerprint)
 
