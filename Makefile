@@ -115,28 +115,28 @@ clean:
 	rm -rf runs .pytest_cache
 
 gpu-check:
-	$(PY) -m embed_core.gpucheck
+	$(PY) -m embedpipe_tools.gpucheck
 
-# The first-run kit (embed_core/gpurun/kit.py): send GPU_FIRST with the checkout (at most 60 MiB), run
+# The first-run kit (embedpipe_tools/gpurun/kit.py): send GPU_FIRST with the checkout (at most 60 MiB), run
 # `bash dist/gpu-first/first_run.sh --out DIR` there (about 8 minutes on one H100). WITH_PYARROW=1: pyarrow's
 # Python 3.12 wheel too (52 MiB), for a machine without it.
 GPU_FIRST ?= dist/gpu-first
 gpu-first: | $(STAMP)
-	$(PY) -m embed_core.gpurun.kit --out $(GPU_FIRST) $(if $(WITH_PYARROW),--with-pyarrow)
+	$(PY) -m embedpipe_tools.gpurun.kit --out $(GPU_FIRST) $(if $(WITH_PYARROW),--with-pyarrow)
 
-# The wheels for an offline GPU machine with Python 3.12 and its own CUDA torch (embed_core/gpurun/bundle.py);
+# The wheels for an offline GPU machine with Python 3.12 and its own CUDA torch (embedpipe_tools/gpurun/bundle.py);
 # copy GPU_BUNDLE to the machine and run `bash install.sh` there.
 GPU_BUNDLE ?= dist/gpu-bundle
 gpu-bundle: | $(STAMP)
-	$(PY) -m embed_core.gpurun.bundle --out $(GPU_BUNDLE)
+	$(PY) -m embedpipe_tools.gpurun.bundle --out $(GPU_BUNDLE)
 
-# One command for a GPU reservation (embed_core/gpurun): under 25 min on one H100. No venv needed on
+# One command for a GPU reservation (embedpipe_tools/gpurun): under 25 min on one H100. No venv needed on
 # the machine: its own python3 (with the bundle installed) runs it when there is no .venv here.
 # GPU_RUN_OUT: the report folder; GPU_RUN_BUDGET_S: seconds for the whole sequence; CPU=1: tiny, on the CPU.
 GPU_RUN_OUT ?= runs/gpu-run
 GPU_PY = $(if $(wildcard $(PY)),$(PY),python3)
 gpu-run:
-	GPU_RUN_OUT=$(GPU_RUN_OUT) $(GPU_PY) -m embed_core.gpurun $(if $(CPU),--cpu)
+	GPU_RUN_OUT=$(GPU_RUN_OUT) $(GPU_PY) -m embedpipe_tools.gpurun $(if $(CPU),--cpu)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"

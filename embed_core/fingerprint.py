@@ -19,9 +19,9 @@ to a stage (defaults, validators) is already in the hashed config values, and fo
 would tie every stage to every loss and converter file (the registries validate parameters at
 load time). ``embed_core.stages``: the registry only wires stages together; which upstream
 outputs a stage read is in its key as their content hashes. ``embed_core.train.dev``: a train stage
-loads its dev evaluation (and through it the evaluate modules and mteb) only when it has dev tasks;
-its key then adds that module's own code identity with the scoring libraries' versions, so an
-evaluate-only edit does not retrain a stage without dev tasks, and does retrain one whose dev
+loads its dev evaluation (and through it the scoring modules, ``embed_core.scoring``, and mteb)
+only when it has dev tasks; its key then adds that module's own code identity with the scoring
+libraries' versions, so a scoring edit does not retrain a stage without dev tasks, and does retrain one whose dev
 scores choose the weights it keeps. A leaf is still followed when it is the walk's root.
 """
 

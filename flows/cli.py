@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, TextIO
 
 from embed_core.errors import EmbedpipeError, user_error
 from embed_core.model.onednn import cap_onednn_primitive_cache
+from embed_core.stage_dirs import EVALUATE, TRAIN
 from flows import console, interrupts, launch
 from flows.env import apply_defaults
 from flows.options import add_option_flags, stage_options
@@ -139,7 +140,7 @@ def _flow_command(run: Callable[[argparse.Namespace, dict, "RunConfig"], None]) 
         if launch.is_other_rank(args.command):
             from embed_core import stages
 
-            launch.train_alongside_rank_0(config, run_dir, stage_options(stages.get("train"), args), args.force)
+            launch.train_alongside_rank_0(config, run_dir, stage_options(stages.get(TRAIN), args), args.force)
             return
         raise_if_busy(run_dir)
         with prefect_api(), console.run_logs_on_stdout(error_stream):
@@ -158,8 +159,8 @@ def _pipeline(args: argparse.Namespace, common: dict, config: "RunConfig") -> No
     results = pipeline_flow(**common)
     for res in results.values():
         print_result(res)
-    if "evaluate" in results:
-        print(f"\nreport: {Path(results['evaluate']['run_dir']) / 'evaluate' / 'report.md'}")
+    if EVALUATE in results:
+        print(f"\nreport: {Path(results[EVALUATE]['run_dir']) / EVALUATE / 'report.md'}")
     print(wall_times(results, time.perf_counter() - t0))
 
 
@@ -173,8 +174,8 @@ def _stage(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:
     for res in results:
         print_result(res)
     print_downstream(config, next((r for r in results if not r["cached"]), results[-1]))
-    if stage.name == "evaluate":
-        print(f"report: {Path(common['run_dir']) / 'evaluate' / 'report.md'}")
+    if stage.name == EVALUATE:
+        print(f"report: {Path(common['run_dir']) / EVALUATE / 'report.md'}")
 
 
 def _ablate(args: argparse.Namespace, common: dict, config: "RunConfig") -> None:

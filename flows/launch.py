@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from embed_core.errors import EmbedpipeError
+from embed_core.stage_dirs import TRAIN
 
 if TYPE_CHECKING:
     from embed_core.config import RunConfig
@@ -68,7 +69,7 @@ def train_alongside_rank_0(config: RunConfig, run_dir: str, options: Any, force:
     its inputs is skipped, unless ``force``) and trains each stage with it; rank 0 commits."""
     from embed_core import stages
 
-    stage = stages.get("train")
+    stage = stages.get(TRAIN)
     for instance in stage.instance_names(config, options):
         ctx = stages.context(config, run_dir, stage, instance, options)
         fingerprint, hit = stages.cache_decision(stage, ctx, force)

@@ -10,6 +10,7 @@ from prefect.logging import get_run_logger
 
 from embed_core import stages as registry
 from embed_core.errors import ConfigError
+from embed_core.stage_dirs import TRAIN
 from flows.failures import reports_user_errors
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_corpus_path, with_run_args_doc
 from flows.stage import all_fresh, run_stage_on_pool
@@ -55,7 +56,7 @@ def pipeline_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, An
             if stages is not None and stage.name not in stages:
                 continue
             options = stage.options_for_pipeline(cfg)
-            if stage.name == "train" and pool:
+            if stage.name == TRAIN and pool:
                 if not all_fresh(stage, cfg, rdir, options, force):
                     results.update(run_stage_on_pool(stage, cfg, rdir, pool, options, force))
                     continue

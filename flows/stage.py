@@ -25,6 +25,7 @@ from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.rundir import lock_token, portable_config, read_history
 from embed_core.stage_api import Stage
+from embed_core.stage_dirs import EVALUATE, MINE, PREPARE, SYNTHESIZE, TRAIN
 from flows.failures import reports_user_errors
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
 from tasks.stage import run_stage_instance
@@ -189,8 +190,8 @@ def _new_logs(client: Any, flow_run_id: Any, seen: set) -> list:
     return out
 
 
-prepare_flow = stage_flow("prepare")
-synthesize_flow = stage_flow("synthesize")
-mine_flow = stage_flow("mine")
-train_flow = stage_flow("train")
-evaluate_flow = stage_flow("evaluate")
+prepare_flow = stage_flow(PREPARE)
+synthesize_flow = stage_flow(SYNTHESIZE)
+mine_flow = stage_flow(MINE)
+train_flow = stage_flow(TRAIN)
+evaluate_flow = stage_flow(EVALUATE)

@@ -15,7 +15,7 @@ from embed_core import stages as registry
 from embed_core.runs import sweep
 from embed_core.procs import descendants, kill_all, own_session_dying_with_parent
 from embed_core.config import RunConfig
-from embed_core.train.stage import instance_name
+from embed_core.stage_dirs import EVALUATE, TRAIN, instance_name
 from flows.failures import reports_user_errors
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
 from tasks.stage import run_stage_instance
@@ -41,11 +41,11 @@ def sweep_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] 
     with run_context(cfg, rdir, "sweep"):
         upstream: dict[str, Any] = {}
         for stage in registry.enabled_stages(base):  # what the variants read: prepare, mine, earlier train stages
-            if stage.name in ("train", "evaluate"):
+            if stage.name in (TRAIN, EVALUATE):
                 continue
             for instance in stage.instance_names(base):
                 upstream[instance] = run_stage_instance(stage, base, rdir, instance, stage.options(), False)
-        train = registry.get("train")
+        train = registry.get(TRAIN)
         for earlier in [s.name for s in base.train.stages][:-1]:
             upstream[instance_name(earlier)] = run_stage_instance(train, base, rdir, instance_name(earlier),
                                                               train.options(stage=earlier), False)
@@ -67,9 +67,9 @@ def sweep_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] 
             models.append(str(soup_dir))
         test_scores: list[dict[str, Any]] = []
         if cfg.evaluate is not None:
-            evaluate = registry.get("evaluate")
+            evaluate = registry.get(EVALUATE)
             options = evaluate.options(models=models)
-            upstream["evaluate"] = run_stage_instance(evaluate, winner_cfg, rdir, "evaluate", options, False,
+            upstream[EVALUATE] = run_stage_instance(evaluate, winner_cfg, rdir, EVALUATE, options, False,
                                                       snapshot=False)
             evaluated = sweep.main_scores(rdir)
             test_scores = [r for r in evaluated if r["model"] == winner]

@@ -4,11 +4,11 @@ worker with N devices (or ``embedpipe train`` without torchrun) trains with N ra
 ``local_ranks`` makes the calling process rank 0 of a process group of ``train.processes`` (auto:
 one per visible CUDA device) and starts ranks 1..N-1 as children (``python -m
 embed_core.dist.spawned <spec>``, rendezvous on a free local port, each armed to die with rank 0:
-``embed_core.procs``). The children run the same ``run_train_stage`` as a launched rank would, so
-everything the launchers do holds here too (rank 0 alone writes and commits, and, in a flow run,
-reports to Prefect; the others train alongside and wait at barriers). When the stage ends, rank 0
-waits for its children and tears the process group down, so the next training stage (or the
-next flow on the same worker) starts afresh. A child that fails is one line naming its rank, its
+``embed_core.procs``). The children run the body rank 0 names (the train stage's
+``run_train_stage``) as a launched rank would, so everything the launchers do holds here too (rank
+0 alone writes and commits, and, in a flow run, reports to Prefect; the others train alongside and
+wait at barriers). When the stage ends, rank 0 waits for its children and tears the process group
+down, so the next training stage (or the next flow on the same worker) starts afresh. A child that fails is one line naming its rank, its
 exit code, its own error line and its log (``<run_dir>/checkpoints/.ranks-<stage>/rank-<k>.log``);
 when rank 0 fails because a child failed first (its collective lost the connection), the child's
 failure is the one reported. Every rank, launched or spawned, names its stage for the line of a
@@ -25,15 +25,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal, Protocol
 
 import torch
 
 from embed_core.errors import CollectiveError, ConfigError, EmbedpipeError
 from embed_core.procs import dying_with_parent, end_on_signals, free_port
-from embed_core.train.config import TrainConfig
+from embed_core.stage_dirs import CHECKPOINTS
 from embed_core.dist.distributed import (collective_error, destroy_process_group, rank_environment,
                                           rank_log_failure, set_stage, who)
 from embed_core.dist.world import launched
@@ -42,7 +43,13 @@ RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", 
 FLIGHT_RECORDER = "flight-recorder"  # NCCL's dumps of the ranks' last collectives, rank-<k>, on a watchdog timeout
 
 
-def training_processes(train: TrainConfig) -> int:
+class ProcessesSetting(Protocol):
+    """What the train config section says of its processes (``train.processes``)."""
+
+    processes: int | Literal["auto"]
+
+
+def training_processes(train: ProcessesSetting) -> int:
     """How many processes train a stage: the launcher's world size when launched, else
     ``train.processes`` (auto: the visible CUDA devices, 1 without CUDA)."""
     if launched():
@@ -60,9 +67,12 @@ def training_processes(train: TrainConfig) -> int:
 
 
 @contextmanager
-def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume: bool) -> Iterator[None]:
+def local_ranks(config, run_dir: Path, stage_name: str, *, body: Callable, upstream: str,
+                resume: bool) -> Iterator[None]:
     """Run the body as rank 0 of ``training_processes`` local ranks (nothing to do when launched or
-    when one process trains, but to name the stage)."""
+    when one process trains, but to name the stage); the other ranks each call ``body`` (a
+    module-level function, named in the spec: ``body(config, run_dir, stage_name, upstream=...,
+    resume=...)``)."""
     set_stage(stage_name)
     n = 1 if launched() else training_processes(config.train)
     if n == 1:
@@ -71,10 +81,11 @@ def local_ranks(config, run_dir: Path, stage_name: str, *, upstream: str, resume
     # rank 0 obeys a SIGTERM (a Prefect worker cancelling the flow run) within seconds even while it
     # waits in a collective; its children, armed with SIGKILL, die with it
     end_on_signals((signal.SIGTERM, signal.SIGINT))
-    work = Path(run_dir) / "checkpoints" / f".ranks-{stage_name}"
+    work = Path(run_dir) / CHECKPOINTS / f".ranks-{stage_name}"
     work.mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
-    spec.write_text(json.dumps({"config": config.model_dump(mode="json"), "run_dir": str(run_dir),
+    spec.write_text(json.dumps({"body": f"{body.__module__}:{body.__qualname__}",
+                                "config": config.model_dump(mode="json"), "run_dir": str(run_dir),
                                 "stage": stage_name, "upstream": upstream, "resume": resume}))
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n),
            "LOCAL_WORLD_SIZE": str(n), **rank_environment(n, str(work / FLIGHT_RECORDER / "rank-"))}

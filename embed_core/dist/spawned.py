@@ -1,5 +1,6 @@
 """A rank that ``embed_core.dist.spawn.local_ranks`` started: ``python -m embed_core.dist.spawned
-<spec.json>`` trains the stage the spec names as one of the launched ranks (its environment holds
+<spec.json>`` runs the body the spec names (``module:function``, the training stage's) on the
+stage the spec names as one of the launched ranks (its environment holds
 the rank, the world size and the rendezvous address). It ends as a launched rank does
 (``rank_ending_cleanly``: its process groups destroyed, a SIGTERM obeyed even in a C++ collective),
 and an error of the user's input or machine (a collective that timed out included) ends it with
@@ -29,12 +30,15 @@ def main(spec_path: str) -> int:
 
 
 def _train(spec_path: str) -> None:
+    import importlib
+
     from embed_core.config import RunConfig
-    from embed_core.train.run import run_train_stage
 
     spec = json.loads(Path(spec_path).read_text())
-    run_train_stage(RunConfig.model_validate(spec["config"]), spec["run_dir"], spec["stage"],
-                    upstream=spec["upstream"], resume=spec["resume"])
+    module, _, name = spec["body"].partition(":")
+    body = getattr(importlib.import_module(module), name)
+    body(RunConfig.model_validate(spec["config"]), spec["run_dir"], spec["stage"],
+         upstream=spec["upstream"], resume=spec["resume"])
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from embed_core.artifacts import atomic_write_bytes
 from embed_core.plots import pyplot as _plt
 from embed_core.plots import to_png as _png
-from embed_core.train.stage import stage_name_of, trained_model_dirs
+from embed_core.stage_dirs import EVALUATE, stage_name_of, trained_model_dirs
 
 
 def main_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[str], dict[tuple[str, str], float]]:
@@ -204,10 +204,10 @@ def compare_runs(sources: list[str | Path], out_dir: str | Path) -> Path:
     sizes: list[dict[str, Any]] = []
     for src in sources:
         path = Path(src)
-        results = path if path.suffix == ".parquet" else path / "evaluate" / "results.parquet"
+        results = path if path.suffix == ".parquet" else path / EVALUATE / "results.parquet"
         if not results.exists():
             raise FileNotFoundError(f"{results}: no evaluation results (run the evaluate stage first)")
-        run = results.parent.parent.name if results.parent.name == "evaluate" else results.stem
+        run = results.parent.parent.name if results.parent.name == EVALUATE else results.stem
         for r in _read_results(results):
             rows.append({**r, "model": f"{run}/{r['model']}"})
         sized = results.parent / SIZES_FILE  # the evaluate stage's sizes table beside its results, if any

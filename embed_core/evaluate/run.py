@@ -35,9 +35,10 @@ import pyarrow.parquet as pq
 
 from embed_core.artifacts import StageWriter, model_artifact_dir, read_manifest, stage_is_intact
 from embed_core.config import RunConfig, config_hash
-from embed_core.evaluate.config import SCORING_LIBRARIES, EvalTaskSpec, EvaluateConfig
+from embed_core.evaluate.config import EvaluateConfig
+from embed_core.scoring.config import SCORING_LIBRARIES, EvalTaskSpec
 from embed_core.evaluate.release import check_release, release_section
-from embed_core.evaluate.tasks import check_main_score
+from embed_core.scoring.tasks import check_main_score
 from embed_core.model.config import EngineConfig
 from embed_core.engine import engine_session
 from embed_core.errors import ConfigError, EmbedpipeError
@@ -48,7 +49,7 @@ from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses
 from embed_core.evaluate.stage import NAME as STAGE
 from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 from embed_core.paths import files_within, resolve_within
-from embed_core.train.stage import instance_name, stage_name_of, trained_model_dirs
+from embed_core.stage_dirs import instance_name, stage_name_of, trained_model_dirs
 
 log = logging.getLogger("embedpipe.evaluate")
 # Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
@@ -201,9 +202,9 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
     ModelMeta, stats, rows of the sizes table (empty without evaluate.dims / precisions to score))."""
     import mteb
 
-    from embed_core.evaluate.model import EvalModel
+    from embed_core.scoring.model import EvalModel
     from embed_core.evaluate.sizes import sizes_of
-    from embed_core.evaluate.tasks import build_task
+    from embed_core.scoring.tasks import build_task
 
     cfg = _cfg(config)
     root, max_bytes = cache_location(path, run_dir, config.embedding_cache)
@@ -297,7 +298,7 @@ def _carried(files: dict[str, bytes], metas: dict[str, Any], task_names: set[str
 
 def model_geometries(config: RunConfig, models: dict[str, str]) -> list[dict[str, Any]]:
     """Token geometry (CoDiEmb §4) of every model on the configured STS task's sentences."""
-    from embed_core.evaluate.data import _read_pairs
+    from embed_core.scoring.data import _read_pairs
     from embed_core.evaluate.geometry import model_geometry
 
     geo = _cfg(config).geometry

@@ -9,9 +9,10 @@ from typing import Any
 from pydantic import Field
 
 from embed_core.config import RunConfig
+from embed_core.stage_dirs import EVALUATE
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
 
-NAME = "evaluate"
+NAME = EVALUATE
 BODY = "embed_core.evaluate.run"
 
 

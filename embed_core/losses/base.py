@@ -6,7 +6,7 @@ A loss declares
 * ``tasks`` — the tasks it can train, and ``default_for`` — the tasks it is QZhou's loss for;
 * ``Params`` — its parameters, a strict pydantic model with a description on every field (the
   config is validated against it when it is loaded);
-* ``layout`` — which texts a batch carries for it (``embed_core.train.engine.batches``): ``standard``
+* ``layout`` — which texts a batch (``embed_core.losses.batch``) carries for it: ``standard``
   (query, positive, hard negatives; or text pairs with scores), ``hmcl`` (plus a weak positive),
   ``multi_positive`` (K+ positives per query);
 
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from embed_core.train.engine.batches import TaskBatch
+    from embed_core.losses.batch import TaskBatch
 
 
 class LossParams(BaseModel):

@@ -39,7 +39,7 @@ from torch import Tensor
 from embed_core.losses.base import LossContext, LossParams
 
 if TYPE_CHECKING:
-    from embed_core.train.engine.batches import TaskBatch
+    from embed_core.losses.batch import TaskBatch
 
 
 class FalseNegativeParams(LossParams):

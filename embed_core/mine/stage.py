@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from embed_core.stage_dirs import MINE
 from embed_core.stage_api import Report, Stage, StageContext, body
 
-NAME = "mine"
+NAME = MINE
 BODY = "embed_core.mine.run"
 
 

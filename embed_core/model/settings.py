@@ -66,7 +66,7 @@ def prompt_prefix(template: str, instruction: str) -> str | None:
 
 def sentence_transformers_prompts(settings: ModelSettings) -> dict[str, str]:
     """Named prompts that make ``SentenceTransformer(path).encode(text, prompt_name=…)`` give what the
-    evaluator (``embed_core.evaluate.model``) encodes for a model trained with instructions:
+    evaluator (``embed_core.scoring.model``) encodes for a model trained with instructions:
     ``<dataset>`` for each trained dataset (on queries only for retrieval: ``<dataset>-document`` and
     ``document`` are empty, as passages are encoded without instruction), ``query`` for retrieval
     queries, and the MTEB task types (``STS``, ``Classification``, …) for symmetric tasks of any name.

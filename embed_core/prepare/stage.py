@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from embed_core.stage_dirs import PREPARE
 from embed_core.stage_api import Report, Stage, StageContext, body
 
-NAME = "prepare"
+NAME = PREPARE
 BODY = "embed_core.prepare.run"
 NEAR_DUPLICATES_FILE = "_near_duplicates.parquet"  # written by run.py with near_duplicates on
 REPORT_ROWS = 5  # near duplicates shown in the stage's markdown report

@@ -23,6 +23,7 @@ import yaml
 from embed_core.artifacts import StageWriter
 from embed_core.config import RunConfig, config_hash, parse_config
 from embed_core.errors import ConfigError
+from embed_core.stage_dirs import instance_name
 
 BASE = "base"
 ITEM = re.compile(r"^(?P<key>[^\[\]]+)\[(?P<name>[^\[\]]+)\]$")
@@ -71,7 +72,7 @@ def row_configs(config: RunConfig) -> list[tuple[str, int, RunConfig]]:
             name = f"{config.run_name}-{row}-s{seed}"
             last = variant["train"]["stages"][-1]["name"]
             variant.update(run_name=name, seed=seed)
-            variant["evaluate"]["models"] = [str(Path(config.run_root) / name / f"train-{last}" / "model")]
+            variant["evaluate"]["models"] = [str(Path(config.run_root) / name / instance_name(last) / "model")]
             try:
                 out.append((row, seed, parse_config(variant)))
             except ConfigError as exc:

@@ -43,6 +43,7 @@ from embed_core.errors import EmbedpipeError, printable
 from embed_core.fingerprint import sha256_file
 from embed_core.paths import resolve_within
 from embed_core.prepare.cleaning import normalize_text
+from embed_core.stage_dirs import instance_name
 from embed_core.train.engine.lineage import LINEAGE_FILE, LINEAGE_SCHEMA, read_metadata
 
 TEXT_FIELDS = ("query", "positives", "negatives", "weak_positives")
@@ -101,7 +102,7 @@ def _release_stage(model: Path) -> Path | None:
     if not isinstance(name, str) or not PATH_NAME.fullmatch(name):
         raise EmbedpipeError(f"{path}: field training.stage.name is {printable(repr(name), 60)}, not a stage name: "
                              "the model is damaged; copy it again or run its stages again with --force")
-    return model.parent.parent / f"train-{name}"
+    return model.parent.parent / instance_name(name)
 
 
 def chain(stage_dir: Path) -> list[TrainedStage]:

@@ -28,7 +28,7 @@ from embed_core.artifacts import StageWriter, read_manifest
 from embed_core.config import RunConfig, parse_config
 from embed_core.errors import ConfigError
 from embed_core.paths import files_within
-from embed_core.train.stage import instance_name
+from embed_core.stage_dirs import instance_name
 
 
 def _set(mapping: dict[str, Any], dotted: str, value: Any) -> None:

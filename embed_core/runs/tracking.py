@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.model.card import read_card_facts
-from embed_core.train.stage import is_train_instance
+from embed_core.stage_dirs import EVALUATE, is_train_instance
 
 log = logging.getLogger("embedpipe.tracking")
 
@@ -138,7 +138,7 @@ def _log_stage(config: RunConfig, run_dir: Path, stage: str, manifest: dict[str,
                 if row.get(name) is not None:
                     metrics.append(Metric(f"train.{name}", float(row[name]), now, int(row["step"])))
     scores: list[Metric] = []
-    if stage == "evaluate" and (stage_dir / "results.parquet").exists():
+    if stage == EVALUATE and (stage_dir / "results.parquet").exists():
         for row in pq.read_table(stage_dir / "results.parquet").to_pylist():
             if row["main"]:
                 scores.append(Metric(f"{row['model']}.{row['task']}", float(row["value"]), now, 0))

@@ -25,6 +25,7 @@ from embed_core.fingerprint import Fingerprint
 from embed_core.model.settings import instructed, read_model_settings
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import table_to_records
+from embed_core.stage_dirs import PREPARE
 from embed_core.synthesize.config import NOT_IN_KEY, SynthesizeConfig, TargetedConfig
 from embed_core.synthesize.targeted import failures_of, select_records
 
@@ -59,7 +60,7 @@ def targeted_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str
     from embed_core.synthesize.prompts import load_templates, template_versions
 
     run_dir = Path(run_dir)
-    ups = {name: read_manifest(run_dir, name) for name in (upstream, "prepare")}
+    ups = {name: read_manifest(run_dir, name) for name in (upstream, PREPARE)}
     missing = [name for name, manifest in ups.items() if manifest is None]
     if missing:
         raise EmbedpipeError(f"{run_dir / missing[0]}: no manifest.json — run the {missing[0]} stage first")
@@ -69,7 +70,7 @@ def targeted_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str
     model_fp = _model_fp(config, model)
     return Fingerprint.of(instance, __name__, LIBRARIES, {
         "upstream": {n: i["sha256"] for n, i in ups[upstream]["outputs"].items() if i.get("kind") == "records"},
-        "dev": {n: i["sha256"] for n, i in ups["prepare"]["outputs"].items() if n.startswith("dev/")},
+        "dev": {n: i["sha256"] for n, i in ups[PREPARE]["outputs"].items() if n.startswith("dev/")},
         "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg, exclude=NOT_IN_KEY),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()},
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
@@ -97,7 +98,7 @@ def run_targeted(config: RunConfig, run_dir: str | Path, stage_name: str, instan
     run_dir = Path(run_dir)
     targeted = _stage(config, stage_name)
     fingerprint = fingerprint or targeted_fingerprint(config, run_dir, stage_name, instance, model, upstream=upstream)
-    dev_tables = read_records(run_dir, "prepare", kind="dev_records")
+    dev_tables = read_records(run_dir, PREPARE, kind="dev_records")
     train_tables = read_records(run_dir, upstream)
     embed = _embedder(config, run_dir, model, fingerprint.details["model_fingerprint"])
     settings = read_model_settings(model)  # a model trained with instructions is scored with them

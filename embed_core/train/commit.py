@@ -25,7 +25,7 @@ from embed_core.train.engine.sampling import dataset_weights
 from embed_core.train.modes import Instructions, mode_of
 from embed_core.train.plots import loss_plot
 from embed_core.train.resolved import TrainingStep
-from embed_core.train.stage import instance_name
+from embed_core.stage_dirs import instance_name
 
 log = logging.getLogger("embedpipe.train")
 

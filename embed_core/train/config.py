@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from embed_core.config_base import StrictModel
 from embed_core.errors import ConfigError
-from embed_core.evaluate.config import EvalTaskSpec
+from embed_core.scoring.config import EvalTaskSpec
 from embed_core.mine.config import check_remine_keys
 from embed_core.synthesize.config import TargetedConfig
 from embed_core.train.modes import mode_of

@@ -2,7 +2,7 @@
 
 Every ``dev.eval_every`` steps (and at the last step) rank 0 scores the stage's dev tasks with
 mteb — the same task definitions, metrics and instruction handling as the evaluate stage
-(``embed_core.evaluate``), on the model being trained (in eval mode, no gradients, no embedding
+(``embed_core.scoring``, which both use), on the model being trained (in eval mode, no gradients, no embedding
 cache: the weights change). Dev tasks come from files (like evaluation tasks) or from the dev
 records prepare set aside (``dataset: <name>``); evaluate's test sets are never read here.
 
@@ -25,10 +25,11 @@ import torch
 from embed_core.artifacts import read_records
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError
-from embed_core.evaluate.config import EvalTaskSpec
-from embed_core.evaluate.model import EvalModel
+from embed_core.scoring.config import EvalTaskSpec
+from embed_core.scoring.model import EvalModel
 from embed_core.model.settings import ModelSettings
 from embed_core.schema import PAIR_TASKS
+from embed_core.stage_dirs import PREPARE
 from embed_core.train.config import DevConfig, DevTaskSpec
 
 log = logging.getLogger("embedpipe.train")
@@ -40,7 +41,7 @@ def materialize(spec: DevTaskSpec, run_dir: Path, work_dir: Path) -> EvalTaskSpe
     fields = spec.model_dump(exclude={"dataset", "weight"})
     if not spec.dataset:
         return EvalTaskSpec(**fields)
-    tables = read_records(run_dir, "prepare", kind="dev_records")
+    tables = read_records(run_dir, PREPARE, kind="dev_records")
     table = tables.get(f"dev/{spec.dataset}.parquet")
     if table is None or table.num_rows == 0:
         raise ConfigError(f"dev task {spec.name}: prepare set aside no dev records for dataset {spec.dataset!r} "
@@ -120,7 +121,7 @@ class LiveModel(EvalModel):
 class DevEvaluator:
     def __init__(self, dev: DevConfig, config: RunConfig, run_dir: Path, work_dir: Path, settings: ModelSettings,
                  batch_size: int = 64):
-        from embed_core.evaluate.tasks import build_task
+        from embed_core.scoring.tasks import build_task
 
         self.dev = dev
         self.settings = settings

@@ -17,7 +17,8 @@ from embed_core.schema import TRAINABLE_TASKS
 from embed_core.dist.spawn import training_processes
 from embed_core.train.config import TrainStageConfig
 from embed_core.train.resolved import TrainingStep, resolve_step
-from embed_core.train.stage import BODY, instance_name
+from embed_core.stage_dirs import PREPARE, instance_name
+from embed_core.train.stage import BODY
 
 # Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
 LIBRARIES = ("torch", "transformers", "deepspeed", "peft", "numpy")
@@ -32,7 +33,7 @@ def input_dirs(config: RunConfig, run_dir: str | Path, stage_name: str, *, upstr
     if stage.merge is not None and run_dir / instance_name(stage.merge.stage) not in out:
         out.append(run_dir / instance_name(stage.merge.stage))
     if stage.dev is not None and any(task.dataset for task in stage.dev.tasks):
-        out.append(run_dir / "prepare")
+        out.append(run_dir / PREPARE)
     return out
 
 
@@ -96,11 +97,11 @@ def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> di
     the scoring libraries' versions (``embed_core.train.dev`` is a leaf of this stage's code walk)."""
     if stage.dev is None:
         return {}
-    from embed_core.evaluate.config import SCORING_LIBRARIES
+    from embed_core.scoring.config import SCORING_LIBRARIES
     from embed_core.fingerprint import sha256_file
 
     out: dict[str, str] = {"code": code_identity("embed_core.train.dev", SCORING_LIBRARIES)}
-    prepared = read_manifest(run_dir, "prepare") or {"outputs": {}}
+    prepared = read_manifest(run_dir, PREPARE) or {"outputs": {}}
     for task in stage.dev.tasks:
         if task.dataset:
             info = prepared["outputs"].get(f"dev/{task.dataset}.parquet")

@@ -4,13 +4,14 @@ A record file of the upstream stage (Parquet, checked against its manifest's has
 once, by rank 0, into an uncompressed Arrow IPC file in the stage's checkpoint directory
 (``<run_dir>/checkpoints/<stage>/records/<file>-<sha16>.arrow``), validated and summarised as it
 streams (a slice of 8,192 rows at a time: ``embed_core.schema.RowChecker``,
-``embed_core.train.engine.batches.RecordsSummary``), and then mapped by every rank (``open_mapped``: a
-read-only ``mmap`` for random access): the columns are views of the file's pages, which the operating system
-shares between the ranks of a machine and reads in as batches touch them. A rank's memory then
-no longer grows with the training set (``tests/benchmarks/bench_train_records.py``); the sampler's
-permutation (8 bytes a record) is what remains: the pages a batch touched are let go after it is
-built (``release_pages``). The ranks read the dataset's summary (labels,
-highest score, instructions) from a JSON file beside the copy instead of scanning the file.
+``embed_core.train.engine.batches.RecordsSummary``), and then mapped by every rank
+(``embed_core.train.engine.pages.open_mapped``: a read-only ``mmap`` for random access): the
+columns are views of the file's pages, which the operating system shares between the ranks of a
+machine and reads in as batches touch them. A rank's memory then no longer grows with the training
+set (``tests/benchmarks/bench_train_records.py``); the sampler's permutation (8 bytes a record) is
+what remains: the pages a batch touched are let go after it is built (``pages.release_pages``).
+The ranks read the dataset's summary (labels, highest score, instructions) from a JSON file beside
+the copy instead of scanning the file.
 
 The Arrow file is named by the Parquet file's hash, so a changed input is converted anew, and it
 goes with the checkpoint directory (emptied when the stage's inputs change, removed when the
@@ -20,9 +21,7 @@ stage commits).
 from __future__ import annotations
 
 import json
-import mmap
 import os
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +32,7 @@ import pyarrow.parquet as pq
 from embed_core.artifacts import atomic_write_json, checked_outputs
 from embed_core.schema import RECORD_SCHEMA, RowChecker, check_schema
 from embed_core.train.engine.batches import RecordsSummary
+from embed_core.train.engine.pages import open_mapped
 from embed_core.dist.distributed import barrier, is_main_process
 
 RECORDS_DIR = "records"  # in the stage's checkpoint directory
@@ -111,30 +111,3 @@ def _bounded_pool() -> Iterator[None]:
         yield
     finally:
         pa.set_memory_pool(previous)
-
-
-def open_mapped(arrow: Path) -> pa.Table:
-    """A table whose buffers are the pages of ``arrow`` (zero-copy: nothing is read until used),
-    mapped for random access: no read-ahead, and ``release_pages`` lets go of what was touched."""
-    with open(arrow, "rb") as f:
-        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if hasattr(mmap, "MADV_RANDOM"):
-        mapping.madvise(mmap.MADV_RANDOM)
-    _MAPPINGS.add(mapping)
-    return pa.ipc.open_file(pa.py_buffer(mapping)).read_all()
-
-
-_MAPPINGS: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()  # the open record mappings of this process
-
-
-def release_pages() -> None:
-    """Unmap the pages of the record files this process has touched (``MADV_DONTNEED`` on a
-    read-only file mapping: the next read maps them again from the page cache, unchanged). Called
-    after every batch is built, so a rank's resident memory holds the pages of one batch, not of
-    every record it ever drew: with a file-backed mapping the kernel maps in up to 64 KiB around
-    each page read, and over a run that would grow with the dataset."""
-    if not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    for mapping in list(_MAPPINGS):
-        if not mapping.closed:
-            mapping.madvise(mmap.MADV_DONTNEED)

@@ -18,17 +18,13 @@ from embed_core.config import config_hash
 from embed_core.dist.ranks import committed, on_main_rank
 from embed_core.fingerprint import code_identity
 from embed_core.model.encoder import model_fingerprint
+from embed_core.stage_dirs import reference_name
 from embed_core.train.key import LIBRARIES
 from embed_core.train.resolved import TrainingStep
 from embed_core.train.stage import BODY
 
 REFERENCE_SCHEMA = pa.schema([("example", pa.int64()), ("query", pa.string()), ("positive", pa.string()),
                               ("ref_pos", pa.float64()), ("ref_neg", pa.list_(pa.float64()))])
-
-
-def reference_name(stage_name: str) -> str:
-    """The reference artifact's directory: ``reference-<stage>``."""
-    return f"reference-{stage_name}"
 
 
 def reference_scores(step: TrainingStep, trainer, decoder: str, examples: list) -> tuple[Any, Any]:

@@ -13,7 +13,7 @@ from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.model.encoder import resolve_model_path
 from embed_core.train.config import TrainConfig, TrainStageConfig
-from embed_core.train.stage import instance_name
+from embed_core.stage_dirs import instance_name
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from embed_core.errors import ConfigError
 from embed_core.fingerprint import Fingerprint
 from embed_core.paths import file_problem
 from embed_core.schema import TRAINABLE_TASKS
+from embed_core.stage_dirs import CHECKPOINTS
 from embed_core.train.commit import commit_stage
 from embed_core.train.config import TrainStageConfig
 from embed_core.train.engine.batches import DatasetRecords
@@ -57,7 +58,7 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
     """Train the configured stage ``stage_name`` on the records of ``upstream`` (a stage directory)
     and commit ``train-<stage>/``; every rank of a launched run calls it, rank 0 writes. Not
     launched, it starts ``train.processes`` local ranks itself (``embed_core.dist.spawn``)."""
-    with local_ranks(config, Path(run_dir), stage_name, upstream=upstream, resume=resume):
+    with local_ranks(config, Path(run_dir), stage_name, upstream=upstream, resume=resume, body=run_train_stage):
         step = resolve_step(config, run_dir, stage_name, upstream=upstream)
         return _run_train_stage(step, resume=resume, fingerprint=fingerprint)
 
@@ -67,7 +68,7 @@ def _run_train_stage(step: TrainingStep, *, resume: bool, fingerprint: Fingerpri
     t0 = time.perf_counter()
     # under torchrun / deepspeed / accelerate launch or local_ranks: every rank runs this function
     init_process_group(timeout_s=step.train.dist_timeout_s)
-    check_shared_directory(step.run_dir / "checkpoints", step.stage.name)  # every node sees what rank 0 writes
+    check_shared_directory(step.run_dir / CHECKPOINTS, step.stage.name)  # every node sees what rank 0 writes
     fingerprint = fingerprint or step_fingerprint(step)
     # load
     ckpt_dir = _checkpoint_dir(step, fingerprint)
@@ -91,7 +92,7 @@ def _run_train_stage(step: TrainingStep, *, resume: bool, fingerprint: Fingerpri
 
 def _checkpoint_dir(step: TrainingStep, fingerprint: Fingerprint) -> Path:
     """The stage's checkpoint directory, emptied when its checkpoints are of other inputs."""
-    ckpt_dir = step.run_dir / "checkpoints" / step.stage.name
+    ckpt_dir = step.run_dir / CHECKPOINTS / step.stage.name
     marker = ckpt_dir / "input_fingerprint"
     if is_main_process():
         if ckpt_dir.exists() and (file_problem(marker) is not None or marker.read_text() != fingerprint.key):

@@ -6,8 +6,8 @@ from (``embed_core.mine.run``); with ``targeted_synthesis``, ``synth-<stage>/``:
 hard negatives for the training records nearest to that model's dev failures
 (``embed_core.synthesize.targeted_step``). The stage trains on its last step's records. The steps
 belong to the train stage so that they run where training runs (a GPU work pool) and in its order;
-under several processes they run on rank 0 alone (``embed_core.dist.ranks``). This module is the
-one place that names those directories, and ``STEPS`` the one table of step kinds: each entry its
+under several processes they run on rank 0 alone (``embed_core.dist.ranks``). The directories'
+names come from ``embed_core.stage_dirs``; ``STEPS`` is the one table of step kinds: each entry its
 prefix, body, records, key, inputs, which ranks run it, its summary and report; a manifest records
 its kind as ``step`` (``manifest_step`` reads one written before from its sections)."""
 
@@ -23,19 +23,20 @@ from pydantic import Field
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError
 from embed_core.mine import stage as mine_stage
+from embed_core import stage_dirs
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
+from embed_core.stage_dirs import (REMINE_PREFIX, SYNTH_PREFIX, TRAIN_PREFIX, instance_name, remine_instance_name,
+                                   stage_name_of, synth_instance_name)
 from embed_core.synthesize import stage as synth_stage
 from embed_core.dist import ranks
 
-NAME = "train"
+NAME = stage_dirs.TRAIN
 BODY = "embed_core.train.run"
 MINE_BODY = "embed_core.mine.run"
 SYNTH_BODY = "embed_core.synthesize.targeted_step"
 KEY = "embed_core.train.key"  # the training step's cache key and inputs
 START = "embed_core.train.resolved"  # the model a training stage starts from
-PREFIX = "train-"
-REMINE_PREFIX = mine_stage.NAME + "-"
-SYNTH_PREFIX = "synth-"
+PREFIX = TRAIN_PREFIX
 
 
 class TrainOptions(StageOptions):
@@ -45,43 +46,6 @@ class TrainOptions(StageOptions):
                                                 "order.")
     resume: bool = Field(True, description="Continue from the newest checkpoint of an interrupted run with the same "
                                            "inputs.")
-
-
-def instance_name(stage_name: str) -> str:
-    """The directory of training stage ``stage_name``: ``train-<stage_name>``."""
-    return PREFIX + stage_name
-
-
-def stage_name_of(instance: str) -> str:
-    """The training stage an instance directory holds (``train-stage1`` -> ``stage1``)."""
-    return instance.removeprefix(PREFIX)
-
-
-def is_train_instance(name: str) -> bool:
-    return name.startswith(PREFIX)
-
-
-def remine_instance_name(stage_name: str) -> str:
-    """The directory of the negatives re-mined for training stage ``stage_name``: ``mine-<stage_name>``."""
-    return REMINE_PREFIX + stage_name
-
-
-def is_remine_instance(name: str) -> bool:
-    return name.startswith(REMINE_PREFIX)
-
-
-def synth_instance_name(stage_name: str) -> str:
-    """The directory of the records synthesized for training stage ``stage_name``'s dev failures."""
-    return SYNTH_PREFIX + stage_name
-
-
-def is_synth_instance(name: str) -> bool:
-    return name.startswith(SYNTH_PREFIX)
-
-
-def trained_model_dirs(run_dir: str | Path) -> list[Path]:
-    """``<run_dir>/train-*/model`` directories, whatever the config says."""
-    return sorted(Path(run_dir).glob(f"{PREFIX}*/model"))
 
 
 def stage_steps(stage: Any) -> list[str]:
@@ -192,7 +156,7 @@ def _step_inputs(ctx: StageContext, upstream: str) -> list[Path]:
 
 
 def _synth_inputs(ctx: StageContext, upstream: str) -> list[Path]:
-    extra = [ctx.run_dir / "prepare"] if upstream != "prepare" else []
+    extra = [ctx.run_dir / stage_dirs.PREPARE] if upstream != stage_dirs.PREPARE else []
     return [ctx.run_dir / upstream, *extra, *_start_model_dirs(ctx)]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from embed_core.errors import ConfigError
+from embed_core.stage_dirs import reference_name
 from embed_core.train.engine.batches import DatasetRecords
 from embed_core.train.engine.outcome import FitOutcome
 from embed_core.train.modes import Instructions, mode_of
@@ -99,7 +100,7 @@ def cda_trainer(step: TrainingStep, datasets: dict[str, DatasetRecords], instruc
     examples = cda_examples(datasets, arc, positive_level=arc.positive_level, seed=step.config.seed)
     trainer, decoder = _autoregembed_trainer(step, examples, checkpoint_dir, "cda")
     trainer.reference = reference_scores(step, trainer, decoder, examples)
-    log.info("%s: reference scores for %d examples (%s)", step.stage.name, len(examples), f"reference-{step.stage.name}")
+    log.info("%s: reference scores for %d examples (%s)", step.stage.name, len(examples), reference_name(step.stage.name))
     return trainer
 
 

@@ -3,7 +3,7 @@
 
 Same model (packaged all-MiniLM-L6-v2, max length 256), same tasks built from the same local files
 (STS-B test and SciFact test from ../shared/data: ``mteb.get_tasks`` would download them, so both
-sides get the task objects ``embed_core.evaluate.tasks.build_task`` makes), same batch size 64, both
+sides get the task objects ``embed_core.scoring.tasks.build_task`` makes), same batch size 64, both
 in fp32 (each side's default). Each side runs in a fresh subprocess with cold caches: an empty run directory and an
 empty machine-wide embedding cache for ours, no result cache for mteb. Prints wall time, peak RSS
 and the main score of each task for both (they must agree), our time for the same evaluation in a
@@ -68,7 +68,7 @@ def run_peer(tmp: str) -> dict:
     import mteb
     from sentence_transformers import SentenceTransformer
 
-    from embed_core.evaluate.tasks import build_task
+    from embed_core.scoring.tasks import build_task
     from embed_core.model.encoder import default_model_path
 
     cfg = config(tmp)

@@ -1,5 +1,5 @@
 """The code map cannot go stale: docs/orchestration.md's "Code layout" names every module under
-``embed_core/``, ``flows/`` and ``tasks/``, one line each, and names nothing that is gone.
+``embed_core/``, ``flows/``, ``tasks/`` and ``embedpipe_tools/``, one line each, and names nothing that is gone.
 
 The convention the block follows (and this file parses), one entry per line:
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from tests.helpers.repo import REPO
 
 DOC = REPO / "docs" / "orchestration.md"
-ROOTS = ("embed_core", "flows", "tasks")
+ROOTS = ("embed_core", "flows", "tasks", "embedpipe_tools")
 MAX_LINE = 110
 ENTRY = re.compile(r"(?P<indent>(?:  )*)(?P<name>[\w.-]+(?:\.py|/))(?: {2,}(?P<desc>\S.*))?")
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from embed_core.train.engine.batches import TaskBatch, TextGroup
+from embed_core.losses.batch import TaskBatch, TextGroup
 from embed_core.train.engine.checkpoint import rng_state, set_rng_state
 from embed_core.model.packing import packing_pays
 from embed_core.dist.distributed import max_over_ranks

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from embed_core.train.engine.batches import TaskBatch
-from embed_core.train.records import release_pages
+from embed_core.losses.batch import TaskBatch
+from embed_core.train.engine.pages import release_pages
 from embed_core.train.engine.sampling import Batch, GroupedBatchSampler
 
 

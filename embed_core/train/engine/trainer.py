@@ -47,7 +47,8 @@ from embed_core.progress import Progress
 from embed_core.train.engine import checkpoint
 from embed_core.train.engine.backends import backend_for
 from embed_core.schema import INFONCE_TASKS
-from embed_core.train.engine.batches import DatasetRecords, TaskBatch, build_batch
+from embed_core.losses.batch import TaskBatch
+from embed_core.train.engine.batches import DatasetRecords, build_batch
 from embed_core.train.config import TrainConfig, TrainStageConfig
 from embed_core.dist.distributed import broadcast_from_main, init_process_group, mean_over_ranks, wait_for_main
 from embed_core.train.engine.lineage import Consumed, consumed_positions, replay

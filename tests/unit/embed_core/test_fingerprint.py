@@ -118,9 +118,9 @@ def test_code_identity_changes_with_a_module_in_the_closure_and_a_library_versio
     code_identity.cache_clear()
 
 
-def test_an_evaluate_edit_retrains_only_a_stage_whose_dev_scores_choose_its_weights(tmp_path, monkeypatch):
+def test_a_scoring_edit_retrains_only_a_stage_whose_dev_scores_choose_its_weights(tmp_path, monkeypatch):
     from embed_core.config import parse_config
-    from embed_core.evaluate.config import SCORING_LIBRARIES
+    from embed_core.scoring.config import SCORING_LIBRARIES
     from embed_core.train import key as train_key
 
     pkg = tmp_path / "embed_core"
@@ -129,7 +129,7 @@ def test_an_evaluate_edit_retrains_only_a_stage_whose_dev_scores_choose_its_weig
     roots = ("embed_core.train.run", "embed_core.train.dev", "embed_core.evaluate.run")
     code_identity.cache_clear()
     before = {m: code_identity(m, SCORING_LIBRARIES) for m in roots}
-    with open(pkg / "evaluate" / "tasks.py", "a") as fh:
+    with open(pkg / "scoring" / "tasks.py", "a") as fh:
         fh.write("\n# a change\n")
     code_identity.cache_clear()
     after = {m: code_identity(m, SCORING_LIBRARIES) for m in roots}

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from embed_core.config import parse_config
-from embed_core.evaluate.config import EvalTaskSpec
+from embed_core.scoring.config import EvalTaskSpec
 from embed_core.errors import RowError
 from tests.helpers.repo import REPO
 
@@ -110,7 +110,7 @@ def test_geometry_must_name_an_sts_task(local_data, tmp_path):
 
 
 def test_retrieval_keeps_judged_queries_only(local_data):
-    from embed_core.evaluate.data import load_retrieval
+    from embed_core.scoring.data import load_retrieval
 
     split = load_retrieval(EvalTaskSpec(name="R", type="retrieval", path="beir"), lambda p: local_data / p)
     assert split["queries"]["id"] == ["q1", "q2"]
@@ -118,7 +118,7 @@ def test_retrieval_keeps_judged_queries_only(local_data):
 
 
 def test_bad_eval_row_names_file_row_and_field(local_data):
-    from embed_core.evaluate.data import load_sts
+    from embed_core.scoring.data import load_sts
 
     (local_data / "sts.csv").write_text("sentence1,sentence2,score\nA,B,4.0\nC,D,n/a\n")
     with pytest.raises(RowError) as err:
@@ -127,7 +127,7 @@ def test_bad_eval_row_names_file_row_and_field(local_data):
 
     (local_data / "beir/qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td9\t1\n")
     from embed_core.errors import SourceError
-    from embed_core.evaluate.data import load_retrieval
+    from embed_core.scoring.data import load_retrieval
 
     with pytest.raises(SourceError, match="d9"):
         load_retrieval(EvalTaskSpec(name="R", type="retrieval", path="beir"), lambda p: local_data / p)
@@ -135,7 +135,7 @@ def test_bad_eval_row_names_file_row_and_field(local_data):
 
 def test_mteb_task_names_reuse_mteb_definitions():
     from embed_core.errors import ConfigError
-    from embed_core.evaluate.tasks import build_task
+    from embed_core.scoring.tasks import build_task
 
     spec = EvalTaskSpec(name="EmotionClassification", type="classification", path="t", train_path="tr")
     task = build_task(spec, Path)
@@ -148,8 +148,8 @@ def test_mteb_task_names_reuse_mteb_definitions():
 def test_instructions_follow_the_saved_model(tiny_model, tmp_path):
     from mteb.types import PromptType
 
-    from embed_core.evaluate.model import EvalModel
-    from embed_core.evaluate.tasks import build_task
+    from embed_core.scoring.model import EvalModel
+    from embed_core.scoring.tasks import build_task
 
     sts = build_task(EvalTaskSpec(name="STSBenchmark", type="sts", path="x", instruction="Find similar text."), Path)
     ret = build_task(EvalTaskSpec(name="SciFact", type="retrieval", path="x"), Path)

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from embed_core.errors import EmbedpipeError
-from embed_core.evaluate.tasks import check_main_score
+from embed_core.scoring.tasks import check_main_score
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])

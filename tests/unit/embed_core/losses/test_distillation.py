@@ -10,7 +10,7 @@ from embed_core.errors import ConfigError
 from embed_core.losses import LossContext, loss_for
 from embed_core.losses.listwise_kl import ListwiseKL
 from embed_core.losses.margin_mse import MarginMSE
-from embed_core.train.engine.batches import TaskBatch, TextGroup
+from embed_core.losses.batch import TaskBatch, TextGroup
 
 
 def _unit(*xs):

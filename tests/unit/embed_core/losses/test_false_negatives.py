@@ -10,7 +10,7 @@ from embed_core.losses import LossContext
 from embed_core.losses.cls_infonce import ClassificationInfoNCE
 from embed_core.losses.infonce import InfoNCE
 from embed_core.losses.multi_positive_infonce import MultiPositiveInfoNCE
-from embed_core.train.engine.batches import TaskBatch, TextGroup
+from embed_core.losses.batch import TaskBatch, TextGroup
 
 
 def _unit(*xs):

@@ -84,7 +84,7 @@ def test_the_saved_model_appends_the_eos_in_the_evaluate_encoder_and_sentence_tr
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
 
-    from embed_core.evaluate.model import EvalModel
+    from embed_core.scoring.model import EvalModel
 
     m = Embedder(str(decoders["bos"]), pooling="last_token", max_length=16).eval()
     saved = m.save(tmp_path / "saved")

@@ -9,7 +9,7 @@ from mteb.types import PromptType
 
 from embed_core.stages import records_upstream
 from embed_core.config import parse_config
-from embed_core.evaluate.config import EvalTaskSpec
+from embed_core.scoring.config import EvalTaskSpec
 from tests.unit.embed_core.train.test_training import _config_dict
 
 pytestmark = pytest.mark.slow  # trains or reads real data: make test, not make test-fast
@@ -34,8 +34,8 @@ def trained(tmp_path_factory, tiny_model):
 def test_the_saved_model_loads_in_sentence_transformers_with_its_prompts_and_reproduces_the_evaluator(trained, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from embed_core.evaluate.model import EvalModel
-    from embed_core.evaluate.tasks import build_task
+    from embed_core.scoring.model import EvalModel
+    from embed_core.scoring.tasks import build_task
 
     config, _, model_dir = trained
     evaluator = EvalModel(str(model_dir), label="stage1", cache_root=tmp_path / "cache", precision="fp32")

@@ -53,7 +53,7 @@ def test_dev_path_and_dev_fraction_are_exclusive():
 
 def test_a_dev_task_made_from_prepares_dev_records_works_from_a_relative_run_directory(tmp_path, monkeypatch):
     from embed_core.train.config import DevTaskSpec
-    from embed_core.evaluate.data import _read_pairs
+    from embed_core.scoring.data import _read_pairs
     from embed_core.train.dev import materialize
 
     (tmp_path / "train.csv").write_text("sentence1,sentence2,score\n" + ROWS)

@@ -1,0 +1,64 @@
+"""The one place that names the directories of a run: the stages' own (``<run_dir>/prepare``,
+``synthesize``, ``mine``, ``evaluate``) and the train stage's instances, one per configured training
+stage and step: ``train-<stage>`` (the stage), ``mine-<stage>`` (its re-mining step),
+``synth-<stage>`` (its error-driven synthesis step), ``reference-<stage>`` (AutoRegEmbed's
+reference scores), and ``checkpoints/`` (the stages' resumable state). Every stage package reads
+these names from here, so no stage imports another to find its directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PREPARE = "prepare"
+SYNTHESIZE = "synthesize"
+MINE = "mine"
+TRAIN = "train"
+EVALUATE = "evaluate"
+CHECKPOINTS = "checkpoints"
+
+TRAIN_PREFIX = TRAIN + "-"
+REMINE_PREFIX = MINE + "-"
+SYNTH_PREFIX = "synth-"
+REFERENCE_PREFIX = "reference-"
+
+
+def instance_name(stage_name: str) -> str:
+    """The directory of training stage ``stage_name``: ``train-<stage_name>``."""
+    return TRAIN_PREFIX + stage_name
+
+
+def stage_name_of(instance: str) -> str:
+    """The training stage an instance directory holds (``train-stage1`` -> ``stage1``)."""
+    return instance.removeprefix(TRAIN_PREFIX)
+
+
+def is_train_instance(name: str) -> bool:
+    return name.startswith(TRAIN_PREFIX)
+
+
+def remine_instance_name(stage_name: str) -> str:
+    """The directory of the negatives re-mined for training stage ``stage_name``: ``mine-<stage_name>``."""
+    return REMINE_PREFIX + stage_name
+
+
+def is_remine_instance(name: str) -> bool:
+    return name.startswith(REMINE_PREFIX)
+
+
+def synth_instance_name(stage_name: str) -> str:
+    """The directory of the records synthesized for training stage ``stage_name``'s dev failures."""
+    return SYNTH_PREFIX + stage_name
+
+
+def is_synth_instance(name: str) -> bool:
+    return name.startswith(SYNTH_PREFIX)
+
+
+def reference_name(stage_name: str) -> str:
+    """The directory of AutoRegEmbed's reference scores for training stage ``stage_name``."""
+    return REFERENCE_PREFIX + stage_name
+
+
+def trained_model_dirs(run_dir: str | Path) -> list[Path]:
+    """``<run_dir>/train-*/model`` directories, whatever the config says."""
+    return sorted(Path(run_dir).glob(f"{TRAIN_PREFIX}*/model"))
