@@ -75,6 +75,7 @@ class Manifest(Section):
     created_at: str = Field(description="When the stage committed (local time with offset).")
     outputs: dict[str, OutputInfo] = Field(description="Every file of the stage directory with its hash.")
     timings_s: dict[str, float] = Field(default_factory=dict, description="Seconds per phase and in total.")
+    counts: Any = Field(None, description="What the step counted: a dict here, typed by each step's class.")
 
     @classmethod
     def of(cls, manifest: Manifest | dict[str, Any], file: str | Path = MANIFEST) -> Any:
