@@ -138,22 +138,26 @@ class StageWriter:
     """Collects one stage's outputs in a staging directory and swaps it in on ``commit``.
 
     Use as a context manager; leaving the block with an exception discards the staging
-    directory and leaves the previous artifact as it was. The writer fills the manifest's envelope
-    (``embed_core.manifests``): ``manifest`` is the step's class (its ``STEP`` is written as
-    ``step``, and ``commit`` validates the stage's sections against it), ``fingerprint`` the stage's
-    cache key (a ``Fingerprint``: key and code; or a bare key), ``run_name`` the run's; ``commit``
-    takes only the stage's own sections. (A bare ``StageWriter(run_dir, name)`` whose ``commit``
-    is given ``run_name``/``input_fingerprint``/``code`` itself still works, with no ``step``.) In a multi-process job only rank 0 opens
-    one (``embed_core.dist.ranks``): opening cleans the stage's leftovers, which would be another
-    rank's staging directory, so a writer on any other rank is refused.
+    directory and leaves the previous artifact as it was.
+
+    The writer fills the manifest's envelope (``embed_core.manifests``): ``manifest`` is the step's
+    class (its ``STEP`` is written as ``step``; ``commit`` validates the stage's sections against
+    it), ``fingerprint`` the cache key (a ``Fingerprint``: key and code; or a bare key, with
+    ``code``), ``run_name`` the run's; ``commit`` takes only the stage's own sections. (A bare
+    ``StageWriter(run_dir, name)`` whose ``commit`` is given ``run_name``, ``input_fingerprint``
+    and ``code`` itself still works, with no ``step``.)
+
+    In a multi-process job only rank 0 opens one (``embed_core.dist.ranks``): opening cleans the
+    stage's leftovers, which would be another rank's staging directory, so a writer on any other
+    rank is refused.
     """
 
     def __init__(self, run_dir: Path, stage: str, manifest: type[Manifest] = Manifest, *,
-                 fingerprint: Fingerprint | str | None = None, run_name: str | None = None):
+                 fingerprint: Fingerprint | str | None = None, run_name: str | None = None, code: str | None = None):
         self.run_dir = Path(run_dir)
         self.stage = stage
         self.manifest_class = manifest
-        key, code = (fingerprint.key, fingerprint.code) if isinstance(fingerprint, Fingerprint) else (fingerprint, None)
+        key, code = (fingerprint.key, fingerprint.code) if isinstance(fingerprint, Fingerprint) else (fingerprint, code)
         self.envelope = {k: v for k, v in (("step", manifest.STEP), ("run_name", run_name),
                                            ("input_fingerprint", key), ("code", code)) if v is not None}
         self.final = self.run_dir / stage

@@ -340,6 +340,23 @@ STEPS: dict[str, type[Manifest]] = {cls.STEP: cls for cls in (
     ReferenceManifest, EvaluateManifest, AblationManifest, SweepManifest, SoupManifest)}
 
 
+def step_class(manifest: Manifest | dict[str, Any]) -> type[Manifest]:
+    """The class of the step that wrote ``manifest``: its ``step``; for one written before the key
+    existed, told by its sections (the train stage's directories: a targeted synthesis step has
+    ``targeted``, a reference ``decoder``, a training stage ``stage_name``; a re-mining step none),
+    else the envelope's ``Manifest``."""
+    raw = manifest.as_dict() if isinstance(manifest, Manifest) else manifest
+    if raw.get("step") in STEPS:
+        return STEPS[raw["step"]]
+    if raw.get("stage") in STEPS:
+        return STEPS[raw["stage"]]  # prepare, synthesize, mine, evaluate: the directory is named by its step
+    for key, cls in (("targeted", SynthManifest), ("decoder", ReferenceManifest), ("stage_name", TrainManifest),
+                     ("counts", RemineManifest)):
+        if key in raw:
+            return cls
+    return Manifest
+
+
 # --- what running a stage instance gave -------------------------------------------------------------
 
 class StageResult(TypedDict, total=False):

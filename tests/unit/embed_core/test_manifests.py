@@ -15,9 +15,12 @@ from embed_core.manifests import (
     Manifest,
     MineManifest,
     PrepareManifest,
+    ReferenceManifest,
     RemineManifest,
+    SynthManifest,
     TrainManifest,
     stage_result,
+    step_class,
 )
 from embed_core.schema import CORPUS_KIND, PASSAGE_SCHEMA, RECORD_SCHEMA, SCHEMA_VERSION, Record, records_to_table
 
@@ -157,3 +160,22 @@ def test_a_stage_result_is_one_shape_whether_it_ran_here_or_on_another_pool():
                          work_pool="gpu", flow_run="id")
     assert set(here) == {"stage", "cached", "seconds", "run_dir", "manifest", "summary"}
     assert {k: v for k, v in there.items() if k not in ("work_pool", "flow_run")} == here
+
+
+def test_the_step_of_a_manifest_is_its_step_key_and_for_an_older_one_told_by_its_sections():
+    assert step_class({**OLD_PREPARE, "step": "remine"}) is RemineManifest
+    assert step_class(OLD_PREPARE) is PrepareManifest  # no step key: the stage prepare is the step
+    older = {k: v for k, v in OLD_PREPARE.items() if k != "counts"}
+    assert step_class({**older, "stage": "train-s", "stage_name": "s"}) is TrainManifest
+    assert step_class({**older, "stage": "reference-s", "stage_name": "s", "decoder": "d"}) is ReferenceManifest
+    assert step_class({**older, "stage": "synth-s", "targeted": {}, "counts": {}}) is SynthManifest
+    assert step_class({**older, "stage": "mine-s", "counts": {}}) is RemineManifest
+    assert step_class({**older, "stage": "elsewhere"}) is Manifest
+
+
+def test_a_bare_key_with_its_code_fills_the_envelope_like_a_fingerprint(tmp_path):
+    counts = {"examples": 2, "negatives": 3}
+    with StageWriter(tmp_path, "reference-s", ReferenceManifest, fingerprint="k", code="c", run_name="demo") as w:
+        w.commit({"stage_name": "s", "init_model": "m", "decoder": "d", "counts": counts})
+    m = ReferenceManifest.read(tmp_path, "reference-s")
+    assert (m.step, m.input_fingerprint, m.code, m.run_name, m.counts.negatives) == ("reference", "k", "c", "demo", 3)
