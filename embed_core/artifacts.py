@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import json
 import os
 import re
@@ -18,50 +19,25 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from embed_core import __version__
 from embed_core.errors import UNCOMMITTED_ATTR, DiskFullError, EmbedpipeError, disk_full_errno
-from embed_core.fingerprint import sha256_file
+from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.manifests import MANIFEST, Manifest, OutputInfo
 from embed_core.paths import files_within
 from embed_core.procs import check_parent
-from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, check_table
+from embed_core.schema import CORPUS_KIND, PASSAGE_SCHEMA, RECORD_SCHEMA, SCHEMA_VERSION, check_table
 
-MANIFEST = "manifest.json"
-
-
-class OutputInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: str = Field(description="records, stats, plot, model, metrics, results, report, ...")
-    sha256: str = Field(description="SHA-256 of the file's bytes; readers refuse a file that differs.")
-    rows: int | None = Field(None, description="Rows of a Parquet table.")
-
-
-class Manifest(BaseModel):
-    """The envelope every stage's ``manifest.json`` has; a stage adds its own sections (counts,
-    timings, settings, ...) next to these fields."""
-
-    model_config = ConfigDict(extra="allow")
-
-    stage: str = Field(description="Stage directory name.")
-    input_fingerprint: str = Field(description="The cache key the outputs were produced from.")
-    code: str | None = Field(None, description="Code identity of the stage (part of the key).")
-    schema_version: str | int = Field(description="Record schema version.")
-    package_version: str = Field(description="embedpipe's version.")
-    created_at: str = Field(description="When the stage committed (local time with offset).")
-    outputs: dict[str, OutputInfo] = Field(description="Every file of the stage directory with its hash.")
-
-    def as_dict(self) -> dict[str, Any]:
-        out = self.model_dump(mode="json")
-        out["outputs"] = {name: info.model_dump(exclude_none=True) for name, info in self.outputs.items()}
-        return out
-
+__all__ = ["MANIFEST", "Manifest", "OutputInfo", "StageWriter", "TableStream", "ARTIFACT_KINDS", "read_manifest",
+           "read_records", "read_corpora", "read_model", "read_tables", "output_hashes"]
 
 # mkstemp creates files 0600; outputs are meant to be shared (run directories are copied between
 # people and served to the Prefect UI), so they get the mode a plain open() would: 0666 & ~umask.
@@ -162,14 +138,28 @@ class StageWriter:
     """Collects one stage's outputs in a staging directory and swaps it in on ``commit``.
 
     Use as a context manager; leaving the block with an exception discards the staging
-    directory and leaves the previous artifact as it was. In a multi-process job only rank 0 opens
-    one (``embed_core.dist.ranks``): opening cleans the stage's leftovers, which would be another
-    rank's staging directory, so a writer on any other rank is refused.
+    directory and leaves the previous artifact as it was.
+
+    The writer fills the manifest's envelope (``embed_core.manifests``): ``manifest`` is the step's
+    class (its ``STEP`` is written as ``step``; ``commit`` validates the stage's sections against
+    it), ``fingerprint`` the cache key (a ``Fingerprint``: key and code; or a bare key, with
+    ``code``), ``run_name`` the run's; ``commit`` takes only the stage's own sections. (A bare
+    ``StageWriter(run_dir, name)`` whose ``commit`` is given ``run_name``, ``input_fingerprint``
+    and ``code`` itself still works, with no ``step``.)
+
+    In a multi-process job only rank 0 opens one (``embed_core.dist.ranks``): opening cleans the
+    stage's leftovers, which would be another rank's staging directory, so a writer on any other
+    rank is refused.
     """
 
-    def __init__(self, run_dir: Path, stage: str):
+    def __init__(self, run_dir: Path, stage: str, manifest: type[Manifest] = Manifest, *,
+                 fingerprint: Fingerprint | str | None = None, run_name: str | None = None, code: str | None = None):
         self.run_dir = Path(run_dir)
         self.stage = stage
+        self.manifest_class = manifest
+        key, code = (fingerprint.key, fingerprint.code) if isinstance(fingerprint, Fingerprint) else (fingerprint, code)
+        self.envelope = {k: v for k, v in (("step", manifest.STEP), ("run_name", run_name),
+                                           ("input_fingerprint", key), ("code", code)) if v is not None}
         self.final = self.run_dir / stage
         self.staging = self.run_dir / f".{stage}.staging-{uuid.uuid4().hex[:8]}"
         self.outputs: dict[str, dict[str, Any]] = {}
@@ -245,15 +235,24 @@ class StageWriter:
             self.outputs[str(path.relative_to(self.staging))] = {"kind": kind, "sha256": sha256_file(path, remember=False)}
         return self.final / name
 
-    def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def commit(self, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the manifest (the envelope filled here, ``body``: the stage's own sections) and swap
+        the staging directory in; the manifest as written."""
         self._register_streams()
         shutil.rmtree(self.staging / ".scratch", ignore_errors=True)
-        manifest = Manifest.model_validate({  # a stage that forgets its key fails here, before the swap
+        body = dict(body or {})
+        twice = sorted({"stage", "step", "schema_version", "package_version", "created_at", "outputs",
+                        *self.envelope} & body.keys())
+        if twice:  # the writer fills the envelope: a stage that gives it too is a bug
+            raise ValueError(f"{self.final}: {', '.join(twice)} of the manifest is filled by the stage writer, "
+                             "not given to commit")
+        manifest = self.manifest_class.model_validate({  # a stage that forgets its key fails here, before the swap
             "stage": self.stage,
             "schema_version": SCHEMA_VERSION,
             "package_version": __version__,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **manifest,
+            **body,
+            **self.envelope,
             "outputs": self.outputs,
         }).as_dict()
         atomic_write_json(self.staging / MANIFEST, manifest)
@@ -333,25 +332,45 @@ def model_artifact_dir(model: str | Path, run_dir: str | Path) -> Path | None:
 
 
 def read_manifest(run_dir: Path, stage: str) -> dict[str, Any] | None:
-    """The stage's manifest (validated against ``Manifest``; stage sections as written), or None
-    when there is none or it is not a manifest (a damaged one reads as missing)."""
+    """The stage's manifest as a dict (validated against the envelope, ``Manifest``; stage sections
+    as written), or None when there is none or it is not a manifest (a damaged one reads as
+    missing). A reader of a step's sections reads them through the step's class instead
+    (``embed_core.manifests``: ``PrepareManifest.read(run_dir, "prepare").counts``)."""
+    manifest = _envelope(run_dir, stage)
+    return manifest.as_dict() if manifest is not None else None
+
+
+def _envelope(run_dir: Path, stage: str) -> Manifest | None:
     path = Path(run_dir) / stage / MANIFEST
     if not path.exists():
         return None
     try:
-        return Manifest.model_validate_json(path.read_bytes()).as_dict()
+        return Manifest.model_validate_json(path.read_bytes())
     except ValidationError:
         return None
+
+
+def output_hashes(run_dir: Path, stage: str, kind: str | None = None, prefix: str = "", *,
+                  required: bool = True) -> dict[str, str]:
+    """Output name -> sha256 of a committed stage (of one ``kind``, under ``prefix``): what a later
+    stage's cache key holds of it. No manifest: an EmbedpipeError saying to run it (``required``),
+    else {}."""
+    manifest = _envelope(run_dir, stage)
+    if manifest is None:
+        if required:
+            raise EmbedpipeError(f"{Path(run_dir) / stage}: no {MANIFEST} — run the {stage} stage first")
+        return {}
+    return manifest.hashes(kind, prefix)
 
 
 def changed_output(run_dir: Path, stage: str, manifest: dict[str, Any] | None = None) -> str | None:
     """The first output of the stage (its name in the stage directory) that is missing, has become
     a symbolic link (a stage writes none) or whose bytes differ from its manifest; None when every
     one matches."""
-    manifest = manifest if manifest is not None else read_manifest(run_dir, stage) or {}
-    for name, info in manifest.get("outputs", {}).items():
+    typed = Manifest.of(manifest) if manifest is not None else _envelope(run_dir, stage)
+    for name, sha256 in (typed.hashes() if typed is not None else {}).items():
         path = Path(run_dir) / stage / name
-        if path.is_symlink() or not path.is_file() or sha256_file(path) != info.get("sha256"):
+        if path.is_symlink() or not path.is_file() or sha256_file(path) != sha256:
             return name
     return None
 
@@ -366,7 +385,7 @@ def intact_manifest(stage_dir: Path, *, holding: str | None = None) -> dict[str,
     if manifest is None:
         raise EmbedpipeError(f"{stage_dir / MANIFEST}: missing or not a stage manifest (the stage was not committed, "
                              "or the file is damaged): run the stage again with --force")
-    if holding is not None and holding not in manifest["outputs"]:
+    if holding is not None and holding not in Manifest.of(manifest).outputs:
         raise EmbedpipeError(f"{stage_dir / holding}: not an output of {stage_dir / MANIFEST} (not written by the "
                              "stage): run the stage again with --force")
     changed = changed_output(stage_dir.parent, stage_dir.name, manifest)
@@ -379,28 +398,26 @@ def intact_manifest(stage_dir: Path, *, holding: str | None = None) -> dict[str,
 def stage_is_intact(run_dir: Path, stage: str, input_fingerprint: str | None = None) -> bool:
     """True when the stage's manifest exists, every output matches its hash, and (if given) the
     manifest was produced from ``input_fingerprint``."""
-    manifest = read_manifest(run_dir, stage)
+    manifest = _envelope(run_dir, stage)
     if manifest is None:
         return False
-    if input_fingerprint is not None and manifest.get("input_fingerprint") != input_fingerprint:
+    if input_fingerprint is not None and manifest.input_fingerprint != input_fingerprint:
         return False
-    return changed_output(run_dir, stage, manifest) is None
+    return changed_output(run_dir, stage, manifest.as_dict()) is None
 
 
 def checked_outputs(run_dir: Path, stage: str, *, kind: str = "records") -> dict[str, tuple[Path, str]]:
     """The outputs of a finished stage of one ``kind``, by file name: (path, sha256), each file
     checked against the hash its manifest holds."""
-    manifest = read_manifest(run_dir, stage)
+    manifest = _envelope(run_dir, stage)
     if manifest is None:
         raise EmbedpipeError(f"{Path(run_dir) / stage}: no {MANIFEST} (stage not run, or interrupted)")
     out = {}
-    for name, info in manifest["outputs"].items():
-        if info.get("kind") != kind:
-            continue
+    for name, sha256 in manifest.hashes(kind).items():
         path = Path(run_dir) / stage / name
-        if not path.exists() or sha256_file(path) != info["sha256"]:
+        if not path.exists() or sha256_file(path) != sha256:
             raise EmbedpipeError(f"{path}: missing or changed since its manifest was written")
-        out[name] = (path, info["sha256"])
+        out[name] = (path, sha256)
     return out
 
 
@@ -414,3 +431,54 @@ def read_records(run_dir: Path, stage: str, *, validate: bool = True, kind: str 
             check_table(table, file=str(path))
         tables[name] = table.cast(RECORD_SCHEMA) if table.schema != RECORD_SCHEMA else table
     return tables
+
+
+def read_tables(run_dir: Path, stage: str, *, kind: str) -> dict[str, pa.Table]:
+    """The Parquet outputs of one ``kind`` of a finished stage, by file name, checked against the
+    manifest (the schema is the writing stage's: metrics, stats, results)."""
+    return {name: pq.read_table(path) for name, (path, _) in checked_outputs(run_dir, stage, kind=kind).items()}
+
+
+def read_corpora(run_dir: Path, stage: str) -> dict[str, pa.Table]:
+    """The corpus artifacts of a finished stage (prepare's ``corpus-<name>.parquet``), by corpus
+    name, checked against the manifest and ``PASSAGE_SCHEMA``: passages are no records and never
+    go through the record path."""
+    out = {}
+    for name, (path, _) in checked_outputs(Path(run_dir), stage, kind=CORPUS_KIND).items():
+        table = pq.read_table(path)
+        if [(f.name, f.type) for f in table.schema] != [(f.name, f.type) for f in PASSAGE_SCHEMA]:
+            raise EmbedpipeError(f"{path}: not a corpus of passages (columns {table.schema.names}, expected "
+                                 f"{PASSAGE_SCHEMA.names}): run prepare again with --force")
+        out[name.removeprefix("corpus-").removesuffix(".parquet")] = table
+    return out
+
+
+def read_model(run_dir: Path, stage: str) -> Path:
+    """The model directory a finished stage committed (``<stage>/model``), every file of it
+    checked against the manifest."""
+    files = checked_outputs(Path(run_dir), stage, kind="model")
+    if not files:
+        raise EmbedpipeError(f"{Path(run_dir) / stage / MANIFEST}: lists no model (the stage saved none)")
+    return Path(run_dir) / stage / "model"
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    """A kind of stage output another stage reads: its ``OutputInfo.kind``, its Arrow schema (None:
+    not a table, or the writing stage's own), and the one reader that checks it."""
+
+    kind: str
+    schema: pa.Schema | None
+    read: Callable[..., Any]
+    holds: str
+
+
+ARTIFACT_KINDS: dict[str, ArtifactKind] = {k.kind: k for k in (
+    ArtifactKind("records", RECORD_SCHEMA, read_records, "training records (prepare, synthesize, mine, steps)"),
+    ArtifactKind("dev_records", RECORD_SCHEMA, functools.partial(read_records, kind="dev_records"),
+                 "prepare's dev records (dev/<dataset>.parquet), for model selection only"),
+    ArtifactKind(CORPUS_KIND, PASSAGE_SCHEMA, read_corpora, "prepare's passages of a corpus source"),
+    ArtifactKind("model", None, read_model, "a trained model directory (<stage>/model/)"),
+    ArtifactKind("metrics", None, functools.partial(read_tables, kind="metrics"),
+                 "per-step training metrics, dev scores, ablation scores (the writer's schema)"),
+)}

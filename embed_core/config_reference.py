@@ -18,6 +18,7 @@ from pydantic_core import PydanticUndefined
 
 from embed_core.config import RunConfig
 from embed_core.losses import DEFAULT_LOSSES, LOSSES
+from embed_core.schema import CORPUS_KIND
 from embed_core.prepare.convert import CONVERTERS
 
 HEADER = """# Configuration reference
@@ -103,7 +104,7 @@ def _source_kinds(out: list[str]) -> None:
         module_doc = sys.modules[cls.__module__].__doc__ or ""
         fields = ", ".join(f"`{f}` (`{c}`{', optional' if f in cls.optional else ''})"
                            for f, c in cls.columns.items()) or "none (a directory)"
-        passages = getattr(cls, "passages", False)  # a corpus: documents, no columns, no records
+        passages = cls.produces == CORPUS_KIND  # a corpus: documents, no columns, no records
         fields = "none (a file or folder of documents)" if passages else fields
         out += [f"### `{kind}`", "", " ".join(module_doc.split()), "",
                 f"Task: {cls.task}. Columns: {fields}. Contamination texts: "

@@ -81,6 +81,13 @@ RECORD_SCHEMA = pa.schema(
 )
 FIELD_NAMES = tuple(RECORD_SCHEMA.names)
 
+# A passage of a corpus source (``kind: corpus``): no query, so no record; prepare writes them as
+# ``corpus-<name>.parquet``, output kind CORPUS_KIND (``prepare/corpus.py``, ``artifacts.read_corpora``).
+CORPUS_KIND = "corpus"
+PASSAGE_SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("dataset", pa.string(), nullable=False),
+                            pa.field("text", pa.string(), nullable=False),
+                            pa.field("source_ref", pa.string(), nullable=False)])
+
 _TEXT_LIST_FIELDS = ("positives", "negatives", "weak_positives")
 _SCORE_LIST_FIELDS = (("positive_scores", "positives"), ("negative_scores", "negatives"))
 

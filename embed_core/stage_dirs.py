@@ -32,26 +32,14 @@ def stage_name_of(instance: str) -> str:
     return instance.removeprefix(TRAIN_PREFIX)
 
 
-def is_train_instance(name: str) -> bool:
-    return name.startswith(TRAIN_PREFIX)
-
-
 def remine_instance_name(stage_name: str) -> str:
     """The directory of the negatives re-mined for training stage ``stage_name``: ``mine-<stage_name>``."""
     return REMINE_PREFIX + stage_name
 
 
-def is_remine_instance(name: str) -> bool:
-    return name.startswith(REMINE_PREFIX)
-
-
 def synth_instance_name(stage_name: str) -> str:
     """The directory of the records synthesized for training stage ``stage_name``'s dev failures."""
     return SYNTH_PREFIX + stage_name
-
-
-def is_synth_instance(name: str) -> bool:
-    return name.startswith(SYNTH_PREFIX)
 
 
 def reference_name(stage_name: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from embed_core.config import RunConfig
 from embed_core.errors import EmbedpipeError
 from embed_core.fingerprint import Fingerprint
+from embed_core.manifests import Manifest
 from embed_core.stage_api import Stage, StageContext
 from embed_core.dist import ranks
 
@@ -129,7 +130,7 @@ def instance_state(config: RunConfig, run_dir: Path, stage: Stage, instance: str
     from embed_core.artifacts import changed_output, read_manifest
 
     manifest = read_manifest(run_dir, instance)
-    recorded = manifest.get("input_fingerprint") if manifest else None
+    recorded = Manifest.of(manifest).input_fingerprint if manifest else None
     try:
         current, detail = stage.fingerprint(context(config, run_dir, stage, instance,
                                                     stage.options_for_pipeline(config))).key, ""

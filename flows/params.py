@@ -37,9 +37,9 @@ def resolve_run(config_path: str | None, config: dict[str, Any] | RunConfig | No
     ``config_path``'s file like ``extends`` (mappings key by key; lists and values replace); with
     no ``config_path`` it is the whole config. ``run_name`` overrides the config's; ``run_dir``
     defaults to ``{run_root}/{run_name}``."""
-    if isinstance(config, RunConfig):  # a whole config from Python (a parent flow, a test)
-        config, config_path = config.model_dump(mode="json"), None
-    if config_path:
+    if isinstance(config, RunConfig):  # a whole config from Python (the CLI, a parent flow, a test): validated once
+        cfg = config
+    elif config_path:
         cfg = load_config(config_path, overrides=config)
     elif config:
         cfg = parse_config(dict(config), origin="the inline config")

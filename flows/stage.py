@@ -23,6 +23,7 @@ from embed_core import stages
 from embed_core.artifacts import read_manifest
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.manifests import StageResult, stage_result
 from embed_core.rundir import lock_token, portable_config, read_history
 from embed_core.stage_api import Stage
 from embed_core.stage_dirs import EVALUATE, MINE, PREPARE, SYNTHESIZE, TRAIN
@@ -32,7 +33,7 @@ from tasks.stage import run_stage_instance
 
 
 def run_stage(stage: Stage, config: RunConfig, run_dir: str, options: Any = None,
-              force: bool = False) -> dict[str, dict[str, Any]]:
+              force: bool = False) -> dict[str, StageResult]:
     options = options if options is not None else stage.options()
     return {inst: run_stage_instance(stage, config, run_dir, inst, options, force)
             for inst in stage.instance_names(config, options)}
@@ -120,17 +121,16 @@ def run_stage_on_pool(stage: Stage, config: RunConfig, run_dir: str, pool: str, 
 
 
 def _results_from_run_dir(stage: Stage, config: RunConfig, run_dir: str, options: Any, pool: str,
-                          child: Any) -> dict[str, dict[str, Any]]:
+                          child: Any) -> dict[str, StageResult]:
     last = {entry.get("stage"): entry for entry in read_history(run_dir)}
     results = {}
     for instance in stage.instance_names(config, options):
         manifest = read_manifest(Path(run_dir), instance)
         if manifest is None:
             raise EmbedpipeError(f"{Path(run_dir) / instance}: flow run {child.name} on {pool!r} left no manifest")
-        results[instance] = {"stage": instance, "cached": bool(last.get(instance, {}).get("cached")),
-                             "seconds": last.get(instance, {}).get("seconds"), "run_dir": run_dir,
-                             "manifest": manifest, "summary": stage.summarize(manifest),
-                             "work_pool": pool, "flow_run": str(child.id)}
+        results[instance] = stage_result(instance, manifest, cached=bool(last.get(instance, {}).get("cached")),
+                                         seconds=last.get(instance, {}).get("seconds"), run_dir=run_dir,
+                                         summary=stage.summarize(manifest), work_pool=pool, flow_run=str(child.id))
     return results
 
 

@@ -16,6 +16,7 @@ from embed_core.runs import sweep
 from embed_core.procs import descendants, kill_all, own_session_dying_with_parent
 from embed_core.config import RunConfig
 from embed_core.stage_dirs import EVALUATE, TRAIN, instance_name
+from embed_core.manifests import SweepManifest
 from flows.failures import reports_user_errors
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_run_args_doc
 from tasks.stage import run_stage_instance
@@ -76,7 +77,8 @@ def sweep_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] 
             if soup is not None:
                 soup["test"] = [r for r in evaluated if r["model"] == Path(soup["path"]).parent.name]
         manifest = sweep.write_report(cfg, rdir, trained, test_scores, soup)
-    return {"winner": manifest["winner"], "settings": manifest["winner_settings"], "variants": trained,
+    swept = SweepManifest.of(manifest)
+    return {"winner": swept.winner, "settings": swept.winner_settings, "variants": trained,
             "dev_scores": scores, "test": test_scores, "soup": soup,
             "report": f"{rdir}/sweep-{cfg.sweep.stage}/report.md"}
 

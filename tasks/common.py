@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from embed_core.errors import ConfigError, RowError
+from embed_core.manifests import MANIFEST, Manifest
 from embed_core.stage_api import Report
 
 
@@ -66,17 +67,18 @@ def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, ca
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     root = Path(run_dir).resolve() / stage
+    committed = Manifest.of(manifest, root / MANIFEST)
     rows = []
-    for name, info in sorted(manifest.get("outputs", {}).items()):
+    for name, info in sorted(committed.outputs.items()):
         if "/" in name and not name.startswith("model/config"):
             continue  # model shards etc.: the model directory is linked once below
-        rows.append(f"| {file_link(root / name, name)} | {info.get('kind', '')} | {info.get('rows', '')} "
-                    f"| `{info.get('sha256', '')[:12]}` |")
+        rows.append(f"| {file_link(root / name, name)} | {info.kind} | {'' if info.rows is None else info.rows} "
+                    f"| `{info.sha256[:12]}` |")
     if (root / "model").is_dir():
         rows.append(f"| {file_link(root / 'model', 'model/')} | model | | |")
     state = "cache hit — nothing recomputed" if cached else f"computed in {seconds:.1f} s"
     md = (f"# {stage}: {state}\n\nRun `{run_name}` in {file_link(Path(run_dir), Path(run_dir).name)} · input "
-          f"fingerprint `{manifest.get('input_fingerprint', '')[:12]}` · produced {manifest.get('created_at', '?')}\n\n"
+          f"fingerprint `{committed.input_fingerprint[:12]}` · produced {committed.created_at}\n\n"
           + files_note(Path(run_dir)) +
           f"| file | kind | rows | sha256 |\n|---|---|---|---|\n" + "\n".join(rows) +
           f"\n\n```\n{fit_lines(summary)}\n```\n\n" + inline_images(report.markdown, root) + "\n")
@@ -94,7 +96,7 @@ def publish_run_summary(run_name: str, run_dir: str, results: dict[str, dict[str
 
     rows = [{"stage": name, "result": "cache hit" if r["cached"] else "computed", "seconds": r.get("seconds"),
              "work_pool": r.get("work_pool", "this run's"),
-             "input_fingerprint": r["manifest"].get("input_fingerprint", "")[:12],
+             "input_fingerprint": Manifest.of(r["manifest"]).input_fingerprint[:12],
              "path": str(Path(run_dir).resolve() / name)} for name, r in results.items()]
     create_table_artifact(key=artifact_key("pipeline-stages-", run_name), table=rows,
                           description=f"pipeline '{run_name}': what each stage did in this run")

@@ -26,6 +26,7 @@ from prefect.states import Completed
 from embed_core import stages
 from embed_core.artifacts import read_manifest
 from embed_core.config import RunConfig
+from embed_core.manifests import Manifest, StageResult, stage_result
 from embed_core.rundir import append_history, save_config_snapshot
 from embed_core.stage_api import Stage, StageContext
 from tasks.common import no_retry_on_input_errors, publish_stage_outputs
@@ -75,7 +76,7 @@ def library_logs_to_prefect():
 
 
 def run_stage_instance(stage: Stage, config: RunConfig, run_dir: str, instance: str, options: Any = None,
-                       force: bool = False, snapshot: bool = True) -> dict[str, Any]:
+                       force: bool = False, snapshot: bool = True) -> StageResult:
     """Run one stage instance through its task; report whether it was a cache hit (run log,
     returned summary, ``history.jsonl``) and publish its artifacts. ``snapshot``: record ``config``
     as the run directory's config (off for sweep variants, whose configs are not the run's)."""
@@ -83,7 +84,7 @@ def run_stage_instance(stage: Stage, config: RunConfig, run_dir: str, instance: 
         return _run_stage_instance(stage, stages.context(config, run_dir, stage, instance, options), force, snapshot)
 
 
-def _run_stage_instance(stage: Stage, ctx: StageContext, force: bool, snapshot: bool) -> dict[str, Any]:
+def _run_stage_instance(stage: Stage, ctx: StageContext, force: bool, snapshot: bool) -> StageResult:
     t0 = time.perf_counter()
     fingerprint, hit = stages.cache_decision(stage, ctx, force)  # once per run
     stage_run = stage_task(stage.name)
@@ -102,8 +103,7 @@ def _run_stage_instance(stage: Stage, ctx: StageContext, force: bool, snapshot: 
 
         log_stage(ctx.config, run_dir, ctx.instance, manifest)
     append_history(run_dir, {"stage": ctx.instance, "cached": hit, "seconds": seconds,
-                             "input_fingerprint": manifest.get("input_fingerprint")})
+                             "input_fingerprint": Manifest.of(manifest).input_fingerprint})
     publish_stage_outputs(ctx.instance, manifest, run_dir, hit, summary, seconds, stage.report(ctx, manifest),
                           ctx.config.run_name)
-    return {"stage": ctx.instance, "cached": hit, "seconds": seconds, "run_dir": run_dir, "manifest": manifest,
-            "summary": summary}
+    return stage_result(ctx.instance, manifest, cached=hit, seconds=seconds, run_dir=run_dir, summary=summary)

@@ -28,6 +28,7 @@ import numpy as np
 
 from embed_core.errors import ReleaseError
 from embed_core.evaluate.config import ReleaseConfig
+from embed_core.manifests import MANIFEST, TrainManifest
 from embed_core.model.probe import PROBE_FILE, encode_probe, normalized, read_probe
 from embed_core.paths import resolve_within
 
@@ -97,7 +98,7 @@ def same_weights(model_dir: Path, base_path: str) -> bool:
     return all(sha256_file(a) == sha256_file(b) for a, b in zip(mine, theirs))
 
 
-def check_release(model_dir: Path, train_manifest: dict[str, Any], cfg: ReleaseConfig,
+def check_release(model_dir: Path, train_manifest: TrainManifest | dict[str, Any], cfg: ReleaseConfig,
                   export_dir: Path | None = None) -> dict[str, Any]:
     """The figures of the release check of the trained model ``model_dir`` (its train stage's
     manifest given); raises ``ReleaseError`` when the release must be refused. ``export_dir``: where
@@ -107,9 +108,10 @@ def check_release(model_dir: Path, train_manifest: dict[str, Any], cfg: ReleaseC
     from embed_core.model.encoder import resolve_model_path
 
     where = f"{model_dir}"
-    base_path = resolve_model_path(train_manifest["init_model"])
-    figures: dict[str, Any] = {"base": train_manifest["init_model"]}
-    entry = train_manifest.get("probe") or {}
+    trained = TrainManifest.of(train_manifest, model_dir.parent / MANIFEST)
+    base_path = resolve_model_path(trained.init_model)
+    figures: dict[str, Any] = {"base": trained.init_model}
+    entry = trained.probe or {}
     if not entry.get("file"):
         figures["checked"] = f"no probe recorded ({entry.get('reason', 'a train stage older than the check')})"
         log.warning("evaluate: release of %s not checked on a probe: %s", model_dir, figures["checked"])

@@ -43,6 +43,7 @@ from embed_core.model.config import EngineConfig
 from embed_core.engine import engine_session
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.manifests import EvaluateManifest, Manifest, TrainManifest
 from embed_core.model.card import CARD_FACTS, read_card_facts, write_card
 from embed_core.model.embedding_cache import cache_location
 from embed_core.model.encoder import model_fingerprint, resolve_model_path, uses_bf16
@@ -269,7 +270,7 @@ def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
     if not stage_is_intact(run_dir, STAGE):
         return [], {}
     stage_dir = run_dir / STAGE
-    names = list(read_manifest(run_dir, STAGE)["outputs"])  # only what the manifest lists, never a link out
+    names = list(Manifest.read(run_dir, STAGE).outputs)  # only what the manifest lists, never a link out
     rows = pq.read_table(resolve_within(stage_dir, RESULTS)).to_pylist() if RESULTS in names else []
     files = {name: resolve_within(stage_dir, name).read_bytes() for name in names
              if Path(name).parts[0] == MTEB_RESULTS}
@@ -278,7 +279,7 @@ def _previous(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
 
 def _previous_sizes(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of the current evaluate artifact's sizes table (if intact and it has one)."""
-    if not stage_is_intact(run_dir, STAGE) or SIZES not in read_manifest(run_dir, STAGE)["outputs"]:
+    if not stage_is_intact(run_dir, STAGE) or SIZES not in Manifest.read(run_dir, STAGE).outputs:
         return []
     return pq.read_table(resolve_within(run_dir / STAGE, SIZES)).to_pylist()
 
@@ -354,7 +355,7 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
         geometry = [g for g in pq.read_table(previous_geo).to_pylist() if g["model"] not in evaluated] + geometry
     report_md, plots = build_report(table, run_dir=run_dir, title=f"embedpipe evaluation: {config.run_name}",
                                     geometry=geometry, sizes=size_rows)
-    with StageWriter(run_dir, STAGE) as writer:
+    with StageWriter(run_dir, STAGE, EvaluateManifest, fingerprint=fingerprint, run_name=config.run_name) as writer:
         writer.write_table(RESULTS, table, kind="results")
         for name, blob in sorted(files.items()):
             writer.write_file(name, blob, kind="mteb_result")
@@ -371,9 +372,6 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
         release = _write_release(writer, run_dir, rows, config, size_rows)
         writer.write_file("report.md", (report_md + release_section(release)).encode(), kind="report")
         manifest = writer.commit({
-            "run_name": config.run_name,
-            "input_fingerprint": fingerprint.key,
-            "code": fingerprint.code,
             "models": model_stats,
             "release": release,
             "tasks": [s.name for s in specs],
@@ -427,7 +425,8 @@ def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]
         return None
     target = writer.staging / RELEASE
     target.mkdir(parents=True, exist_ok=True)
-    check = check_release(source, read_manifest(source.parent.parent, source.parent.name), _cfg(config).release, target)
+    check = check_release(source, TrainManifest.read(source.parent.parent, source.parent.name), _cfg(config).release,
+                          target)
     for rel in released_files(source):
         path = resolve_within(source, rel)  # a link out of the model directory is refused, never released
         if str(rel) in _REWRITTEN:
@@ -453,7 +452,7 @@ def released_files(model_dir: Path) -> list[Path]:
         raise EmbedpipeError(f"{model_dir.parent}: no readable manifest.json; the trained model cannot be released "
                              f"(run `embedpipe train` again)")
     prefix = f"{model_dir.name}/"
-    return sorted(Path(name[len(prefix):]) for name in manifest["outputs"] if name.startswith(prefix))
+    return sorted(Path(name[len(prefix):]) for name in Manifest.of(manifest).hashes(prefix=prefix))
 
 
 def main_scores(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from embed_core.config import RunConfig
 from embed_core.stage_dirs import EVALUATE
+from embed_core.manifests import EvaluateManifest
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
 
 NAME = EVALUATE
@@ -28,17 +29,18 @@ def pipeline_options(config: RunConfig) -> EvaluateOptions:
     return EvaluateOptions(models=["base", "trained"] if "trained" not in config.evaluate.models else None)
 
 
-def format_counts(manifest: dict[str, Any]) -> str:
+def format_counts(manifest: EvaluateManifest | dict[str, Any]) -> str:
+    evaluated = EvaluateManifest.of(manifest)
     lines = []
-    for m in manifest["models"]:
-        lines.append(f"{m['label']}: {m['path']} (fingerprint {m['fingerprint']}, pooling {m['settings']['pooling']}, "
-                     f"max_length {m['settings']['max_length']}), texts encoded {m['texts_encoded']}")
-    scores = manifest["counts"].get("main_scores", [])
-    labels = list(dict.fromkeys(r["model"] for r in scores))
+    for m in evaluated.models:
+        lines.append(f"{m.label}: {m.path} (fingerprint {m.fingerprint}, pooling {m.settings['pooling']}, "
+                     f"max_length {m.settings['max_length']}), texts encoded {m.texts_encoded}")
+    scores = evaluated.counts.main_scores
+    labels = list(dict.fromkeys(r.model for r in scores))
     if scores:
         lines.append(f"{'task':<38}" + "".join(f"{lab:>14}" for lab in labels))
-    for t in dict.fromkeys(r["task"] for r in scores):
-        vals = {r["model"]: r["value"] for r in scores if r["task"] == t}
+    for t in dict.fromkeys(r.task for r in scores):
+        vals = {r.model: r.value for r in scores if r.task == t}
         lines.append(f"{t:<38}" + "".join(f"{100 * vals[lab]:>14.2f}" if lab in vals else f"{'-':>14}"
                                           for lab in labels))
     return "\n".join(lines)
@@ -46,8 +48,8 @@ def format_counts(manifest: dict[str, Any]) -> str:
 
 def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
     report_md = (ctx.stage_dir / "report.md").read_text(encoding="utf-8")
-    table = [{"task": r["task"], "metric": r["metric"], "model": r["model"], "score ×100": round(100 * r["value"], 2)}
-             for r in manifest["counts"].get("main_scores", [])]  # ×100, as in the report and the summary
+    table = [{"task": r.task, "metric": r.metric, "model": r.model, "score ×100": round(100 * r.value, 2)}
+             for r in EvaluateManifest.of(manifest).counts.main_scores]  # ×100, as in the report and the summary
     return Report(markdown=report_md, markdown_key="evaluate-report-", table=table, table_key="evaluate-scores-",
                   table_description="evaluate stage: mteb's main score per task and model, × 100")
 

@@ -18,12 +18,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from embed_core.artifacts import StageWriter, model_artifact_dir, read_manifest, read_records
+from embed_core.artifacts import StageWriter, model_artifact_dir, output_hashes, read_corpora, read_records
 from embed_core.config import RunConfig, config_hash
 from embed_core.mine.config import MineConfig
 from embed_core.model.config import EngineConfig
 from embed_core.engine import engine_session, ray_encode
-from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.errors import ConfigError
+from embed_core.manifests import MineManifest, RemineManifest
+from embed_core.schema import CORPUS_KIND
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.mine.miner import eligible, mine_records
 from embed_core.mine.teacher import teacher_fingerprint, teacher_scorer
@@ -90,9 +92,7 @@ def mining_fingerprint(config: RunConfig, run_dir: str | Path, cfg: MineConfig, 
     """The fingerprint of mining ``upstream``'s records with ``cfg`` into ``instance`` (the mine
     stage, or a re-mining step before a training stage): its records, settings, the model's
     fingerprint (its weights: a retrained model is mined with again) and the corpora."""
-    up = read_manifest(Path(run_dir), upstream)  # synthesize's records when it runs, else prepare's
-    if up is None:
-        raise EmbedpipeError(f"{Path(run_dir) / upstream}: no manifest.json — run the {upstream} stage first")
+    up = output_hashes(Path(run_dir), upstream)  # synthesize's records when it runs, else prepare's
     bf16 = uses_bf16(cfg.precision, _encode_device(cfg))
     model_fp = model_fingerprint(cfg.model, cfg.pooling, cfg.max_length, bf16)
     # a teacher's weights are part of the key too (only when there is one: older keys stay valid)
@@ -104,7 +104,7 @@ def mining_fingerprint(config: RunConfig, run_dir: str | Path, cfg: MineConfig, 
         corpora[ds] = sha256_file(cfile) if cfile.exists() else "missing"
     corpora.update({f"passages:{n}": h for n, h in _passage_pools(Path(run_dir)).items()})  # none: keys as before
     return Fingerprint.of(instance, __name__, LIBRARIES, {
-        "upstream": {n: i["sha256"] for n, i in up["outputs"].items()},
+        "upstream": up,
         "config": config_hash(cfg.model_copy(update={"engine": EngineConfig()})),  # any engine: the same negatives
         "model": model_fp, "corpora": corpora, "seed": config.seed, **teacher},
         details={"model_fingerprint": model_fp, **teacher})
@@ -113,12 +113,10 @@ def mining_fingerprint(config: RunConfig, run_dir: str | Path, cfg: MineConfig, 
 def _passage_pools(run_dir: Path) -> dict[str, str]:
     """Corpus source name -> the sha256 of its passages (prepare's ``corpus-<name>.parquet``, the
     default pool of the dataset of queries generated for them); {} when prepare wrote none."""
-    from embed_core.prepare.corpus import CORPUS_KIND
     from embed_core.prepare.stage import NAME as PREPARE
 
-    manifest = read_manifest(run_dir, PREPARE) or {"outputs": {}}
-    return {n.removeprefix("corpus-").removesuffix(".parquet"): i["sha256"]
-            for n, i in manifest["outputs"].items() if i.get("kind") == CORPUS_KIND}
+    return {n.removeprefix("corpus-").removesuffix(".parquet"): sha256
+            for n, sha256 in output_hashes(run_dir, PREPARE, CORPUS_KIND, required=False).items()}
 
 
 def _pool(config: RunConfig, run_dir: Path, cfg: MineConfig, dataset: str) -> list[str] | None:
@@ -128,7 +126,6 @@ def _pool(config: RunConfig, run_dir: Path, cfg: MineConfig, dataset: str) -> li
         return _corpus_texts(config, cfg.corpora[dataset])
     if dataset not in _passage_pools(run_dir):
         return None
-    from embed_core.prepare.corpus import read_corpora
     from embed_core.prepare.stage import NAME as PREPARE
 
     return read_corpora(run_dir, PREPARE)[dataset].column("text").to_pylist()
@@ -163,13 +160,15 @@ def _plot(scores: list[dict[str, Any]]) -> bytes:
 def run_mine(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint | None = None, *,
              upstream: str) -> dict[str, Any]:
     """Mine hard negatives for the records of ``upstream`` (a stage directory); the manifest."""
-    return mine_into(config, run_dir, _cfg(config), STAGE, fingerprint, upstream=upstream)
+    return mine_into(config, run_dir, _cfg(config), STAGE, fingerprint, upstream=upstream, step=MineManifest)
 
 
 def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance: str,
-              fingerprint: Fingerprint | None = None, *, upstream: str) -> dict[str, Any]:
+              fingerprint: Fingerprint | None = None, *, upstream: str,
+              step: type[MineManifest] = RemineManifest) -> dict[str, Any]:
     """Mine the records of ``upstream`` with ``cfg`` (its model, window and margins) and commit them
-    as stage directory ``instance``; the manifest."""
+    as stage directory ``instance``; the manifest. ``step``: the mine stage's, or (the default) a
+    re-mining step's before a training stage."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     fingerprint = fingerprint or mining_fingerprint(config, run_dir, cfg, instance, upstream=upstream)
@@ -181,7 +180,8 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
     out_tables: dict[str, pa.Table] = {}
     per_dataset: list[dict[str, Any]] = []
     score_rows: list[dict[str, Any]] = []
-    with StageWriter(run_dir, instance) as writer:  # opened first: an on-disk index lives in its scratch
+    # opened first: an on-disk index lives in its scratch
+    with StageWriter(run_dir, instance, step, fingerprint=fingerprint, run_name=config.run_name) as writer:
         with engine_session(cfg.engine):  # a local Ray instance lives as long as the loop (engine: ray)
             for name, table in sorted(tables.items()):
                 dataset = name.removesuffix(".parquet")
@@ -223,10 +223,7 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
         if score_rows:
             writer.write_file("score_hist.png", _plot(score_rows), kind="plot")
         manifest = writer.commit({
-            "run_name": config.run_name,
             "upstream": upstream,
-            "input_fingerprint": fingerprint.key,
-            "code": fingerprint.code,
             "model": {"path": cfg.model, "fingerprint": fingerprint.details["model_fingerprint"], "pooling": cfg.pooling,
                       "max_length": cfg.max_length, "precision": cfg.precision,
                       "instructions": settings.use_instructions},

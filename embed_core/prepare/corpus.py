@@ -15,23 +15,14 @@ of the document's text, see ``documents.py``).
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from embed_core.artifacts import StageWriter, TableStream, checked_outputs
+from embed_core.artifacts import StageWriter, TableStream
 from embed_core.errors import RowError, SourceError
 from embed_core.prepare.cleaning import EvalTexts, KeyStore, contaminated_field, normalize_text
 from embed_core.prepare.convert import Skipped, convert_source
 from embed_core.prepare.near_dup import NearDuplicateIndex
-from embed_core.schema import Record
-
-CORPUS_KIND = "corpus"
-PASSAGE_SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("dataset", pa.string(), nullable=False),
-                            pa.field("text", pa.string(), nullable=False),
-                            pa.field("source_ref", pa.string(), nullable=False)])
+from embed_core.schema import CORPUS_KIND, PASSAGE_SCHEMA, Record
 
 
 def corpus_file(name: str) -> str:
@@ -97,10 +88,3 @@ def write_corpus(spec, config, writer: StageWriter, keys: KeyStore, quarantine: 
                        "excluded_contamination": counts["excluded_contamination"],
                        "excluded_near_duplicate": counts["excluded_near_duplicate"]}}
 
-
-def read_corpora(run_dir: str | Path, stage: str) -> dict[str, pa.Table]:
-    """The corpus artifacts of a finished stage, by corpus name (checked against its manifest)."""
-    out = {}
-    for name, (path, _) in checked_outputs(Path(run_dir), stage, kind=CORPUS_KIND).items():
-        out[name.removeprefix("corpus-").removesuffix(".parquet")] = pq.read_table(path)
-    return out

@@ -26,6 +26,7 @@ from embed_core.artifacts import StageWriter, TableStream
 from embed_core.config import RunConfig, config_hash
 from embed_core.errors import RowError, SchemaError, SourceError
 from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.manifests import PrepareManifest
 from embed_core.prepare.cleaning import (
     Deduper,
     EvalTexts,
@@ -43,7 +44,7 @@ from embed_core.prepare.readers import confine, root_for
 from embed_core.prepare.stage import NAME as STAGE
 from embed_core.prepare.stage import NEAR_DUPLICATES_FILE
 from embed_core.progress import iterate
-from embed_core.schema import RECORD_SCHEMA, SCHEMA_VERSION, Record, validate_row
+from embed_core.schema import CORPUS_KIND, RECORD_SCHEMA, SCHEMA_VERSION, Record, validate_row
 
 log = logging.getLogger("embedpipe.prepare")
 
@@ -251,7 +252,7 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
     near_evals = collect_near_duplicates(config)
     t_eval = time.perf_counter()
 
-    with StageWriter(run_dir, STAGE) as writer:
+    with StageWriter(run_dir, STAGE, PrepareManifest, fingerprint=fingerprint, run_name=config.run_name) as writer:
         keys = KeyStore(writer.scratch / "keys.sqlite")
         quarantine = writer.stream_table(QUARANTINE_FILE, QUARANTINE_SCHEMA, kind="quarantine")
         datasets: dict[str, _Dataset] = {}
@@ -271,9 +272,6 @@ def run_prepare(config: RunConfig, run_dir: str | Path, fingerprint: Fingerprint
             totals["excluded_near_duplicate"] = near.report.rows
         t_end = time.perf_counter()
         manifest = writer.commit({
-            "run_name": config.run_name,
-            "input_fingerprint": fingerprint.key,
-            "code": fingerprint.code,
             "inputs": fingerprint.inputs["files"],
             "config_hash": fingerprint.inputs["config"],
             "counts": {"totals": totals, "sources": per_source, "datasets": list(per_dataset.values())},
@@ -309,7 +307,7 @@ def _convert_source(spec, config: RunConfig, writer: StageWriter, keys: KeyStore
     """Step 1, per source: convert its rows (and its dev file's), send dev records to their output
     and training records, deduplicated, to the dataset's spill file; its counts. A corpus source
     (passages, no queries) writes its corpus artifact instead (``prepare/corpus.py``)."""
-    if getattr(CONVERTERS[spec.kind], "passages", False):
+    if CONVERTERS[spec.kind].produces == CORPUS_KIND:
         return write_corpus(spec, config, writer, keys, quarantine, _quarantine_row, eval_texts, near_evals)
     counts: Counter = Counter()
     reasons: Counter = Counter()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from embed_core.stage_dirs import PREPARE
+from embed_core.manifests import PrepareManifest
 from embed_core.stage_api import Report, Stage, StageContext, body
 
 NAME = PREPARE
@@ -15,42 +16,40 @@ NEAR_DUPLICATES_FILE = "_near_duplicates.parquet"  # written by run.py with near
 REPORT_ROWS = 5  # near duplicates shown in the stage's markdown report
 
 
-def _near_on(manifest: dict[str, Any]) -> bool:
-    return "excluded_near_duplicate" in manifest["counts"]["totals"]
-
-
-def counts_table(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def counts_table(manifest: PrepareManifest | dict[str, Any]) -> list[dict[str, Any]]:
     """One row per dataset, for logs and Prefect table artifacts."""
+    m = PrepareManifest.of(manifest)
     rows = []
-    sources = {s["source"]: s for s in manifest["counts"]["sources"]}
-    for d in manifest["counts"]["datasets"]:
-        s = sources.get(d["dataset"], {})
-        rows.append({"dataset": d["dataset"], "converted": d["records_in"],
-                     "quarantined": s.get("quarantined", 0), "skipped": s.get("rows_skipped", 0),
-                     "deduped": d["deduped_exact"] + d["deduped_normalized"],
-                     "excluded": d["excluded_contamination"],
-                     **({"near-dup": d["excluded_near_duplicate"]} if "excluded_near_duplicate" in d else {}),
-                     "written": d["written"],
-                     "tasks": ", ".join(f"{k}={v}" for k, v in sorted(d["tasks"].items()))})
+    sources = {s.source: s for s in m.counts.sources}
+    for d in m.counts.datasets:
+        s = sources.get(d.dataset)
+        rows.append({"dataset": d.dataset, "converted": d.records_in,
+                     "quarantined": s.quarantined if s else 0, "skipped": s.rows_skipped if s else 0,
+                     "deduped": d.deduped_exact + d.deduped_normalized,
+                     "excluded": d.excluded_contamination,
+                     **({"near-dup": d.excluded_near_duplicate} if d.excluded_near_duplicate is not None else {}),
+                     "written": d.written,
+                     "tasks": ", ".join(f"{k}={v}" for k, v in sorted(d.tasks.items()))})
     for name, s in sources.items():  # sources that produced nothing still show up
         if name not in {r["dataset"] for r in rows}:
-            rows.append({"dataset": name, "converted": 0, "quarantined": s["quarantined"],
-                         "skipped": s["rows_skipped"], "deduped": 0, "excluded": 0,
-                         **({"near-dup": 0} if _near_on(manifest) else {}), "written": 0, "tasks": ""})
+            rows.append({"dataset": name, "converted": 0, "quarantined": s.quarantined,
+                         "skipped": s.rows_skipped, "deduped": 0, "excluded": 0,
+                         **({"near-dup": 0} if m.near_duplicates_on else {}), "written": 0, "tasks": ""})
     return rows
 
 
-def format_counts(manifest: dict[str, Any]) -> str:
-    rows = counts_table(manifest)
+def format_counts(manifest: PrepareManifest | dict[str, Any]) -> str:
+    m = PrepareManifest.of(manifest)
+    rows = counts_table(m)
     cols = ["dataset", "converted", "quarantined", "skipped", "deduped", "excluded",
-            *(["near-dup"] if _near_on(manifest) else []), "written", "tasks"]
+            *(["near-dup"] if m.near_duplicates_on else []), "written", "tasks"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in cols}
     lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
     lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
-    t = manifest["counts"]["totals"]
-    lines.append(f"total: read {t['rows_read']}, written {t['records_written']}, quarantined {t['quarantined']} "
-                 f"{t['quarantined_by_reason'] or ''}, deduped {t['deduped']}, excluded {t['excluded_contamination']}"
-                 + (f", near duplicates {t['excluded_near_duplicate']}" if _near_on(manifest) else ""))
+    t = m.counts.totals
+    lines.append(f"total: read {t.rows_read}, written {t.records_written}, quarantined {t.quarantined} "
+                 f"{t.quarantined_by_reason or ''}, deduped {t.deduped}, excluded {t.excluded_contamination}"
+                 + (f", near duplicates {t.excluded_near_duplicate}" if m.near_duplicates_on else ""))
     return "\n".join(lines)
 
 
@@ -61,13 +60,14 @@ def _cell(text: Any, width: int = 80) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|")
 
 
-def near_duplicates_markdown(stage_dir: Path, manifest: dict[str, Any]) -> str:
+def near_duplicates_markdown(stage_dir: Path, manifest: PrepareManifest | dict[str, Any]) -> str:
     """The first near duplicates prepare dropped, as a markdown table ("" with the option off)."""
-    if not _near_on(manifest):
+    m = PrepareManifest.of(manifest)
+    if not m.near_duplicates_on:
         return ""
     import pyarrow.parquet as pq  # only the report reads the file
 
-    total = manifest["counts"]["totals"]["excluded_near_duplicate"]
+    total = m.counts.totals.excluded_near_duplicate
     lines = [f"Near duplicates dropped: {total} (all in `{stage_dir / NEAR_DUPLICATES_FILE}`)."]
     if total:
         rows = pq.ParquetFile(stage_dir / NEAR_DUPLICATES_FILE).read_row_group(0).slice(0, REPORT_ROWS).to_pylist()
@@ -79,9 +79,10 @@ def near_duplicates_markdown(stage_dir: Path, manifest: dict[str, Any]) -> str:
 
 
 def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
-    return Report(markdown=near_duplicates_markdown(ctx.stage_dir, manifest),
-                  table=counts_table(manifest), table_key="prepare-counts-",
-                  table_description=f"prepare stage counts for run '{manifest.get('run_name')}'")
+    m = PrepareManifest.of(manifest)
+    return Report(markdown=near_duplicates_markdown(ctx.stage_dir, m),
+                  table=counts_table(m), table_key="prepare-counts-",
+                  table_description=f"prepare stage counts for run '{m.run_name}'")
 
 
 STAGE = Stage(name=NAME, help="raw sources → unified records", fingerprint=body(BODY, "input_fingerprint"),

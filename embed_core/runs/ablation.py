@@ -24,6 +24,7 @@ from embed_core.artifacts import StageWriter
 from embed_core.config import RunConfig, config_hash, parse_config
 from embed_core.errors import ConfigError
 from embed_core.stage_dirs import instance_name
+from embed_core.manifests import AblationManifest
 
 BASE = "base"
 ITEM = re.compile(r"^(?P<key>[^\[\]]+)\[(?P<name>[^\[\]]+)\]$")
@@ -125,11 +126,11 @@ def report_markdown(config: RunConfig, stats: list[dict[str, Any]]) -> str:
 def write_report(config: RunConfig, rows: list[dict[str, Any]]) -> Path:
     """Commit ``<run_root>/<run_name>-ablation/``; its path."""
     root, name = Path(config.run_root), f"{config.run_name}-ablation"
-    with StageWriter(root, name) as writer:
+    key = config_hash(config)
+    with StageWriter(root, name, AblationManifest, fingerprint=key, run_name=config.run_name) as writer:
         writer.write_table("scores.parquet", pa.Table.from_pylist(rows, schema=SCORES_SCHEMA), kind="metrics")
         writer.write_file("report.md", report_markdown(config, summary(rows)).encode(), kind="report")
         writer.write_file("ablation.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False).encode(),
                           kind="config")
-        writer.commit({"run_name": config.run_name, "input_fingerprint": config_hash(config),
-                       "rows": sorted({r["row"] for r in rows}), "seeds": config.ablation.seeds})
+        writer.commit({"rows": sorted({r["row"] for r in rows}), "seeds": config.ablation.seeds})
     return root / name

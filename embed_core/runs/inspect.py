@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embed_core.artifacts import MANIFEST
+from embed_core.manifests import MANIFEST, Manifest
 from embed_core.errors import EmbedpipeError, printable
 from embed_core.schema import SCHEMA_VERSION_KEY
 
@@ -23,11 +23,7 @@ def _record_files(path: Path) -> list[Path]:
         return [path]
     if path.is_dir():
         if (path / MANIFEST).exists():
-            try:
-                manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-                return [path / n for n, info in manifest["outputs"].items() if info.get("kind") == "records"]
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise EmbedpipeError(f"{path / MANIFEST}: not a readable manifest ({type(exc).__name__})") from None
+            return [path / name for name in Manifest.read(path.parent, path.name).hashes("records")]
         files = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
         if files:
             return files

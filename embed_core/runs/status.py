@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from embed_core.artifacts import read_manifest
+from embed_core.manifests import Manifest
 from embed_core.config import RunConfig
 from embed_core.rundir import lock_holder, read_history
 from embed_core.stages import instance_state, pipeline_instances
@@ -60,7 +61,7 @@ def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
         h = last.get(name)
         out.append(StageStatus(
             stage=name, state=state, current_input=current, recorded_input=recorded,
-            created_at=manifest.get("created_at") if manifest else None,
+            created_at=Manifest.of(manifest).created_at if manifest else None,
             compute_s=computed.get(name, {}).get("seconds") if manifest else None,
             last_result=f"{'cache hit' if h.get('cached') else 'computed'} at {h.get('at')}" if h else None,
             detail=detail))

@@ -27,6 +27,7 @@ import yaml
 from embed_core.artifacts import StageWriter, read_manifest
 from embed_core.config import RunConfig, parse_config
 from embed_core.errors import ConfigError
+from embed_core.manifests import SoupManifest, SweepManifest, TrainManifest
 from embed_core.paths import files_within
 from embed_core.stage_dirs import instance_name
 
@@ -111,8 +112,8 @@ def winner_config(config: RunConfig, overrides: dict[str, Any]) -> dict[str, Any
 
 def dev_score(run_dir: str | Path, variant: str) -> float:
     """The dev selection score a variant's stage kept (its manifest)."""
-    manifest = read_manifest(Path(run_dir), instance_name(variant)) or {}
-    value = manifest.get("counts", {}).get("selected_dev_score")
+    manifest = read_manifest(Path(run_dir), instance_name(variant))
+    value = TrainManifest.of(manifest).counts.selected_dev_score if manifest is not None else None
     if value is None:
         raise ConfigError(f"sweep: {instance_name(variant)} has no dev score (was it trained with its dev section?)")
     return float(value)
@@ -157,7 +158,9 @@ def make_soup(config: RunConfig, run_dir: Path, ranked_variants: list[str]) -> P
     members = ranked_variants[:k]
     sources = [run_dir / instance_name(v) / "model" for v in members]
     name = f"sweep-{config.sweep.stage}-soup"
-    with StageWriter(run_dir, name) as writer:
+    key = hashlib.sha256(json.dumps([str(s) for s in sources] + [
+        (read_manifest(run_dir, instance_name(v)) or {}).get("input_fingerprint", "") for v in members]).encode())
+    with StageWriter(run_dir, name, SoupManifest, fingerprint=key.hexdigest(), run_name=config.run_name) as writer:
         out = writer.staging / "model"
         for path in files_within(sources[0]):  # a link out of the variant's model is refused, not copied
             if path.name in (WEIGHTS, "README.md"):
@@ -170,9 +173,7 @@ def make_soup(config: RunConfig, run_dir: Path, ranked_variants: list[str]) -> P
         facts = {**facts, "soup_of": members}
         write_card(out, facts, sentence_transformers_prompts(read_model_settings(out)))
         writer.register_tree("model", kind="model")
-        key = hashlib.sha256(json.dumps([str(s) for s in sources] + [
-            (read_manifest(run_dir, instance_name(v)) or {}).get("input_fingerprint", "") for v in members]).encode())
-        writer.commit({"run_name": config.run_name, "input_fingerprint": key.hexdigest(), "soup_of": members})
+        writer.commit({"soup_of": members})
     return run_dir / name / "model"
 
 
@@ -181,11 +182,10 @@ def write_report(config: RunConfig, run_dir: Path, results: list[dict[str, Any]]
     """``sweep-<stage>/``: one row per variant, the report, and the winner's config."""
     rows = []
     for r in results:
-        manifest = read_manifest(run_dir, instance_name(r["variant"])) or {}
-        counts = manifest.get("counts", {})
+        trained = TrainManifest.read(run_dir, instance_name(r["variant"]))
         rows.append({"variant": r["variant"], "settings": json.dumps(r["overrides"], sort_keys=True),
-                     "dev_score": counts.get("selected_dev_score"), "selected_step": counts.get("selected_step"),
-                     "train_seconds": manifest.get("timings_s", {}).get("total"), "cached": r["cached"]})
+                     "dev_score": trained.counts.selected_dev_score, "selected_step": trained.counts.selected_step,
+                     "train_seconds": trained.timings_s.get("total"), "cached": r["cached"]})
     ranked = sorted(rows, key=lambda r: ranking_key(r["variant"], r["dev_score"]))
     winner = ranked[0]
     overrides = json.loads(winner["settings"])
@@ -204,12 +204,13 @@ def write_report(config: RunConfig, run_dir: Path, results: list[dict[str, Any]]
                   f"{winner['dev_score']:.4f}); `{soup['path']}`.", "", "| task | metric | score |", "|---|---|---:|"]
         lines += [f"| {s['task']} | {s['metric']} | {100 * s['value']:.2f} |" for s in soup["test"]]
     lines += ["", f"`winner.yaml` reproduces it: `embedpipe run --config runs/.../sweep-{config.sweep.stage}/winner.yaml`."]
-    with StageWriter(run_dir, f"sweep-{config.sweep.stage}") as writer:
+    key = hashlib.sha256(json.dumps(ranked, sort_keys=True, default=str).encode()).hexdigest()
+    with StageWriter(run_dir, f"sweep-{config.sweep.stage}", SweepManifest, fingerprint=key,
+                     run_name=config.run_name) as writer:
         writer.write_table("variants.parquet", pa.Table.from_pylist(ranked), kind="sweep")
         writer.write_file("report.md", "\n".join(lines).encode(), kind="report")
         writer.write_file("winner.yaml", yaml.safe_dump(winner_config(config, overrides), sort_keys=False).encode(),
                           kind="config")
-        return writer.commit({"run_name": config.run_name, "input_fingerprint": hashlib.sha256(
-            json.dumps(ranked, sort_keys=True, default=str).encode()).hexdigest(), "winner": winner["variant"],
-            "winner_settings": overrides, "counts": {"variants": len(rows), "trained": sum(not r["cached"] for r in rows)},
+        return writer.commit({
+            "winner": winner["variant"], "winner_settings": overrides, "counts": {"variants": len(rows), "trained": sum(not r["cached"] for r in rows)},
             "test": test_scores, "soup": soup, "timings_s": {"written_at": time.time()}})

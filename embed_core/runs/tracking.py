@@ -25,8 +25,9 @@ import pyarrow.parquet as pq
 
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.manifests import MANIFEST, Manifest, TrainManifest, step_class
 from embed_core.model.card import read_card_facts
-from embed_core.stage_dirs import EVALUATE, is_train_instance
+from embed_core.stage_dirs import EVALUATE
 
 log = logging.getLogger("embedpipe.tracking")
 
@@ -89,7 +90,7 @@ def already_logged(config: RunConfig, run_dir: str | Path, stage: str, manifest:
     key = str(Path(run_dir).resolve())
     found = client.search_runs([experiment_id], filter_string=(
         f"tags.`{RUN_DIR_TAG}` = '{key}' and tags.`{STAGE_TAG}` = '{stage}' and "
-        f"tags.`{FINGERPRINT_TAG}` = '{manifest.get('input_fingerprint', '')}'"), max_results=1)
+        f"tags.`{FINGERPRINT_TAG}` = '{Manifest.of(manifest).input_fingerprint}'"), max_results=1)
     return bool(found)
 
 
@@ -114,19 +115,20 @@ def _log_stage(config: RunConfig, run_dir: Path, stage: str, manifest: dict[str,
     from mlflow.entities import Metric, Param
 
     client, experiment_id = _client(config)
+    committed = Manifest.of(manifest, run_dir / stage / MANIFEST)
     parent = _parent_run(client, experiment_id, run_dir, config)
     # The fingerprint tag is set last: a run cut short by an error does not count as logged.
     tags = {"mlflow.parentRunId": parent, RUN_DIR_TAG: str(run_dir.resolve()), STAGE_TAG: stage, ROLE_TAG: "stage",
-            "embedpipe.code": str(manifest.get("code", ""))[:250]}
+            "embedpipe.code": str(committed.code or "")[:250]}
     run_id = client.create_run(experiment_id, run_name=stage, tags=tags).info.run_id
     now = int(time.time() * 1000)
     params: dict[str, Any] = {}
     metrics: list[Metric] = []
     numbers: dict[str, Any] = {}
-    _flatten("counts", manifest.get("counts", {}), numbers)
-    _flatten("timings_s", manifest.get("timings_s", {}), numbers)
+    _flatten("counts", committed.counts or {}, numbers)  # whatever the step counts (the envelope's class: a dict)
+    _flatten("timings_s", committed.timings_s, numbers)
     stage_dir = run_dir / stage
-    card = read_card_facts(stage_dir / "model") if is_train_instance(stage) else None
+    card = read_card_facts(stage_dir / "model") if step_class(manifest) is TrainManifest else None
     if card is not None:
         _flatten("stage", card.get("stage", {}), params)
         _flatten("loss", card.get("losses", {}), params)
@@ -158,7 +160,7 @@ def _log_stage(config: RunConfig, run_dir: Path, stage: str, manifest: dict[str,
             client.log_artifacts(run_id, str(model_dir), artifact_path="model")
         if (stage_dir / "report.md").exists():
             client.log_artifact(run_id, str(stage_dir / "report.md"))
-    client.set_tag(run_id, FINGERPRINT_TAG, manifest.get("input_fingerprint", ""))
+    client.set_tag(run_id, FINGERPRINT_TAG, committed.input_fingerprint)
     client.set_terminated(run_id)
     log.info("tracking: %s logged to %s (run %s)", stage, tracking_uri(config), run_id)
     return run_id

@@ -43,10 +43,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from embed_core.artifacts import StageWriter, read_manifest, read_records
+from embed_core.artifacts import StageWriter, output_hashes, read_corpora, read_records
 from embed_core.config import RunConfig, config_hash
 from embed_core.synthesize.config import NOT_IN_KEY, SynthesizeConfig
 from embed_core.errors import ConfigError, EmbedpipeError, printable
+from embed_core.manifests import SynthesizeManifest
 from embed_core.fingerprint import Fingerprint
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import records_to_table, table_to_records
@@ -78,16 +79,14 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
     from embed_core.model.encoder import model_fingerprint
 
     cfg = _cfg(config)
-    up = read_manifest(Path(run_dir), upstream)
-    if up is None:
-        raise EmbedpipeError(f"{Path(run_dir) / upstream}: no manifest.json — run the {upstream} stage first")
+    up = output_hashes(Path(run_dir), upstream)
     templates = load_templates(cfg.prompt_dir)
     filter_fp = model_fingerprint(cfg.filter.model, "mean", cfg.filter.max_length, False)
     rt = cfg.queries.round_trip
     round_trip = {} if QUERIES not in cfg.strategies or rt is None else {"round_trip_model": model_fingerprint(
         round_trip_model(config, cfg), rt.pooling, rt.max_length, _round_trip_bf16(cfg))}
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "upstream": {n: i["sha256"] for n, i in up["outputs"].items()}, "config": config_hash(cfg, exclude=NOT_IN_KEY),
+        "upstream": up, "config": config_hash(cfg, exclude=NOT_IN_KEY),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp, **round_trip,
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
         details={"prompt_versions": template_versions(templates)})
@@ -106,8 +105,6 @@ def _corpora(cfg: SynthesizeConfig, run_dir: Path, upstream: str) -> dict[str, p
     ``queries`` is on, else none."""
     if QUERIES not in cfg.strategies:
         return {}
-    from embed_core.prepare.corpus import read_corpora
-
     return read_corpora(run_dir, upstream)
 
 
@@ -116,15 +113,17 @@ def run_synthesize(config: RunConfig, run_dir: str | Path, fingerprint: Fingerpr
     """Run the synthesize stage on the records of ``upstream`` (a stage directory) and return its
     manifest."""
     fingerprint = fingerprint or input_fingerprint(config, run_dir, upstream=upstream)
-    return synthesize_into(config, run_dir, _cfg(config), STAGE, fingerprint, upstream=upstream)
+    return synthesize_into(config, run_dir, _cfg(config), STAGE, fingerprint, upstream=upstream, step=SynthesizeManifest)
 
 
 def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfig, instance: str,
-                    fingerprint: Fingerprint, *, upstream: str, only: dict[str, set[str]] | None = None,
+                    fingerprint: Fingerprint, *, upstream: str, step: type[SynthesizeManifest],
+                    only: dict[str, set[str]] | None = None,
                     extra: dict[str, Any] | None = None, tables: dict[str, pa.Table] | None = None) -> dict[str, Any]:
     """Synthesize from the records of ``upstream`` with ``cfg`` and commit every record plus the
     kept new ones as stage directory ``instance``; ``only``: dataset -> the record ids to
-    synthesize from (all small enough datasets' records without it); ``extra``: more manifest
+    synthesize from (all small enough datasets' records without it); ``step``: the synthesize
+    stage's manifest class or the targeted step's; ``extra``: more manifest
     sections, ``tables``: more stats tables. The manifest."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
@@ -156,7 +155,7 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
                  "prompt": f"{o.job.template.name}@{o.job.template.version}", "reason": o.reason,
                  "detail": o.detail, "raw": o.raw, "attempts": o.attempts} for o in outcomes if o.answer is None]
 
-    with StageWriter(run_dir, instance) as writer:
+    with StageWriter(run_dir, instance, step, fingerprint=fingerprint, run_name=config.run_name) as writer:
         for ds in sorted(set(records) | set(by_ds)):
             recs = records.get(ds, [])
             negs = {c.record.id: c.record for c in by_ds.get(ds, []) if c.outcome.job.strategy == "hard_negative"}
@@ -171,9 +170,6 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
         for name, table in (tables or {}).items():
             writer.write_table(name, table, kind="stats")
         manifest = writer.commit({
-            "run_name": config.run_name,
-            "input_fingerprint": fingerprint.key,
-            "code": fingerprint.code,
             "llm": {"model": cfg.server.model, "mode": cfg.server.mode, "base_url": cfg.server.base_url,
                     "base_urls": cfg.server.base_urls,
                     "launch": cfg.server.launch, "api_key_env": cfg.server.api_key_env},

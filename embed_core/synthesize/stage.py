@@ -6,28 +6,31 @@ from __future__ import annotations
 from typing import Any
 
 from embed_core.stage_dirs import SYNTHESIZE
+from embed_core.manifests import SynthesizeManifest
 from embed_core.stage_api import Report, Stage, StageContext, body
 
 NAME = SYNTHESIZE
 BODY = "embed_core.synthesize.run"
 
 
-def format_counts(manifest: dict[str, Any]) -> str:
-    c = manifest["counts"]
-    cl = c["client"]
+def format_counts(manifest: SynthesizeManifest | dict[str, Any]) -> str:
+    """The synthesize stage's summary (a targeted synthesis step's too: ``SynthManifest`` is one)."""
+    m = SynthesizeManifest.of(manifest)
+    c = m.counts
+    cl = c.client
     lines = [f"{'strategy':<15}{'requested':>10}{'answered':>9}{'kept':>6}  failed / filtered"]
-    for name, s in c["strategies"].items():
+    for name, s in c.strategies.items():
         other = ", ".join(f"{k} {v}" for k, v in sorted(s.items()) if ":" in k)
         lines.append(f"{name:<15}{s.get('requested', 0):>10}{s.get('answered', 0):>9}{s.get('kept', 0):>6}  {other}")
     lines.append(f"requests {cl.get('requests', 0)} (retries {cl.get('retries', 0)}), cache hits {cl.get('cache_hits', 0)}, "
                  f"tokens {cl.get('tokens', 0)}" + (", budget spent" if cl.get("budget_exhausted") else ""))
-    if "judge_client" in c:
-        j = c["judge_client"]
+    if c.judge_client is not None:
+        j = c.judge_client
         lines.append(f"judge requests {j.get('requests', 0)} (retries {j.get('retries', 0)}), cache hits "
                      f"{j.get('cache_hits', 0)}, tokens {j.get('tokens', 0)}")
-    lines.append("added per dataset: " + ", ".join(f"{d['dataset']} +{d['added']} ({d['llm_negatives']} negatives)"
-                                                   for d in c["datasets"] if d["synthesized"] or d.get("corpus")))
-    for name, q in manifest.get("queries", {}).items():
+    lines.append("added per dataset: " + ", ".join(f"{d.dataset} +{d.added} ({d.llm_negatives} negatives)"
+                                                   for d in c.datasets if d.synthesized or d.corpus))
+    for name, q in m.queries.items():
         dropped = ", ".join(f"{k} {v}" for k, v in sorted(q["dropped"].items())) or "none"
         judged = f", {q['judged']} judged" if q.get("judged") is not None else ""
         lines.append(f"queries for corpus {name}: {q['passages_asked']} of {q['passages']} passages asked, "
@@ -35,18 +38,19 @@ def format_counts(manifest: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
-    rows = [{"strategy": name, **s} for name, s in manifest["counts"]["strategies"].items()]
+def report(ctx: StageContext, manifest: SynthesizeManifest | dict[str, Any]) -> Report:
+    m = SynthesizeManifest.of(manifest)
+    rows = [{"strategy": name, **s} for name, s in m.counts.strategies.items()]
     return Report(markdown=(f"Samples: `{ctx.stage_dir}/_samples.parquet`, failures with raw replies: "
-                            "`_failures.parquet`, filtered answers: `_filtered.parquet`." + _queries_markdown(manifest)),
+                            "`_failures.parquet`, filtered answers: `_filtered.parquet`." + _queries_markdown(m)),
                   table=rows, table_key=f"{ctx.instance}-stats-",
                   table_description=f"{ctx.instance}: requests, failures and filters per strategy")
 
 
-def _queries_markdown(manifest: dict[str, Any]) -> str:
+def _queries_markdown(manifest: SynthesizeManifest) -> str:
     """Query generation per corpus: counts, dropped by filter, kept and dropped examples."""
     parts = []
-    for name, q in manifest.get("queries", {}).items():
+    for name, q in manifest.queries.items():
         parts.append(f"\n\n**Queries for corpus {name}**: {q['passages_asked']} of {q['passages']} passages asked, "
                      f"{q['generated']} queries generated"
                      + (f", {q['judged']} judged by the LLM" if q.get("judged") is not None else "")

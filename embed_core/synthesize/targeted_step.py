@@ -18,10 +18,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from embed_core.artifacts import read_manifest, read_records
+from embed_core.artifacts import output_hashes, read_records
 from embed_core.config import RunConfig, config_hash
-from embed_core.errors import ConfigError, EmbedpipeError
+from embed_core.errors import ConfigError
 from embed_core.fingerprint import Fingerprint
+from embed_core.manifests import SynthManifest
 from embed_core.model.settings import instructed, read_model_settings
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import table_to_records
@@ -60,17 +61,13 @@ def targeted_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str
     from embed_core.synthesize.prompts import load_templates, template_versions
 
     run_dir = Path(run_dir)
-    ups = {name: read_manifest(run_dir, name) for name in (upstream, PREPARE)}
-    missing = [name for name, manifest in ups.items() if manifest is None]
-    if missing:
-        raise EmbedpipeError(f"{run_dir / missing[0]}: no manifest.json — run the {missing[0]} stage first")
+    records, dev = output_hashes(run_dir, upstream, "records"), output_hashes(run_dir, PREPARE, prefix="dev/")
     targeted = _stage(config, stage_name)
     cfg = synth_settings(config, targeted)
     templates = load_templates(cfg.prompt_dir)
     model_fp = _model_fp(config, model)
     return Fingerprint.of(instance, __name__, LIBRARIES, {
-        "upstream": {n: i["sha256"] for n, i in ups[upstream]["outputs"].items() if i.get("kind") == "records"},
-        "dev": {n: i["sha256"] for n, i in ups[PREPARE]["outputs"].items() if n.startswith("dev/")},
+        "upstream": records, "dev": dev,
         "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg, exclude=NOT_IN_KEY),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()},
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
@@ -129,5 +126,5 @@ def run_targeted(config: RunConfig, run_dir: str | Path, stage_name: str, instan
     extra = {"targeted": {"model": model, "model_fingerprint": fingerprint.details["model_fingerprint"],
                           "settings": targeted.model_dump(mode="json"), "datasets": counts}}
     return synthesize_into(config, run_dir, synth_settings(config, targeted), instance, fingerprint,
-                           upstream=upstream, only=only, extra=extra,
+                           upstream=upstream, step=SynthManifest, only=only, extra=extra,
                            tables={TARGETS: pa.Table.from_pylist(rows, schema=pa.schema(list(TARGET_FIELDS.items())))})

@@ -11,9 +11,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from embed_core.artifacts import StageWriter, read_manifest
+from embed_core.artifacts import StageWriter, output_hashes
 from embed_core.config import config_hash
 from embed_core.fingerprint import Fingerprint
+from embed_core.manifests import TrainManifest
 from embed_core.model.card import card_facts, write_card
 from embed_core.model.settings import read_model_settings, sentence_transformers_prompts
 from embed_core.schema import INFONCE_TASKS
@@ -24,8 +25,8 @@ from embed_core.train.engine.outcome import FitOutcome
 from embed_core.train.engine.sampling import dataset_weights
 from embed_core.train.modes import Instructions, mode_of
 from embed_core.train.plots import loss_plot
-from embed_core.train.resolved import TrainingStep
 from embed_core.stage_dirs import instance_name
+from embed_core.train.resolved import TrainingStep
 
 log = logging.getLogger("embedpipe.train")
 
@@ -59,7 +60,8 @@ def commit_stage(step: TrainingStep, datasets: dict[str, DatasetRecords], outcom
                       init_model=step.init_model, stage=stage.model_dump(mode="json"), datasets=dataset_info,
                       losses=mode.losses(stage, datasets), counts=counts, matryoshka=cfg.matryoshka_of(stage))
     lineage = lineage_of(run_dir, step.upstream, stage, datasets, outcome)
-    with StageWriter(run_dir, instance_name(stage.name)) as writer:
+    with StageWriter(run_dir, instance_name(stage.name), TrainManifest, fingerprint=fingerprint,
+                     run_name=config.run_name) as writer:
         model_dir = writer.staging / "model"
         mode.save(step, outcome, instructions, datasets, model_dir, _training_settings(step))
         if stage.merge is not None:
@@ -78,8 +80,7 @@ def commit_stage(step: TrainingStep, datasets: dict[str, DatasetRecords], outcom
                           kind="plot")
         secs = sum({r["step"]: r["seconds"] for r in rows}.values())
         return writer.commit({
-            "step": "train", "run_name": config.run_name, "input_fingerprint": fingerprint.key,
-            "code": fingerprint.code, "stage_name": stage.name,
+            "stage_name": stage.name,
             "init_model": step.init_model, "steps": outcome.steps, "processes": outcome.world,
             "hardware": hardware(cfg, outcome),
             "datasets": dataset_info,
@@ -147,8 +148,8 @@ def lineage_of(run_dir: Path, upstream: str, stage: TrainStageConfig, datasets: 
     they are rows of; None for a mode that trains on examples derived from records (AutoRegEmbed)."""
     if not mode_of(stage).lineage or outcome.consumed is None:
         return None
-    outputs = (read_manifest(run_dir, upstream) or {"outputs": {}})["outputs"]
-    files = {n: {"file": f"{n}.parquet", "sha256": outputs.get(f"{n}.parquet", {}).get("sha256"), "records": d.size}
+    hashes = output_hashes(run_dir, upstream, required=False)
+    files = {n: {"file": f"{n}.parquet", "sha256": hashes.get(f"{n}.parquet"), "records": d.size}
              for n, d in datasets.items()}
     return lineage_table(outcome.consumed, {"upstream": upstream, "datasets": files, "steps": outcome.steps,
                                             "model_step": outcome.selected_step, "grad_accum": stage.grad_accum,

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from embed_core.artifacts import read_manifest
+from embed_core.artifacts import output_hashes, read_manifest
 from embed_core.config import RunConfig, config_hash
 from embed_core.errors import EmbedpipeError
 from embed_core.fingerprint import Fingerprint, code_identity
+from embed_core.manifests import Manifest
 from embed_core.model.encoder import model_fingerprint
 from embed_core.paths import files_within
 from embed_core.schema import TRAINABLE_TASKS
@@ -47,12 +48,13 @@ def step_fingerprint(step: TrainingStep) -> Fingerprint:
     up = read_manifest(run_dir, step.upstream)
     if up is None:
         raise EmbedpipeError(f"{run_dir / step.upstream}: no manifest.json — run the earlier stages first")
+    records = Manifest.of(up).hashes("records")
     init = ({"base": model_fingerprint(cfg.base_model, cfg.pooling, cfg.max_length, False)} if step.init_stage is None
             else _stage_model_hashes(run_dir, step.init_stage.name))
     return Fingerprint.of(step.instance, BODY, LIBRARIES, {
         # batch_size is per process: the global batch, and so the model, depends on how many train
         "processes": training_processes(cfg),
-        "upstream": _used_outputs(run_dir / step.upstream, up, stage),
+        "upstream": _used_outputs(run_dir / step.upstream, records, stage),
         "train": config_hash(cfg.model_copy(update={"stages": [], "work_pool": None, "processes": "auto"})),
         "stage": config_hash(stage), "init": init,
         "dev": _dev_inputs(config, run_dir, stage), "seed": config.seed,
@@ -66,20 +68,18 @@ def _dataset_task(path: Path) -> str | None:
     return column[0].as_py() if len(column) else None
 
 
-def _used_outputs(stage_path: Path, manifest: dict[str, Any], stage: TrainStageConfig) -> dict[str, str]:
+def _used_outputs(stage_path: Path, records: dict[str, str], stage: TrainStageConfig) -> dict[str, str]:
     """Hashes of the upstream record files this stage trains on (a change elsewhere — e.g. an STS
     source for a retrieval-only stage 1 — leaves the stage a cache hit)."""
     used = {}
-    for name, info in manifest["outputs"].items():
-        if info.get("kind") != "records":
-            continue
+    for name, sha256 in records.items():
         dataset = name.removesuffix(".parquet")
         if stage.datasets is not None and dataset not in stage.datasets:
             continue
         task = _dataset_task(stage_path / name)
         if task is None or task not in TRAINABLE_TASKS or (stage.tasks is not None and task not in stage.tasks):
             continue
-        used[name] = info["sha256"]
+        used[name] = sha256
     return used
 
 
@@ -87,8 +87,7 @@ def _stage_model_hashes(run_dir: Path, stage_name: str) -> dict[str, Any]:
     """A trained stage's model, by its files' hashes (not its metrics, whose timings differ between
     identical runs)."""
     man = read_manifest(run_dir, instance_name(stage_name))
-    return {"stage": stage_name, "model": {n: i["sha256"] for n, i in man["outputs"].items() if n.startswith("model/")}
-            if man else "missing"}
+    return {"stage": stage_name, "model": Manifest.of(man).hashes(prefix="model/") if man else "missing"}
 
 
 def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> dict[str, str]:
@@ -101,11 +100,10 @@ def _dev_inputs(config: RunConfig, run_dir: Path, stage: TrainStageConfig) -> di
     from embed_core.fingerprint import sha256_file
 
     out: dict[str, str] = {"code": code_identity("embed_core.train.dev", SCORING_LIBRARIES)}
-    prepared = read_manifest(run_dir, PREPARE) or {"outputs": {}}
+    prepared = output_hashes(run_dir, PREPARE, prefix="dev/", required=False)
     for task in stage.dev.tasks:
         if task.dataset:
-            info = prepared["outputs"].get(f"dev/{task.dataset}.parquet")
-            out[f"{task.name}:dev/{task.dataset}"] = info["sha256"] if info else "missing"
+            out[f"{task.name}:dev/{task.dataset}"] = prepared.get(f"dev/{task.dataset}.parquet", "missing")
             continue
         paths = [task.path] if isinstance(task.path, str) else list(task.path)
         for path in [*paths, *([task.train_path] if task.train_path else [])]:

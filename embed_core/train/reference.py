@@ -17,6 +17,7 @@ from embed_core.artifacts import StageWriter
 from embed_core.config import config_hash
 from embed_core.dist.ranks import committed, on_main_rank
 from embed_core.fingerprint import code_identity
+from embed_core.manifests import ReferenceManifest
 from embed_core.model.encoder import model_fingerprint
 from embed_core.stage_dirs import reference_name
 from embed_core.train.key import LIBRARIES
@@ -71,9 +72,10 @@ def _write_reference(step: TrainingStep, name: str, key: str, trainer, decoder: 
     table = pa.Table.from_pylist([{"example": i, "query": e.query, "positive": e.positive, "ref_pos": float(p),
                                    "ref_neg": [float(x) for x in n]}
                                   for i, (e, p, n) in enumerate(zip(examples, ref_pos, ref_neg))], schema=REFERENCE_SCHEMA)
-    with StageWriter(step.run_dir, name) as writer:
+    with StageWriter(step.run_dir, name, ReferenceManifest, fingerprint=key, code=code_identity(BODY, LIBRARIES),
+                     run_name=step.config.run_name) as writer:
         writer.write_table("scores.parquet", table, kind="reference_scores")
-        writer.commit({"step": "reference", "input_fingerprint": key, "stage_name": step.stage.name,
+        writer.commit({"stage_name": step.stage.name,
                        "init_model": step.init_model, "decoder": decoder,
                        "counts": {"examples": len(examples), "negatives": int(ref_neg.shape[1])},
                        "timings_s": {"total": round(time.perf_counter() - t0, 3)}})

@@ -9,7 +9,7 @@ belong to the train stage so that they run where training runs (a GPU work pool)
 under several processes they run on rank 0 alone (``embed_core.dist.ranks``). The directories'
 names come from ``embed_core.stage_dirs``; ``STEPS`` is the one table of step kinds: each entry its
 prefix, body, records, key, inputs, which ranks run it, its summary and report; a manifest records
-its kind as ``step`` (``manifest_step`` reads one written before from its sections)."""
+its kind as ``step`` (``manifest_kind``: one written before, by its sections)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pydantic import Field
 
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError
+from embed_core.manifests import Manifest, RemineManifest, SynthManifest, TrainManifest, step_class
 from embed_core.mine import stage as mine_stage
 from embed_core import stage_dirs
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
@@ -113,28 +114,29 @@ def _remine_settings(ctx: StageContext):
 
 
 def _train_counts(manifest: dict[str, Any]) -> str:
-    lines = [f"stage {manifest['stage_name']}: {manifest['steps']} steps from {manifest['init_model']}"]
-    hw = manifest.get("hardware")
+    m = TrainManifest.of(manifest)
+    lines = [f"stage {m.stage_name}: {m.steps} steps from {m.init_model}"]
+    hw = m.hardware
     if hw:  # manifests written before it was recorded have none
-        processes = manifest.get("processes", 1)
-        lines.append(f"trained on {hw['device']} x {processes} process{'es' if processes > 1 else ''}, "
+        lines.append(f"trained on {hw['device']} x {m.processes} process{'es' if m.processes > 1 else ''}, "
                      f"{hw['precision']}, weights {hw['weights']}, sharding {hw['sharding']}")
     lines += [f"{'dataset':<22}{'task':>16}{'records':>9}{'weight':>9}"]
-    for name, d in manifest["datasets"].items():
-        lines.append(f"{name:<22}{d['task']:>16}{d['records']:>9}{d['weight']:>9.3f}")
-    c = manifest["counts"]
-    lines.append(f"examples {c['examples']}, tokens {c['tokens']}, final loss {c['final_loss']}")
+    for name, d in m.datasets.items():
+        lines.append(f"{name:<22}{d.task:>16}{d.records:>9}{d.weight:>9.3f}")
+    c = m.counts
+    lines.append(f"examples {c.examples}, tokens {c.tokens}, final loss {c.final_loss}")
     return "\n".join(lines)
 
 
 def _synth_counts(manifest: dict[str, Any]) -> str:
+    targeted = SynthManifest.of(manifest).targeted
     return "\n".join([synth_stage.format_counts(manifest), "dev failures -> training records: " + ", ".join(
-        f"{ds} {c['failures']} -> {c['selected']}" for ds, c in manifest["targeted"]["datasets"].items())])
+        f"{ds} {c['failures']} -> {c['selected']}" for ds, c in targeted["datasets"].items())])
 
 
 def _train_report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
-    return Report(markdown=f"Model: `{ctx.run_dir / instance_name(manifest['stage_name']) / 'model'}`\n\n"
-                           "![loss curve](loss.png)")
+    return Report(markdown=f"Model: `{ctx.run_dir / instance_name(TrainManifest.of(manifest).stage_name) / 'model'}`"
+                           "\n\n![loss curve](loss.png)")
 
 
 def _remine_fingerprint(ctx: StageContext, upstream: str):
@@ -196,20 +198,21 @@ class StepKind:
     summarize: Callable[[dict[str, Any]], str]  # manifest -> the lines `embedpipe status` prints
     report: Callable[[StageContext, dict[str, Any]], Report]
     cli_arg: Callable[[str], str]  # instance -> its --stage value
+    manifest: type[Manifest]  # the class of what it commits (embed_core.manifests)
 
 
 REMINE = StepKind("remine", REMINE_PREFIX, MINE_BODY, remine_instance_name, lambda s: s.remine is not None,
                   _remine_records, _remine_fingerprint, _step_inputs, _remine_run, all_ranks=False,
-                  summarize=mine_stage.format_counts, report=mine_stage.report, cli_arg=lambda i: i)
-SYNTHESIS = StepKind("targeted_synthesis", SYNTH_PREFIX, SYNTH_BODY, synth_instance_name,
+                  summarize=mine_stage.format_counts, report=mine_stage.report, cli_arg=lambda i: i,
+                  manifest=RemineManifest)
+SYNTHESIS = StepKind("synth", SYNTH_PREFIX, SYNTH_BODY, synth_instance_name,
                      lambda s: s.targeted_synthesis is not None, _records_before, _synth_fingerprint, _synth_inputs,
                      _synth_run, all_ranks=False, summarize=_synth_counts, report=synth_stage.report,
-                     cli_arg=lambda i: i)
+                     cli_arg=lambda i: i, manifest=SynthManifest)
 TRAIN = StepKind("train", PREFIX, BODY, instance_name, lambda s: True, _records_before, _train_fingerprint,
                  _train_inputs, _train_run, all_ranks=True, summarize=_train_counts, report=_train_report,
-                 cli_arg=stage_name_of)
+                 cli_arg=stage_name_of, manifest=TrainManifest)
 STEPS = (REMINE, SYNTHESIS, TRAIN)  # in the order they run before and as a training stage
-KINDS = {kind.name: kind for kind in STEPS}
 
 
 def step_kind(instance: str) -> StepKind:
@@ -217,18 +220,15 @@ def step_kind(instance: str) -> StepKind:
     return next(kind for kind in STEPS if instance.startswith(kind.prefix))
 
 
-def manifest_step(manifest: dict[str, Any]) -> str:
-    """The step kind a manifest records; for one written before manifests recorded it, read from its
-    sections (a synthesis step's has ``targeted``, a re-mining step's no ``stage_name``)."""
-    if "step" in manifest:
-        return manifest["step"]
-    if "targeted" in manifest:
-        return SYNTHESIS.name
-    return TRAIN.name if "stage_name" in manifest else REMINE.name
+def manifest_kind(manifest: dict[str, Any]) -> StepKind:
+    """The step kind whose manifest this is: the class of the step it records
+    (``embed_core.manifests.step_class``; one written before it recorded its step, by its sections)."""
+    cls = step_class(manifest)
+    return next(kind for kind in STEPS if kind.manifest is cls)
 
 
 def format_counts(manifest: dict[str, Any]) -> str:
-    return KINDS[manifest_step(manifest)].summarize(manifest)
+    return manifest_kind(manifest).summarize(manifest)
 
 
 def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:

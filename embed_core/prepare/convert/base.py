@@ -125,6 +125,7 @@ class Converter:
     text_fields: ClassVar[tuple[str, ...]] = ()
     pair: ClassVar[bool] = False
     one_file: ClassVar[bool] = True  # reads one file (so a dev_path file of the same layout works)
+    produces: ClassVar[str] = "records"  # the artifact kind prepare writes from it (artifacts.ARTIFACT_KINDS)
     Params: ClassVar[type[ConverterParams]] = ConverterParams
 
     def __init__(self, spec: SourceLike, run: RunLike):

@@ -22,6 +22,7 @@ from embed_core.prepare.chunking import Chunker
 from embed_core.prepare.convert.base import Converter, ConverterParams, Skipped
 from embed_core.prepare.documents import SUFFIXES, corpus_files, read_documents
 from embed_core.prepare.readers import root_for
+from embed_core.schema import CORPUS_KIND
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Corpus(Converter):
 
     kind = "corpus"
     one_file: ClassVar[bool] = False
-    passages: ClassVar[bool] = True  # prepare writes a corpus artifact, not records
+    produces: ClassVar[str] = CORPUS_KIND  # prepare writes a corpus artifact, not records
 
     class Params(ConverterParams):
         chunk_tokens: int = Field(256, ge=8, description="Largest passage, in tokens of `tokenizer` (no special "
