@@ -19,7 +19,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from embed_core import __version__
-from embed_core.errors import UNCOMMITTED_ATTR, DiskFullError, EmbedpipeError, disk_full_errno
+from embed_core.errors import UNCOMMITTED_ATTR, DiskFullError, EmbedpipeError, disk_full_errno, printable
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.manifests import MANIFEST, Manifest, OutputInfo
 from embed_core.paths import files_within
@@ -421,12 +422,31 @@ def checked_outputs(run_dir: Path, stage: str, *, kind: str = "records") -> dict
     return out
 
 
+@contextmanager
+def parquet_output(path: Path) -> Iterator[None]:
+    """Reading a stage's Parquet output whose hash its manifest vouched for: a file that is not
+    readable Parquet all the same (damaged before the manifest was written, or the manifest edited
+    to match a truncated file) is one line naming it and what to run, not pyarrow's traceback."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        detail = printable(" ".join(str(exc).split()), 160)
+        raise EmbedpipeError(f"{path}: not a readable Parquet file although its manifest's hash matches it ({detail}); "
+                             f"rerun the stage that wrote {path.parent.name}/ with --force") from None
+
+
+def read_parquet(path: Path, **kwargs: Any) -> pa.Table:
+    """``pq.read_table`` of a stage output, under :func:`parquet_output`."""
+    with parquet_output(path):
+        return pq.read_table(path, **kwargs)
+
+
 def read_records(run_dir: Path, stage: str, *, validate: bool = True, kind: str = "records") -> dict[str, pa.Table]:
     """Record tables of a finished stage, by file name, checked against the manifest and the schema
     (``kind="dev_records"``: the dev records prepare sets aside)."""
     tables = {}
     for name, (path, _) in checked_outputs(run_dir, stage, kind=kind).items():
-        table = pq.read_table(path, schema=None)
+        table = read_parquet(path, schema=None)
         if validate:
             check_table(table, file=str(path))
         tables[name] = table.cast(RECORD_SCHEMA) if table.schema != RECORD_SCHEMA else table
@@ -436,7 +456,7 @@ def read_records(run_dir: Path, stage: str, *, validate: bool = True, kind: str 
 def read_tables(run_dir: Path, stage: str, *, kind: str) -> dict[str, pa.Table]:
     """The Parquet outputs of one ``kind`` of a finished stage, by file name, checked against the
     manifest (the schema is the writing stage's: metrics, stats, results)."""
-    return {name: pq.read_table(path) for name, (path, _) in checked_outputs(run_dir, stage, kind=kind).items()}
+    return {name: read_parquet(path) for name, (path, _) in checked_outputs(run_dir, stage, kind=kind).items()}
 
 
 def read_corpora(run_dir: Path, stage: str) -> dict[str, pa.Table]:
@@ -445,7 +465,7 @@ def read_corpora(run_dir: Path, stage: str) -> dict[str, pa.Table]:
     go through the record path."""
     out = {}
     for name, (path, _) in checked_outputs(Path(run_dir), stage, kind=CORPUS_KIND).items():
-        table = pq.read_table(path)
+        table = read_parquet(path)
         if [(f.name, f.type) for f in table.schema] != [(f.name, f.type) for f in PASSAGE_SCHEMA]:
             raise EmbedpipeError(f"{path}: not a corpus of passages (columns {table.schema.names}, expected "
                                  f"{PASSAGE_SCHEMA.names}): run prepare again with --force")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from embed_core.artifacts import output_hashes, read_manifest
+from embed_core.artifacts import output_hashes, read_manifest, read_parquet
 from embed_core.config import RunConfig, config_hash
 from embed_core.errors import EmbedpipeError
 from embed_core.fingerprint import Fingerprint, code_identity
@@ -62,9 +62,7 @@ def step_fingerprint(step: TrainingStep) -> Fingerprint:
 
 
 def _dataset_task(path: Path) -> str | None:
-    import pyarrow.parquet as pq
-
-    column = pq.read_table(path, columns=["task"]).column("task")
+    column = read_parquet(path, columns=["task"]).column("task")
     return column[0].as_py() if len(column) else None
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embed_core.artifacts import atomic_write_json, checked_outputs
+from embed_core.artifacts import atomic_write_json, checked_outputs, parquet_output
 from embed_core.schema import RECORD_SCHEMA, RowChecker, check_schema
 from embed_core.train.engine.batches import RecordsSummary
 from embed_core.train.engine.pages import open_mapped
@@ -68,7 +68,7 @@ def convert(parquet: Path, arrow: Path) -> None:
     Parquet file, the row and the field) and summarised; the summary is written last."""
     tmp = arrow.with_name(f".tmp-{arrow.name}")
     try:
-        with _bounded_pool():  # before the reader is made: it allocates from the pool current then
+        with _bounded_pool(), parquet_output(parquet):  # the pool before the reader is made: it allocates from it
             summary = _write_checked(parquet, tmp)
     except BaseException:
         tmp.unlink(missing_ok=True)
