@@ -80,6 +80,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problem = out_problem(args.out)
+    if problem:  # before the check runs, not after it (minutes) when the report cannot be written
+        print(f"gpucheck: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     if args.cpu:  # before torch first asks for CUDA: the tiny version stays on the CPU
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -115,6 +119,20 @@ def main(argv: list[str] | None = None) -> int:
     # after every part ran: whatever they imported, lazily too, is in sys.modules by now
     report["imports_prefect"] = any(m == "prefect" or m.startswith("prefect.") for m in sys.modules)
     return emit(report, args.out)
+
+
+def out_problem(out: Path | None) -> str | None:
+    """Why the report cannot be written to ``out`` (a directory, a FIFO or device, under a file), else None."""
+    if out is None:
+        return None
+    if out.is_dir():
+        return "is a directory; give a file name for the JSON report (e.g. gpucheck.json inside it)"
+    if out.exists() and not out.is_file():
+        return "is not a regular file (a FIFO, a device or a socket); give a file name for the JSON report"
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        return f"{parent} is a file, not a directory"
+    return None
 
 
 def emit(report: dict[str, Any], out: Path | None) -> int:

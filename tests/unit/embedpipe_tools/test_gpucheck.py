@@ -115,6 +115,22 @@ def test_without_a_cuda_gpu_and_without_cpu_it_exits_2_with_one_line():
     assert proc.stderr.strip().count("\n") == 0 and "--cpu" in proc.stderr
 
 
+@pytest.mark.parametrize("where", ["dir", "under-a-file"])
+def test_an_out_that_cannot_take_the_report_is_one_line_and_exit_2_before_the_check_runs(tmp_path, where):
+    """``--out`` naming an existing directory (or a path under a file) used to fail after the whole
+    check, with a traceback; now the command refuses it in a second, printing nothing on stdout."""
+    out = tmp_path if where == "dir" else tmp_path / "notes.txt" / "report.json"
+    (tmp_path / "notes.txt").write_text("mine\n")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "embedpipe_tools.gpucheck", "--cpu", "--out", str(out)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0
+    assert proc.stderr.startswith(f"gpucheck: --out {out}: ")
+    assert ("is a directory" if where == "dir" else "notes.txt is a file, not a directory") in proc.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
 def test_a_crashed_part_is_reported_in_the_json_and_exits_1_with_one_line(capsys):
     from embedpipe_tools.gpucheck import emit, part
 
