@@ -141,11 +141,20 @@ class PrepareTotals(Section):
     excluded_near_duplicate: int | None = Field(None, description="Near duplicates dropped (near_duplicates on).")
 
 
+class PrepareCorpus(Section):
+    file: str = Field(description="corpus-<name>.parquet.")
+    passages: int = Field(description="Passages written.")
+    deduped: int = Field(0, description="Passages dropped as duplicates.")
+    excluded_contamination: int = Field(0, description="Passages sharing a text with an evaluation set.")
+    excluded_near_duplicate: int = Field(0, description="Near duplicates of evaluation texts dropped.")
+
+
 class PrepareSource(Section):
     source: str = Field(description="The source's name (its dataset).")
     records_converted: int = Field(0, description="Records (a corpus: passages) converted.")
     rows_skipped: int = Field(0, description="Rows the converter left out.")
     quarantined: int = Field(0, description="Rows quarantined.")
+    corpus: PrepareCorpus | None = Field(None, description="A corpus source: its passages.")
 
 
 class PrepareDataset(Section):

@@ -30,11 +30,14 @@ def counts_table(manifest: PrepareManifest | dict[str, Any]) -> list[dict[str, A
                      **({"near-dup": d.excluded_near_duplicate} if d.excluded_near_duplicate is not None else {}),
                      "written": d.written,
                      "tasks": ", ".join(f"{k}={v}" for k, v in sorted(d.tasks.items()))})
-    for name, s in sources.items():  # sources that produced nothing still show up
+    for name, s in sources.items():  # a corpus (passages), and sources that produced nothing, show up too
         if name not in {r["dataset"] for r in rows}:
-            rows.append({"dataset": name, "converted": 0, "quarantined": s.quarantined,
-                         "skipped": s.rows_skipped, "deduped": 0, "excluded": 0,
-                         **({"near-dup": 0} if m.near_duplicates_on else {}), "written": 0, "tasks": ""})
+            c = s.corpus
+            rows.append({"dataset": name, "converted": s.records_converted if c else 0, "quarantined": s.quarantined,
+                         "skipped": s.rows_skipped, "deduped": c.deduped if c else 0,
+                         "excluded": c.excluded_contamination if c else 0,
+                         **({"near-dup": c.excluded_near_duplicate if c else 0} if m.near_duplicates_on else {}),
+                         "written": c.passages if c else 0, "tasks": "corpus passages" if c else ""})
     return rows
 
 
@@ -47,7 +50,9 @@ def format_counts(manifest: PrepareManifest | dict[str, Any]) -> str:
     lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
     lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
     t = m.counts.totals
-    lines.append(f"total: read {t.rows_read}, written {t.records_written}, quarantined {t.quarantined} "
+    passages = sum(s.corpus.passages for s in m.counts.sources if s.corpus)
+    lines.append(f"total: read {t.rows_read}, written {t.records_written}"
+                 + (f" records and {passages} corpus passages" if passages else "") + f", quarantined {t.quarantined} "
                  f"{t.quarantined_by_reason or ''}, deduped {t.deduped}, excluded {t.excluded_contamination}"
                  + (f", near duplicates {t.excluded_near_duplicate}" if m.near_duplicates_on else ""))
     return "\n".join(lines)

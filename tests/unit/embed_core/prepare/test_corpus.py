@@ -108,3 +108,15 @@ def test_a_pdfs_text_becomes_passages_with_the_span_of_its_extracted_text(tmp_pa
     items = list(convert_source(source(tmp_path, chunk_tokens=32).prepare.sources[0], source(tmp_path)))
     assert [(p.id, p.text, p.source_ref) for p in items] == [
         ("docs:docs/spleen.pdf:0", "The spleen filters old red blood cells.", "docs/spleen.pdf:0-39")]
+
+
+def test_the_prepare_summary_shows_a_corpus_with_the_passages_it_wrote_not_written_0(tmp_path):
+    from embed_core.prepare.stage import format_counts
+
+    write_docs(tmp_path)
+    manifest = run_prepare(source(tmp_path, chunk_tokens=32), tmp_path / "run")
+    passages = pq.read_metadata(tmp_path / "run/prepare/corpus-docs.parquet").num_rows
+    summary = format_counts(manifest)
+    (row,) = [line.split() for line in summary.splitlines() if line.startswith("docs ")]
+    assert passages > 0 and row[6] == str(passages) and row[7:] == ["corpus", "passages"]
+    assert f"written 0 records and {passages} corpus passages" in summary
