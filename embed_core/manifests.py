@@ -142,6 +142,8 @@ class PrepareTotals(Section):
 
 
 class PrepareCorpus(Section):
+    """What a corpus source wrote: passages, not records (``prepare/corpus.py``)."""
+
     file: str = Field(description="corpus-<name>.parquet.")
     passages: int = Field(description="Passages written.")
     deduped: int = Field(0, description="Passages dropped as duplicates.")
@@ -151,10 +153,10 @@ class PrepareCorpus(Section):
 
 class PrepareSource(Section):
     source: str = Field(description="The source's name (its dataset).")
+    corpus: PrepareCorpus | None = Field(None, description="A corpus source: its passages.")
     records_converted: int = Field(0, description="Records (a corpus: passages) converted.")
     rows_skipped: int = Field(0, description="Rows the converter left out.")
     quarantined: int = Field(0, description="Rows quarantined.")
-    corpus: PrepareCorpus | None = Field(None, description="A corpus source: its passages.")
 
 
 class PrepareDataset(Section):

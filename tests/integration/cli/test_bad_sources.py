@@ -90,17 +90,19 @@ def test_an_empty_source_is_an_error_unless_allowed(tmp_path, capfd):
     assert written_refs(tmp_path, "t") == ["t.csv:2"]
 
 
-def test_with_multiline_false_a_stray_quote_costs_its_own_line_and_no_good_row(tmp_path, capfd):
-    # Line 3 opens a quote that a field three lines later closes: RFC 4180 (the default, as pandas reads it)
-    # makes lines 3-6 one record; with multiline: false each line is a record of its own.
+@pytest.mark.parametrize("multiline", [False, True], ids=["one-line-records", "rfc4180-default"])
+def test_a_stray_quote_costs_its_own_line_and_no_good_row(tmp_path, capfd, multiline):
+    """Line 3 opens a quote that a field three lines later closes. With multiline: false each line is
+    a record of its own; with the default (RFC 4180, as pandas reads it) lines 3-6 read as one record
+    of three fields, but lines 4-5 are rows of the file's shape: the reader recovers at line 4."""
     (tmp_path / "s.csv").write_text(
         HEADER + GOOD
         + '"A stray quote opens here.,A man is playing.,4.0\n'                 # 3 stray quote
         + "A woman slices an onion.,Someone cuts an onion.,4.2\n"              # 4
         + "A child runs.,A kid is running.,3.9\n"                             # 5
-        + 'Closing it here",A dog barks.,1.0\n'                                # 6 a bare quote inside a field: text
+        + 'Closing it here",A dog barks.,1.0\n'                                # 6 the quote "closes" here
         + "A cat sleeps.,A cat is sleeping.,4.8\n")                           # 7
-    result = prepare(capfd, tmp_path, [sts("s.csv", multiline=False)])
+    result = prepare(capfd, tmp_path, [sts("s.csv", **({} if multiline else {"multiline": False}))])
     assert result.rc == 0, result.err
     assert [(q["row"], q["reason"]) for q in quarantine(tmp_path)] == [(3, "stray_quote")]
     assert written_refs(tmp_path, "sts") == ["s.csv:2", "s.csv:4", "s.csv:5", "s.csv:6", "s.csv:7"]
@@ -122,21 +124,6 @@ def test_an_unterminated_quote_costs_only_its_line_and_the_rows_after_it_are_kep
     assert (q["row"], q["reason"]) == (3, "unterminated_quote")
     assert "this line is quarantined and the 3 lines after it read again as rows" in q["message"]
     assert written_refs(tmp_path, "sts") == ["s.csv:2", "s.csv:4", "s.csv:5", "s.csv:6"]
-
-
-def test_by_default_a_stray_quote_that_swallows_rows_costs_its_own_line_and_no_good_row(tmp_path, capfd):
-    """RFC 4180 reads lines 3-6 as one record of three fields; lines 4-5 are rows of the file's shape."""
-    (tmp_path / "s.csv").write_text(
-        HEADER + GOOD
-        + '"A stray quote opens here.,A man is playing.,4.0\n'                 # 3 stray quote
-        + "A woman slices an onion.,Someone cuts an onion.,4.2\n"              # 4
-        + "A child runs.,A kid is running.,3.9\n"                             # 5
-        + 'Closing it here",A dog barks.,1.0\n'                                # 6 the quote "closes" here
-        + "A cat sleeps.,A cat is sleeping.,4.8\n")                           # 7
-    result = prepare(capfd, tmp_path, [sts("s.csv")])
-    assert result.rc == 0, result.err
-    assert [(q["row"], q["reason"]) for q in quarantine(tmp_path)] == [(3, "stray_quote")]
-    assert written_refs(tmp_path, "sts") == ["s.csv:2", "s.csv:4", "s.csv:5", "s.csv:6", "s.csv:7"]
 
 
 def test_invisible_only_texts_and_scores_outside_the_range_are_quarantined(tmp_path, capfd):
