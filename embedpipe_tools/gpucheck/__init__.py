@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import tempfile
@@ -46,6 +45,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from embedpipe_tools.gpurun.report import finite, replace_file
 
 GOALS = {"minilm_over_sentence_transformers": 1.5, "decoder_mfu": 0.25}
 RANDOM_MINILM = "random-minilm"
@@ -147,25 +148,6 @@ def emit(report: dict[str, Any], out: Path | None) -> int:
         print("gpucheck: failed: " + " ".join("; ".join(report["errors"]).split()), file=sys.stderr)
         return 1
     return 0
-
-
-def replace_file(path: Path, text: str) -> None:
-    """``path`` replaced whole by ``text`` (written beside it, then renamed): a reader never sees half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def finite(value: Any) -> Any:
-    """The report with NaN / inf as null (JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
 
 
 def part(report: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]],

@@ -33,13 +33,14 @@ def targets(scores: dict[str, dict[str, float]], final: str) -> dict[str, Any]:
     return out
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
+    """A report with NaN / inf as null (JSON has neither)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
     return value
 
 
@@ -60,7 +61,7 @@ def replace_file(path: Path, text: str) -> None:
 def write(report: dict[str, Any], out: Path) -> None:
     """``out/gpu-run.json`` and ``out/gpu-run.md``, each replaced whole."""
     out.mkdir(parents=True, exist_ok=True)
-    replace_file(out / "gpu-run.json", json.dumps(_finite(report), indent=2) + "\n")
+    replace_file(out / "gpu-run.json", json.dumps(finite(report), indent=2) + "\n")
     replace_file(out / "gpu-run.md", markdown(report))
 
 

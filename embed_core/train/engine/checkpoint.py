@@ -137,7 +137,7 @@ def save(trainer: Any) -> Path:
     barrier()
     with checkpoint_write(tmp, complete(directory)):
         extra = trainer.backend.save_state(tmp)
-        save_plain(rng_state(getattr(trainer, "device", None)), tmp / f"rng-{rank}.pt")
+        save_plain(rng_state(trainer.device), tmp / f"rng-{rank}.pt")
     barrier()
     if rank == 0:
         with checkpoint_write(tmp, complete(directory)):
@@ -164,7 +164,7 @@ def load(trainer: Any, path: Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: saved by {meta.get('world', 1)} processes, resumed by {trainer.world}; resume "
                               "with the same number of processes (or pass --no-resume)")
         trainer.backend.load_state(path, meta)
-        set_rng_state(load_plain(path / f"rng-{trainer.rank}.pt"), getattr(trainer, "device", None))
+        set_rng_state(load_plain(path / f"rng-{trainer.rank}.pt"), trainer.device)
         return meta
     except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError, EOFError) as exc:
         detail = " ".join(str(exc).split())[:160] or type(exc).__name__
