@@ -149,3 +149,20 @@ def test_the_real_llama_cpp_server_returns_the_logprobs_the_judge_scores_from(tm
     rows = pq.read_table(run_dir / "synthesize/_queries.parquet").to_pylist()
     # scores from logprobs lie strictly between 0 and 1 (the text alone gives only 0 or 1)
     assert rows and all(0.0 <= r["judge"] <= 1.0 for r in rows) and any(0.0 < r["judge"] < 1.0 for r in rows)
+
+
+def test_a_judge_that_answers_neither_yes_nor_no_fails_the_stage_instead_of_committing_no_query(tmp_path):
+    """Every judge round malformed ("maybe", no logprobs to score): beyond max_malformed_share the
+    stage fails with one line and commits nothing (it used to commit synthesize with 0 queries)."""
+    from embed_core.errors import EmbedpipeError
+
+    with ScriptedLLMServer(judge_answer="maybe", logprobs=False) as server:
+        config = _config(tmp_path, server.base_url)
+        run_dir = tmp_path / "run"
+        run_prepare(config, run_dir)
+        with pytest.raises(EmbedpipeError) as failed:
+            run_synthesize(config, run_dir, upstream="prepare")
+    line = str(failed.value)
+    assert line.startswith("synthesize: 3 of 3 answers of the judge do not parse or validate") and "\n" not in line
+    assert "it answered 'maybe'" in line and "synthesize.max_malformed_share 0.9" in line
+    assert not (run_dir / "synthesize").exists()
