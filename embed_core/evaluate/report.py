@@ -242,7 +242,7 @@ def _read_results(path: Path) -> list[dict[str, Any]]:
         raise EmbedpipeError(f"{path}: not an evaluate results file (no column {missing[0]!r}); give a run directory "
                              "or the results.parquet its evaluate stage wrote")
     rows = table.to_pylist()
-    for row in rows:  # a NaN score is an error naming its task, as evaluate's own is, never a number in a table
+    for row in (r for r in rows if r["main"]):  # a NaN main score (what the table shows) is an error naming its task
         value = row["value"]
         if not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
             raise EmbedpipeError(f"{path}: model {printable(row['model'], 80)}, task {printable(row['task'], 80)}: "

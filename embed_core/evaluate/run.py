@@ -93,6 +93,14 @@ def trained_models(run_dir: Path, config: RunConfig | None = None) -> dict[str, 
     return {label: path for label, (_, path) in sorted(found.items(), key=lambda kv: kv[1][0])}
 
 
+def default_models(cfg) -> list[str]:
+    """What evaluate scores when no model is named (``--model``): the base model and every trained
+    stage's model, or the config's ``evaluate.models`` when it names 'trained' itself. The one
+    answer for the pipeline, ``embedpipe evaluate`` and the ``embedpipe-evaluate`` deployment, so a
+    rerun of evaluate alone scores what the pipeline would and ``status`` stays fresh."""
+    return list(cfg.models) if "trained" in cfg.models else ["base", "trained"]
+
+
 def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None, *,
                    materialize: bool = True) -> dict[str, str]:
     """label -> local model path for 'base', 'trained' and explicit paths (``materialize=False``:
@@ -100,7 +108,7 @@ def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = 
     cfg = _cfg(config)
     resolve = resolve_model_path if materialize else str
     out: dict[str, str] = {}
-    for item in models or cfg.models:
+    for item in models or default_models(cfg):
         if item == "base":
             out["base"] = resolve(cfg.base_model)
         elif item == "trained":
@@ -122,7 +130,7 @@ def input_dirs(config: RunConfig, run_dir: str | Path, models: list[str] | None 
     run_dir = Path(run_dir)
     cfg = _cfg(config)
     dirs: list[Path] = []
-    for item in models or cfg.models:
+    for item in models or default_models(cfg):
         if item == "trained":
             names = [instance_name(s.name) for s in config.train.stages] if config.train else \
                 [p.parent.name for p in trained_model_dirs(run_dir)]

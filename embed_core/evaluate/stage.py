@@ -8,7 +8,6 @@ from typing import Any
 
 from pydantic import Field
 
-from embed_core.config import RunConfig
 from embed_core.stage_dirs import EVALUATE
 from embed_core.manifests import EvaluateManifest
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
@@ -18,15 +17,11 @@ BODY = "embed_core.evaluate.run"
 
 
 class EvaluateOptions(StageOptions):
-    models: list[str] | None = Field(None, description="'base', 'trained' or local model paths (default: the "
-                                                       "config's evaluate.models).", json_schema_extra={"cli_flag": "--model"})
+    models: list[str] | None = Field(None, description="'base', 'trained' or local model paths (default: what the "
+                                                       "pipeline scores: the base and every trained stage's model, or "
+                                                       "evaluate.models when it names 'trained')",
+                                     json_schema_extra={"cli_flag": "--model"})
     tasks: list[str] | None = Field(None, description="Task names from the config (default: all configured tasks).")
-
-
-def pipeline_options(config: RunConfig) -> EvaluateOptions:
-    """The end-to-end pipeline evaluates the base model and every trained stage's model (the
-    config's own list when it already names 'trained')."""
-    return EvaluateOptions(models=["base", "trained"] if "trained" not in config.evaluate.models else None)
 
 
 def format_counts(manifest: EvaluateManifest | dict[str, Any]) -> str:
@@ -71,5 +66,5 @@ def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
 # print() while capturing sys.stdout; Prefect's print patch would turn that into log lines.
 STAGE = Stage(name=NAME, help="MTEB on the configured tasks for the base and trained models",
               enabled=lambda c: c.evaluate is not None, fingerprint=_fingerprint, run=_run, summarize=format_counts,
-              report=_report, options=EvaluateOptions, pipeline_options=pipeline_options, log_prints=False,
+              report=_report, options=EvaluateOptions, log_prints=False,
               inputs=_inputs)

@@ -36,6 +36,7 @@ from embed_core.errors import ConfigError
 from embed_core.model.compat import deepspeed_only_once_imported, require_transformers
 from embed_core.model.encoder import POOLINGS, pool_hidden, resolve_model_path
 from embed_core.model.eos import add_eos, check_saved_tokenizer_appends_eos, ends_with_eos
+from embed_core.model.files import save_tokenizer
 from embed_core.model.packing import SEGMENTS, pack_features, packed_model_inputs, pool_packed, uses_varlen_attention
 from embed_core.model.settings import (
     DEFAULT_TEMPLATE,
@@ -205,7 +206,7 @@ class Embedder(nn.Module):
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         save_merged(self.model, out, state_dict)
-        self.tokenizer.save_pretrained(out)
+        save_tokenizer(self.tokenizer, out)
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
                    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]

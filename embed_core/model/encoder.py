@@ -28,7 +28,8 @@ import torch
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import sha256_file
 from embed_core.model.cpu_inference import pack_linear_layers
-from embed_core.model.files import MODEL_FILE_SUFFIXES, check_model_dir, check_model_role
+from embed_core.model.files import (MODEL_FILE_SUFFIXES, TOKENIZER_CONFIG, check_model_dir, check_model_role,
+                                    tokenizer_config_identity)
 from embed_core.model.onednn import cap_onednn_primitive_cache
 from embed_core.progress import Progress
 
@@ -153,7 +154,9 @@ def model_fingerprint(name: str, pooling: str, max_length: int, bf16: bool) -> s
     precision) without loading or de-quantising the model: file hashes are streamed and
     remembered by file identity (``embed_core.fingerprint.sha256_file``). The model is checked to be
     what its role needs first (``embed_core.model.files.check_model_role``): every stage keys its
-    cache on its models' fingerprints, so a wrong model is refused before any work."""
+    cache on its models' fingerprints, so a wrong model is refused before any work. A
+    ``tokenizer_config.json`` is identified without the keys the saving process's loader wrote
+    (``LOADER_ONLY_KEYS``: the same tokenizer saved under ``HF_HUB_OFFLINE`` or not is one model)."""
     h = hashlib.sha256()
     root = model_source(name)
     if pooling != "lm":  # a decoder read as a language model (AutoRegEmbed's) has no role to check
@@ -162,7 +165,8 @@ def model_fingerprint(name: str, pooling: str, max_length: int, bf16: bool) -> s
     for path in files:
         if path.name.endswith(MODEL_FILE_SUFFIXES):
             h.update(path.name.encode())
-            h.update(bytes.fromhex(sha256_file(path)))
+            canonical = tokenizer_config_identity(path) if path.name == TOKENIZER_CONFIG else None
+            h.update(hashlib.sha256(canonical).digest() if canonical is not None else bytes.fromhex(sha256_file(path)))
     h.update(json.dumps([pooling, max_length, bf16]).encode())
     return h.hexdigest()[:16]
 

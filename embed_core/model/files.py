@@ -140,6 +140,37 @@ def check_model_config(path: Path) -> None:
             _check_sizes(path, f"{key}.", sub)
 
 
+# Keys transformers writes into a saved tokenizer_config.json from how the saving process loaded it
+# (HF_HUB_OFFLINE, a cache directory), not from the tokenizer: a model saved from the UI's worker and
+# from a plain shell must be the same files and the same fingerprint.
+LOADER_ONLY_KEYS = frozenset({"local_files_only", "cache_dir", "force_download", "proxies", "token",
+                              "use_auth_token", "revision", "_commit_hash", "trust_remote_code"})
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def save_tokenizer(tokenizer: object, directory: str | Path) -> None:
+    """``tokenizer.save_pretrained(directory)`` without the loader-only keys (``LOADER_ONLY_KEYS``)."""
+    tokenizer.save_pretrained(str(directory))  # type: ignore[attr-defined]
+    path = Path(directory) / TOKENIZER_CONFIG
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if isinstance(config, dict) and LOADER_ONLY_KEYS & set(config):
+        kept = {k: v for k, v in config.items() if k not in LOADER_ONLY_KEYS}
+        path.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def tokenizer_config_identity(path: Path) -> bytes | None:
+    """What identifies a tokenizer_config.json that holds loader-only keys: its JSON without them
+    (canonical); None for one without them, identified by its bytes as any file is."""
+    try:
+        config = json.loads(path.read_bytes())
+    except (ValueError, OSError):
+        return None
+    if not isinstance(config, dict) or not LOADER_ONLY_KEYS & set(config):
+        return None
+    kept = {k: v for k, v in config.items() if k not in LOADER_ONLY_KEYS}
+    return json.dumps(kept, sort_keys=True, ensure_ascii=False).encode()
+
+
 # Heads of task models: a checkpoint of one is a classifier (a cross-encoder when it scores pairs),
 # whose encoder without its head is not a trained embedding model.
 TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")

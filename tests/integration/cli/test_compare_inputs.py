@@ -58,8 +58,18 @@ def test_a_compare_md_compare_did_not_write_is_never_overwritten_but_its_own_is(
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_a_nan_score_in_a_results_file_is_one_line_naming_model_and_task_not_a_number_in_the_table(tmp_path, capfd,
                                                                                                    value):
-    path = tmp_path / "nan.parquet"
-    pq.write_table(pa.Table.from_pylist([{**ROWS[0], "value": value}]), path)
+    path = tmp_path / "nan.parquet"  # a NaN beside it that is not a main score (mteb's nauc_* can be) is no error
+    pq.write_table(pa.Table.from_pylist([{**ROWS[0], "value": value},
+                                         {**ROWS[0], "metric": "nauc_ndcg_at_1_max", "value": value, "main": False}]), path)
     in_process(capfd, "compare", path, "--out", tmp_path / "out").assert_one_line_error(
         f"{path}: model base, task T: cosine_spearman is {value!r}, not a finite score")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_nan_beside_the_main_score_is_not_shown_and_not_an_error(tmp_path, capfd):
+    path = tmp_path / "results.parquet"  # mteb's nauc_* metrics can be NaN; the table shows main scores only
+    pq.write_table(pa.Table.from_pylist([ROWS[0], {**ROWS[0], "metric": "nauc_ndcg_at_1_max", "value": float("nan"),
+                                                   "main": False}]), path)
+    result = in_process(capfd, "compare", path, "--out", tmp_path / "out")
+    assert result.rc == 0, result.err
+    assert "50.00" in (tmp_path / "out/compare.md").read_text()

@@ -236,3 +236,27 @@ def test_embedpipe_run_ends_with_the_wall_time_of_every_stage(prefect_harness, t
     assert times[-1].split()[:3] == ["total", "(whole", "command)"]
     again = in_process(capfd, "run", "--config", config)
     assert "(cache hit)" in again.out[again.out.index("wall time per stage:"):]
+
+
+def test_evaluate_rerun_alone_scores_what_the_pipeline_does_and_status_stays_fresh(prefect_harness, demo_copy,
+                                                                                   tmp_path):
+    """The three entrances agree about one run directory: after the pipeline, `embedpipe evaluate`
+    (what the embedpipe-evaluate deployment runs) scores the base and every trained stage, as the
+    pipeline did, not evaluate.models alone; `status` then says every stage is fresh."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from flows.pipeline import pipeline_flow
+
+    add_tiny_stages(demo_copy, tmp_path, evaluate=True)
+    run_dir = tmp_path / "runs" / "demo"
+    pipeline_flow(config_path=str(demo_copy))
+    scored = {r["model"] for r in pq.read_table(run_dir / "evaluate/results.parquet").to_pylist()}
+    assert scored == {"base", "stage1", "stage2"}
+    again = _cli("evaluate", "--run-dir", str(run_dir), "--force")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {r["model"] for r in pq.read_table(run_dir / "evaluate/results.parquet").to_pylist()} == scored
+    status = _cli("status", "--run-dir", str(run_dir), "--json")
+    assert {r["stage"]: r["state"] for r in json.loads(status.stdout)} == {
+        "prepare": "fresh", "mine": "fresh", "train-stage1": "fresh", "train-stage2": "fresh", "evaluate": "fresh"}

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from embed_core.model.embedder import save_merged, with_lora
 from embed_core.model.encoder import compress_inputs, compress_states, compress_token_ids, resolve_model_path
+from embed_core.model.files import save_tokenizer
 from embed_core.model.settings import SETTINGS_FILE
 
 
@@ -86,7 +87,7 @@ class CompressionEncoder(nn.Module):
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         save_merged(self.model, out)
-        self.tokenizer.save_pretrained(out)
+        save_tokenizer(self.tokenizer, out)
         (out / SETTINGS_FILE).write_text(json.dumps({
             "pooling": "compress", "compress_tokens": self.k, "max_length": self.max_length,
             "use_instructions": True, "instructions_fixed": True, "instruction_template": self.instruction_template,

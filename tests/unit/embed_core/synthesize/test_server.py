@@ -77,7 +77,7 @@ def test_slots_are_refused_in_one_line_naming_the_reason(server, reason):
 
 
 def test_slots_default_to_auto_and_are_taken_with_the_launched_server():
-    assert _server().slots == "auto" and _server(base_url="http://localhost:8000/v1").slots == "auto"
+    assert _server(launch="llama_cpp").slots == "auto" and _server(base_url="http://localhost:8000/v1").slots == "auto"
     assert _server(launch="llama_cpp", slots=2, n_threads=2).slots == 2
 
 
@@ -159,3 +159,14 @@ def test_one_slot_failing_to_start_stops_the_others_and_names_its_log(tmp_path):
     with pytest.raises(EmbedpipeError, match=r"exited with .* during startup \(log: .*llama-server(-1)?\.log\)"):
         servers.start()
     assert all(s.proc.poll() is not None for s in servers.servers) and _llama_servers_running() == []
+
+
+def test_a_synthesize_section_without_a_server_to_ask_is_refused_at_load_with_one_line():
+    """It used to plan its requests and fail each one ("16 of 16 requests ... got no answer")."""
+    from embed_core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        _server()
+    line = str(refused.value)
+    assert line.startswith("c.yaml: synthesize.server: no LLM server to ask: set base_url") and "\n" not in line
+    assert "launch: llama_cpp (the packaged Gemma-3-270M" in line
