@@ -37,7 +37,7 @@ from embed_core.procs import dying_with_parent, end_on_signals, free_port
 from embed_core.stage_dirs import CHECKPOINTS
 from embed_core.dist.distributed import (collective_error, destroy_process_group, rank_environment,
                                           rank_log_failure, set_stage, who)
-from embed_core.dist.world import launched
+from embed_core.dist.world import launched, world_size
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 FLIGHT_RECORDER = "flight-recorder"  # NCCL's dumps of the ranks' last collectives, rank-<k>, on a watchdog timeout
@@ -53,7 +53,7 @@ def training_processes(train: ProcessesSetting) -> int:
     """How many processes train a stage: the launcher's world size when launched, else
     ``train.processes`` (auto: the visible CUDA devices, 1 without CUDA)."""
     if launched():
-        return int(os.environ["WORLD_SIZE"])
+        return world_size()
     if train.processes == "auto":
         return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
     cuda = torch.cuda.is_available()

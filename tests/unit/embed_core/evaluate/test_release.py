@@ -119,9 +119,7 @@ def test_evaluating_only_the_base_model_releases_nothing_and_checks_nothing(lora
     config, run_dir = lora_run
     fresh = tmp_path / "demo"  # the run without an evaluation yet (scores accumulate across evaluations)
     shutil.copytree(run_dir, fresh, ignore=shutil.ignore_patterns("evaluate"))
-    raw = config.model_dump(mode="json")
-    raw["evaluate"]["models"] = ["base"]
-    manifest = run_evaluate(parse_config(raw), fresh)
+    manifest = run_evaluate(config, fresh, ["base"])  # `embedpipe evaluate --model base`: the base model alone
     assert manifest["release"] is None and {m["label"] for m in manifest["models"]} == {"base"}
 
 
