@@ -13,6 +13,7 @@ tables (``sizes.parquet`` beside the results) with the same columns.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +245,7 @@ def _read_results(path: Path) -> list[dict[str, Any]]:
     rows = table.to_pylist()
     for row in (r for r in rows if r["main"]):  # a NaN main score (what the table shows) is an error naming its task
         value = row["value"]
-        if not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
             raise EmbedpipeError(f"{path}: model {printable(row['model'], 80)}, task {printable(row['task'], 80)}: "
                                  f"{printable(row['metric'], 40)} is {value!r}, not a finite score; run that run's "
                                  "evaluate stage again (--force)")

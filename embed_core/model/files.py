@@ -152,23 +152,28 @@ def save_tokenizer(tokenizer: object, directory: str | Path) -> None:
     """``tokenizer.save_pretrained(directory)`` without the loader-only keys (``LOADER_ONLY_KEYS``)."""
     tokenizer.save_pretrained(str(directory))  # type: ignore[attr-defined]
     path = Path(directory) / TOKENIZER_CONFIG
-    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    if isinstance(config, dict) and LOADER_ONLY_KEYS & set(config):
-        kept = {k: v for k, v in config.items() if k not in LOADER_ONLY_KEYS}
+    kept = _without_loader_keys(path) if path.is_file() else None
+    if kept is not None:
         path.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def tokenizer_config_identity(path: Path) -> bytes | None:
     """What identifies a tokenizer_config.json that holds loader-only keys: its JSON without them
     (canonical); None for one without them, identified by its bytes as any file is."""
+    kept = _without_loader_keys(path)
+    return None if kept is None else json.dumps(kept, sort_keys=True, ensure_ascii=False).encode()
+
+
+def _without_loader_keys(path: Path) -> dict | None:
+    """The JSON object in ``path`` without ``LOADER_ONLY_KEYS``; None when it holds none of them (or
+    is not a JSON object)."""
     try:
         config = json.loads(path.read_bytes())
     except (ValueError, OSError):
         return None
     if not isinstance(config, dict) or not LOADER_ONLY_KEYS & set(config):
         return None
-    kept = {k: v for k, v in config.items() if k not in LOADER_ONLY_KEYS}
-    return json.dumps(kept, sort_keys=True, ensure_ascii=False).encode()
+    return {k: v for k, v in config.items() if k not in LOADER_ONLY_KEYS}
 
 
 # Heads of task models: a checkpoint of one is a classifier (a cross-encoder when it scores pairs),

@@ -46,6 +46,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from embed_core.paths import file_problem
 from embedpipe_tools.gpurun.report import finite, replace_file
 
 GOALS = {"minilm_over_sentence_transformers": 1.5, "decoder_mfu": 0.25}
@@ -126,10 +127,9 @@ def out_problem(out: Path | None) -> str | None:
     """Why the report cannot be written to ``out`` (a directory, a FIFO or device, under a file), else None."""
     if out is None:
         return None
-    if out.is_dir():
-        return "is a directory; give a file name for the JSON report (e.g. gpucheck.json inside it)"
-    if out.exists() and not out.is_file():
-        return "is not a regular file (a FIFO, a device or a socket); give a file name for the JSON report"
+    if out.exists():  # the rule every reader of a given file applies (embed_core.paths)
+        problem = file_problem(out)
+        return f"{problem}; give a file name for the JSON report" if problem else None
     parent = next((p for p in out.parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         return f"{parent} is a file, not a directory"
