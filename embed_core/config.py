@@ -22,6 +22,7 @@ from embed_core.evaluate.config import EvaluateConfig
 from embed_core.mine.config import MineConfig, remine_settings
 from embed_core.model.config import EmbeddingCacheConfig
 from embed_core.prepare.config import PrepareConfig
+from embed_core.release.config import GateConfig
 from embed_core.safe_yaml import read_yaml
 from embed_core.synthesize.config import SynthesizeConfig
 from embed_core.train.config import TrainConfig
@@ -121,6 +122,9 @@ class RunConfig(StrictModel):
     train: TrainConfig | None = Field(None, description="Training stages; omitted = stage skipped.")
     evaluate: EvaluateConfig | None = Field(None, description="MTEB evaluation; omitted = stage skipped.")
     tracking: TrackingConfig | None = Field(None, description="Experiment tracking (MLflow); omitted = off.")
+    release: GateConfig | None = Field(None, description="Versioned releases in MLflow's model registry and the gate "
+                                       "a new model passes to become current; omitted = evaluate's model/ is the "
+                                       "release, unconditionally.")
     embedding_cache: EmbeddingCacheConfig = Field(default_factory=EmbeddingCacheConfig,
                                                   description="Embedding cache shared by mine and evaluate.")
     ablation: AblationConfig | None = Field(None, description="Variants of this config run end to end with "
@@ -138,6 +142,7 @@ class RunConfig(StrictModel):
         check_dataset_names(self)
         check_remine_settings(self)
         check_llm_server(self)
+        check_guard_tasks(self)
         return self
 
     def resolve(self, path: str) -> Path:
@@ -154,6 +159,21 @@ class RunConfig(StrictModel):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         return self.model_copy(update={"run_name": run_name})
+
+
+def check_guard_tasks(config: RunConfig) -> None:
+    """release.guard_tasks names evaluate tasks; a release section needs an evaluate section."""
+    if config.release is None:
+        return
+    if config.evaluate is None:
+        raise ValueError("release: needs an evaluate section (the gate compares evaluate's scores)")
+    known = [t.name for t in config.evaluate.tasks]
+    for name in config.release.guard_tasks or []:
+        if name not in known:
+            raise ValueError(f"release.guard_tasks: {name!r} is not an evaluate task (tasks: {', '.join(known)})")
+    clash = sorted({p.name for p in config.release.probes} & set(known))
+    if clash:
+        raise ValueError(f"release.probes: {clash[0]!r} is also an evaluate task; give the probe its own name")
 
 
 def dataset_filters(config: RunConfig) -> list[tuple[str, list[str]]]:

@@ -321,6 +321,22 @@ class EvaluateManifest(Manifest):
     counts: EvaluateCounts
 
 
+class GateCounts(Section):
+    tasks: int
+    failed: int
+
+
+class GateManifest(Manifest):
+    STEP: ClassVar[str] = "gate"
+    verdict: str = Field(description="first, passed, failed, or none (evaluate released no model).")
+    line: str = Field(description="The verdict in one line.")
+    registered_model: str
+    registry_uri: str
+    candidate: dict[str, Any] | None = None
+    current: dict[str, Any] | None = None
+    counts: GateCounts
+
+
 # --- ablation and sweep (run-level artifacts) --------------------------------------------------------
 
 class AblationManifest(Manifest):
@@ -348,7 +364,7 @@ class SoupManifest(Manifest):
 
 STEPS: dict[str, type[Manifest]] = {cls.STEP: cls for cls in (
     PrepareManifest, SynthesizeManifest, SynthManifest, MineManifest, RemineManifest, TrainManifest,
-    ReferenceManifest, EvaluateManifest, AblationManifest, SweepManifest, SoupManifest)}
+    ReferenceManifest, EvaluateManifest, GateManifest, AblationManifest, SweepManifest, SoupManifest)}
 
 
 def step_class(manifest: Manifest | dict[str, Any]) -> type[Manifest]:

@@ -14,6 +14,8 @@ SYNTHESIZE = "synthesize"
 MINE = "mine"
 TRAIN = "train"
 EVALUATE = "evaluate"
+GATE = "gate"  # the release gate's verdict on the model evaluate released
+RELEASE_COPY = "release"  # the current release's files, copied from the registry (not a stage directory)
 CHECKPOINTS = "checkpoints"
 
 TRAIN_PREFIX = TRAIN + "-"

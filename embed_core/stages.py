@@ -30,6 +30,7 @@ ORDER: list[str] = [
     "embed_core.mine.stage",
     "embed_core.train.stage",
     "embed_core.evaluate.stage",
+    "embed_core.release.stage",
 ]
 
 

@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
                                            "upstream artifacts, pick the best on dev, evaluate it, write sweep-<stage>/"))
     _run_args(sub.add_parser("ablate", help="run the config and each variant of its ablation section with every "
                                             "seed, end to end, and write the table of test scores (mean ± spread)"))
+    rel = sub.add_parser("release", help="the run's releases (MLflow model registry): list them, promote a held "
+                                         "one, roll back to the one before the current")
+    _run_args(rel, force=False)
+    rel.add_argument("action", choices=["list", "promote", "rollback"], help="list | promote VERSION | rollback")
+    rel.add_argument("version", nargs="?", type=int, help="the version to promote")
+    rel.add_argument("--note", default="", help="why (kept on the version)")
     wa = sub.add_parser("watch", help="fingerprint the sources, emit change events, run the pipeline (what the "
                                       "scheduled data-watch deployment does)")
     _run_args(wa, force=False)
@@ -209,6 +215,25 @@ def _status(args: argparse.Namespace, error_stream: TextIO) -> None:
     print(json.dumps([r.as_dict() for r in rows], indent=2) if args.json else format_status(rows, args.run_dir))
 
 
+def _release(args: argparse.Namespace, error_stream: TextIO) -> None:
+    from embed_core.release import run as releases
+    from flows.params import resolve_run
+
+    config, run_dir = resolve_run(*reversed(_load(args)), args.run_dir, args.run_name)
+    if config.release is None:
+        raise EmbedpipeError("the config has no release section: its runs keep no releases (docs/orchestration.md, "
+                             "'Scheduled retraining')")
+    if args.action == "list":
+        print(releases.format_releases(config))
+    elif args.action == "rollback":
+        print(releases.rollback(config, run_dir).line)
+    elif args.version is None:
+        raise EmbedpipeError("release promote: name the version (`embedpipe release list` shows them)")
+    else:
+        print(releases.promote(config, run_dir, args.version, "promoted from the CLI" +
+                               (f": {args.note}" if args.note else "")).line)
+
+
 def _compare(args: argparse.Namespace, error_stream: TextIO) -> None:
     from embed_core.evaluate.report import compare_runs
 
@@ -250,7 +275,8 @@ def _commands() -> dict[str, Handler]:
     from embed_core import stages
 
     return {"run": _flow_command(_pipeline), **{s.name: _flow_command(_stage) for s in stages.all_stages()},
-            "sweep": _flow_command(_sweep), "ablate": _flow_command(_ablate), "watch": _flow_command(_watch), "status": _status, "compare": _compare,
+            "sweep": _flow_command(_sweep), "ablate": _flow_command(_ablate), "watch": _flow_command(_watch), "status": _status, "release": _release,
+            "compare": _compare,
             "plan": _plan, "inspect": _inspect, "lineage": _lineage}
 
 

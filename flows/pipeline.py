@@ -10,8 +10,9 @@ from prefect.logging import get_run_logger
 
 from embed_core import stages as registry
 from embed_core.errors import ConfigError
-from embed_core.stage_dirs import TRAIN
+from embed_core.stage_dirs import GATE, TRAIN
 from flows.failures import reports_user_errors
+from flows.release import settle_release
 from flows.params import DEFAULT_CONFIG, flow_run_name, resolve_run, run_context, with_corpus_path, with_run_args_doc
 from flows.stage import all_fresh, run_stage_on_pool
 from tasks.common import publish_run_summary
@@ -63,5 +64,7 @@ def pipeline_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, An
                 get_run_logger().info("every training stage is fresh: nothing to send to work pool %s", pool)
             for instance in stage.instance_names(cfg, options):
                 results[instance] = run_stage_instance(stage, cfg, rdir, instance, options, force)
+            if stage.name == GATE:  # after a cache hit too: a run stopped before settling finishes it here
+                settle_release(cfg, rdir)
         publish_run_summary(cfg.run_name, rdir, results)
     return results

@@ -388,7 +388,7 @@ def run_evaluate(config: RunConfig, run_dir: str | Path, models: list[str] | Non
                                        if r["main"]]},
             "timings_s": {"total": round(time.perf_counter() - t0, 3)},
         })
-    if cfg.push_to_hub and release is not None:
+    if cfg.push_to_hub and release is not None and config.release is None:  # with a gate: when it is current
         push_release(run_dir / STAGE / RELEASE, cfg.hub_model_id, private=cfg.hub_private)
     return manifest
 
