@@ -63,7 +63,7 @@ def count_stage(tmp_path, monkeypatch):
 
 
 def test_the_registry_lists_the_built_in_stages_in_pipeline_order():
-    assert [s.name for s in stages.all_stages()] == ["prepare", "synthesize", "mine", "train", "evaluate"]
+    assert [s.name for s in stages.all_stages()] == ["prepare", "synthesize", "mine", "train", "evaluate", "gate"]
 
 
 def test_a_registered_stage_appears_in_pipeline_order_status_and_the_cli(count_stage, demo_copy, tmp_path):
