@@ -15,7 +15,9 @@ import pytest
 from embed_core.errors import ConfigError
 from embed_core.synthesize.calibrate import (FilterRefused, LikelihoodScorer, calibrate_filters,
                                              calibrate_threshold, calibration_markdown, calibration_rows,
-                                             mean_query_logprob, mismatched_pairs, openai_echo, round_trip_scorer)
+                                             held_out, mean_query_logprob, mismatched_pairs, openai_echo,
+                                             pairs_from_records, round_trip_scorer)
+from embed_core.schema import Record
 from tests.helpers.llm_server import ScriptedLLMServer
 
 N = 10
@@ -140,3 +142,13 @@ def test_round_trip_as_a_score_is_minus_the_rank_of_the_shown_passage():
     score = round_trip_scorer(passages, embed)
     # "heart": its passage scores 1/sqrt(2), the others 0 -> rank 1; shown "kidney urine", the heart passage beats it
     assert score([("heart", "heart blood"), ("heart", "kidney urine")]) == [-1.0, -3.0]
+
+
+def test_the_real_pairs_come_from_retrieval_records_or_a_seeded_held_out_slice_of_kept_queries():
+    records = [Record("a", "d", "retrieval", "what pumps blood", ["the heart pumps blood"]),
+               Record("b", "d", "sts", "a man sings", ["a person sings"]),
+               Record("c", "d", "retrieval", "no positive", [])]
+    assert pairs_from_records(records) == [("what pumps blood", "the heart pumps blood")]
+    part = held_out(REAL, 0.3, seed=1)
+    assert len(part) == 3 and set(part) <= set(REAL) and held_out(REAL, 0.3, seed=1) == part
+    assert [REAL.index(p) for p in part] == sorted(REAL.index(p) for p in part)   # in the input's order
