@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embed_core import numbers
 from embed_core.errors import ConfigError
 from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.losses.matryoshka import Matryoshka
@@ -319,13 +320,13 @@ class Trainer:
                             logger=logging.getLogger("embedpipe.train"))
         while self.step < self.stage.steps:
             rows = self.train_step()
-            progress.update(loss=f"{rows[-1]['loss']:.4f}" if rows else "-",
+            progress.update(loss=numbers.loss(rows[-1]['loss']) if rows else "-",
                             **({"tok/s": f"{rows[-1]['tokens_per_s']:.0f}"} if rows else {}))
             # the last step's figures are in the progress line that closes the loop: not said twice
             if self.step % self.stage.log_every == 0 and self.step != self.stage.steps:
                 r = rows[-1]
                 self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
-                         f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s" + _telemetry_line(r))
+                         f"loss {numbers.loss(r['loss'])} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s" + _telemetry_line(r))
             if self.dev_evaluator is not None and (self.step % self.stage.dev.eval_every == 0
                                                    or self.step == self.stage.steps):
                 self.evaluate_dev()
@@ -358,7 +359,7 @@ class Trainer:
                 and self.best["step"] != self.step and self._evaluates:
             self.backend.load_weights(self._best_path(self.best["step"]))
             self.log(f"{self.stage.name}: keeping the weights of step {self.best['step']} (best dev score "
-                     f"{self.best['score']:.4f}), not the last step's")
+                     f"{numbers.score(self.best['score'])}), not the last step's")
 
     def evaluate_dev(self) -> None:
         """Score the dev tasks (rank 0; the others wait at the patient barrier, not in the next
@@ -384,8 +385,8 @@ class Trainer:
             self.dev_rows.append({"stage": self.stage.name, "step": self.step, "task": task, "score": value,
                                   "selection": selection})
         (self.log if self.rank == 0 else log_debug)(
-            f"{self.stage.name} step {self.step} dev: " + ", ".join(f"{t} {v:.4f}" for t, v in scores.items())
-            + f" (selection {selection:.4f}" + (f", best {self.best['score']:.4f} at step {self.best['step']})"
+            f"{self.stage.name} step {self.step} dev: " + ", ".join(f"{t} {numbers.score(v)}" for t, v in scores.items())
+            + f" (selection {numbers.score(selection)}" + (f", best {numbers.score(self.best['score'])} at step {self.best['step']})"
                                                 if self.best else ")"))
         if self.best is None or selection > self.best["score"]:
             self.best = {"step": self.step, "score": selection}
