@@ -93,6 +93,7 @@ class Trainer:
                  init_model: str, checkpoint_dir: Path, seed: int = 42, log: Callable[[str], None] = print):
         self._init_run(train, stage, seed, log)
         self.datasets = datasets
+        t = time.perf_counter()
         # under sharding only rank 0 reads the checkpoint; the others build the model on the meta
         # device and get their shards from rank 0 (Backend.place)
         model = Embedder(init_model, pooling=train.pooling, max_length=train.max_length,
@@ -106,6 +107,7 @@ class Trainer:
                          torch_dtype=torch.bfloat16 if train.weights_dtype == "bf16" and train.lora else None,
                          attn_implementation=resolve_attention(train.attention, self.device.type),
                          meta=not backend_for(train).reads_weights(self.rank))
+        self.log(f"{stage.name}: loaded {init_model} (tokenizer and weights) in {time.perf_counter() - t:.1f} s")
         # the loss each task trains with (stage.losses overrides QZhou's); tasks with the same loss
         # and parameters share one instance (and so one HMCL pair-type head)
         self.losses: dict[str, Loss] = {}
@@ -156,6 +158,7 @@ class Trainer:
     def _init_optimization(self, model: torch.nn.Module, sampler: GroupedBatchSampler, checkpoint_dir: Path) -> None:
         """The trained model on its device inside its back end (which builds AdamW and the
         schedule), the encoder passes, the sampler and the step counters."""
+        t = time.perf_counter()
         model.train()
         if self.device.type == "cpu":
             # torch's CPU dropout draws its masks one element at a time (18 % of a step on
@@ -167,6 +170,8 @@ class Trainer:
         self.backend.wrap(lr_lambda(self.stage))
         self.rank, self.world = self.backend.rank, self.backend.world
         self.optimizer, self.scheduler = self.backend.optimizer, self.backend.scheduler
+        self.log(f"{self.stage.name}: model placed on {self.device.type} and wrapped by the "
+                 f"{self.train_cfg.backend_name()} back end (with its optimizer) in {time.perf_counter() - t:.1f} s")
         self.peak_tflops = device_peak_tflops(self.device, self.bf16, self.train_cfg.peak_tflops)
         collective = self.backend.collective_forward
         self.passes = Passes(self.model, self.backend.forward, device=self.device, bf16=self.bf16, stage=self.stage,
@@ -179,6 +184,7 @@ class Trainer:
         self.stage = self.stage.model_copy(update={"keep_checkpoints": kept_checkpoints(
             self.stage, checkpoint_bytes(self.model), self.checkpoint_dir, self.log)})
         self.step = 0
+        self.batch_wait = 0.0  # of the last step: seconds it waited for its micro-batches
         self.flops = FlopModel(self.model, getattr(getattr(self.model, "model", None), "config", None))
         self.metrics: list[dict[str, Any]] = []
         self.lineage = False
@@ -249,8 +255,11 @@ class Trainer:
         s = self.stage
         t0 = time.perf_counter()
         rows = []
+        self.batch_wait = 0.0  # seconds this step waited for its micro-batches (built ahead when prefetching)
         for micro in range(s.grad_accum):
+            t = time.perf_counter()
             batch = self.batches.get(self.step * s.grad_accum + micro)
+            self.batch_wait += time.perf_counter() - t
             self.consumed.append((self.step + 1, batch.dataset, batch.positions))
             self.loss_counts: dict[str, int] = {}
             value = mean_over_ranks(self._forward_backward(batch, self.backend.loss_scale(),
@@ -318,8 +327,13 @@ class Trainer:
             self.log(f"resumed from {latest} (step {self.step})")
         progress = Progress(f"train {self.stage.name}", total=self.stage.steps - self.step, unit="steps",
                             logger=logging.getLogger("embedpipe.train"))
+        first = self.step
         while self.step < self.stage.steps:
+            t = time.perf_counter()
             rows = self.train_step()
+            if self.step == first + 1:  # its micro-batches were built and tokenized while it waited
+                self.log(f"{self.stage.name}: first step in {time.perf_counter() - t:.1f} s, "
+                         f"{self.batch_wait:.1f} s of it building and tokenizing its batch")
             progress.update(loss=numbers.loss(rows[-1]['loss']) if rows else "-",
                             **({"tok/s": f"{rows[-1]['tokens_per_s']:.0f}"} if rows else {}))
             # the last step's figures are in the progress line that closes the loop: not said twice
