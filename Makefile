@@ -109,7 +109,8 @@ serve: $(LLM_STAMP)
 	$(PY) deployments/local.py serve $(if $(FILES_ROOT),--files-root "$(FILES_ROOT)")
 
 stop:
-	@test -x $(PY) && $(PY) deployments/local.py stop || echo "nothing running"
+	@if [ -x $(PY) ]; then $(PY) deployments/local.py stop; \
+	else rm -f .prefect-local/stack.json .prefect-local/pids.json; echo "nothing running"; fi
 
 clean:
 	rm -rf runs .pytest_cache

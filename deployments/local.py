@@ -4,10 +4,13 @@ pool, and the deployments of ``deployments/prefect.yaml``.
     python deployments/local.py serve [--port 4200] [--home .prefect-local]   # make serve
     python deployments/local.py stop  [--home .prefect-local]                 # make stop
 
-``serve`` returns once everything is up and prints the UI URL; the server and workers keep
-running in the background (their PIDs are recorded in ``<home>/pids.json``, logs in
-``<home>/logs/``) until ``stop``. Prefect's state (database, cached results) lives in ``<home>``,
-not in ``~/.prefect``.
+``serve`` returns once everything is up and prints the UI URL and the state of each deployment's
+schedule (the nightly data watch is active); the server and workers keep running in the background
+(their PIDs are recorded in ``<home>/pids.json``, logs in ``<home>/logs/``) until ``stop``.
+Prefect's state (database, cached results) lives in ``<home>``, not in ``~/.prefect``.
+``<home>/stack.json`` names the running stack's UI, API and file server: the ``embedpipe``
+command reads it to run on this server (``flows.local_server``); ``stop`` removes it with
+``pids.json``. ``EMBEDPIPE_STACK_HOME`` is the default ``--home`` (both sides read it).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 POOLS = ("cpu", "gpu")  # names used in prefect.yaml; locally both are process pools
+STATE_FILES = ("stack.json", "pids.json")  # what `stop` removes: no state names a stack that is gone
 
 
 def stack_env(home: Path, port: int, poll_seconds: float) -> dict[str, str]:
@@ -96,6 +100,7 @@ def serve(home: Path, port: int, poll_seconds: float, startup_timeout: float, fi
     pids_file = home / "pids.json"
     if pids_file.exists() and any(_alive(p) for p in json.loads(pids_file.read_text()).values()):
         raise SystemExit(f"a local stack is already running (see {pids_file}); `make stop` first")
+    (home / "stack.json").unlink(missing_ok=True)  # a stack that died without `stop`: its state names no server
     env = stack_env(home, port, poll_seconds)
     logs = home / "logs"
     pids: dict[str, int] = {}
@@ -118,14 +123,40 @@ def serve(home: Path, port: int, poll_seconds: float, startup_timeout: float, fi
         pids_file.write_text(json.dumps(pids))
     _run([*_prefect(), "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"], env)
     info = {"ui": f"http://127.0.0.1:{port}", "api": env["PREFECT_API_URL"], "home": str(home), "pids": pids,
-            "files": env["EMBEDPIPE_FILES_URL"]}
+            "files": env["EMBEDPIPE_FILES_URL"], "files_root": str(files_root)}
     (home / "stack.json").write_text(json.dumps(info, indent=2))
     return info
 
 
+def schedules(api: str) -> list[str]:
+    """One line per deployment that has schedules: each schedule's cron, timezone and whether it is
+    active (as the server has them, after the deploy), and how to pause it."""
+    deployments = _post(f"{api}/deployments/filter", {})
+    flows = {f["id"]: f["name"] for f in _post(f"{api}/flows/filter", {})}
+    lines = []
+    for dep in sorted(deployments, key=lambda d: d["name"]):
+        if not dep.get("schedules"):
+            continue
+        name = f"{flows.get(dep['flow_id'], '?')}/{dep['name']}"
+        states = [f"cron {s['schedule'].get('cron') or s['schedule']} ({s['schedule'].get('timezone') or 'UTC'}) "
+                  f"{'ACTIVE' if s.get('active') and not dep.get('paused') else 'paused'}" for s in dep["schedules"]]
+        lines.append(f"schedule of {name}: {', '.join(states)}; pause it with the toggle on its deployment page, or "
+                     f"PREFECT_API_URL={api} prefect deployment schedule pause {name} --all")
+    return lines
+
+
+def _post(url: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
 def stop(home: Path, grace: float = 15.0) -> list[str]:
-    pids_file = home.resolve() / "pids.json"
+    home = home.resolve()
+    pids_file = home / "pids.json"
     if not pids_file.exists():
+        (home / "stack.json").unlink(missing_ok=True)
         return []
     pids: dict[str, int] = json.loads(pids_file.read_text())
     stopped = []
@@ -147,8 +178,14 @@ def stop(home: Path, grace: float = 15.0) -> list[str]:
         if _alive(pid):
             os.killpg(pid, signal.SIGKILL)
         stopped.append(name)
-    pids_file.unlink()
+    for name in STATE_FILES:
+        (home / name).unlink(missing_ok=True)
     return stopped
+
+
+def _default_home() -> Path:
+    home = os.environ.get("EMBEDPIPE_STACK_HOME")  # flows.local_server.STACK_HOME_ENV
+    return Path(home) if home else REPO / ".prefect-local"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,19 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--port", type=int, default=int(os.environ.get("EMBEDPIPE_PREFECT_PORT", 4200)))
-    s.add_argument("--home", type=Path, default=REPO / ".prefect-local")
+    s.add_argument("--home", type=Path, default=_default_home())
     s.add_argument("--poll-seconds", type=float, default=5.0, help="how often workers look for runs")
     s.add_argument("--startup-timeout", type=float, default=300.0)
     s.add_argument("--files-root", type=Path, default=REPO / "runs", help="run directories served for the UI's links")
     s.add_argument("--files-port", type=int, default=int(os.environ.get("EMBEDPIPE_FILES_PORT", 4280)))
     t = sub.add_parser("stop")
-    t.add_argument("--home", type=Path, default=REPO / ".prefect-local")
+    t.add_argument("--home", type=Path, default=_default_home())
     args = p.parse_args(argv)
     if args.command == "serve":
         info = serve(args.home, args.port, args.poll_seconds, args.startup_timeout, args.files_root, args.files_port)
         print(f"Prefect UI: {info['ui']}\nAPI: {info['api']}   state: {info['home']}   run files: {info['files']}\n"
-              f"work pools: {', '.join(POOLS)} (one process worker each)   deployments: deployments/prefect.yaml\n"
-              f"stop with: make stop")
+              f"work pools: {', '.join(POOLS)} (one process worker each)   deployments: deployments/prefect.yaml")
+        print("\n".join(schedules(info["api"])))
+        print("`embedpipe` commands run on this server while it is up (their runs show in the UI)\n"
+              "stop with: make stop")
     else:
         stopped = stop(args.home)
         print(f"stopped: {', '.join(stopped)}" if stopped else "nothing running")

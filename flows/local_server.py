@@ -1,5 +1,13 @@
 """The Prefect API for one ``embedpipe`` command: the configured server (``PREFECT_API_URL``),
-else a temporary local one that dies with the command, even when the command is SIGKILLed.
+else the server of ``make serve``'s stack when its state file names one that answers (the run
+shows in that UI), else a temporary local one that dies with the command, even when the command
+is SIGKILLed. Each of the last two is one line in the command's output: the stack's UI, or that
+the run is kept in no UI and how to have one (``make serve``); a state file whose server does not
+answer is said too. Prefect's ``View at <url>`` line is never printed for the temporary server
+(it has no UI and is gone when the command ends): its UI URL is unset for the command.
+
+The stack's state file is ``stack.json`` in its home (``deployments/local.py serve --home``,
+default ``.prefect-local/`` of this checkout; ``EMBEDPIPE_STACK_HOME`` names another).
 
 Prefect's own temporary server (``SubprocessASGIServer``) is stopped by an ``atexit`` hook, which
 a SIGKILL skips, so it would outlive a killed command. This is the same server started the same
@@ -24,6 +32,7 @@ the calling thread, which must live as long as the command (the CLI's main threa
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import subprocess
@@ -42,6 +51,11 @@ from embed_core.procs import free_port
 _HOST = "127.0.0.1"
 _STARTUP_FAILED = 3  # uvicorn's exit code for a failed start-up: its port taken by another process first, or the app's
 _PROBE_BYTES = 1 << 20  # what the database's directory must take before the server starts (a fresh database: ~1 MB)
+STACK_HOME_ENV = "EMBEDPIPE_STACK_HOME"  # the home of `make serve`'s stack, when not .prefect-local/ of this checkout
+STACK_STATE = "stack.json"  # in the stack's home: its UI and API URLs, while it runs
+_STACK_HEALTH_TIMEOUT_S = 3.0
+NO_UI_LINE = ("a temporary one, which stops with the command: this run is kept in no UI (`make serve` starts the "
+              "stack whose UI at http://127.0.0.1:4200 shows the command's runs)")
 
 
 class TemporaryServerError(EmbedpipeError):
@@ -57,23 +71,95 @@ def prefect_api() -> Iterator[None]:
     Prefect starts without the caller's context (a process pool's log and event forwarder), which
     would otherwise start a temporary server of Prefect's own, one that outlives a SIGKILL. It is
     what Prefect's own test harness does (``_temporary_global_settings_context``)."""
-    from prefect.context import _temporary_global_settings_context, get_settings_context
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL
 
     register_user_error(prefect_api_error)
-    if PREFECT_API_URL.value() or not sys.platform.startswith("linux"):
+    if PREFECT_API_URL.value():
+        yield
+        return
+    stack = running_stack()
+    if stack is not None:
+        _say(f"Prefect server: the one of `make serve` ({stack['state']}); this run shows in its UI at {stack['ui']}")
+        with _api_for_every_thread(stack["api"]), _files_links(stack):
+            yield
+        return
+    _say(f"Prefect server: {NO_UI_LINE}")
+    if not sys.platform.startswith("linux"):  # Prefect's own temporary server, which has no UI URL either
         yield
         return
     server, api_url = _start()
     try:
-        with temporary_settings({PREFECT_API_URL: api_url}), \
-                _temporary_global_settings_context(get_settings_context()):
-            try:
-                yield
-            finally:
-                _drain_prefect_workers()  # the run's last logs and events reach the server before it stops
+        with _api_for_every_thread(api_url, ui_url=""):
+            yield
     finally:
         _stop(server)
+
+
+@contextmanager
+def _api_for_every_thread(api_url: str, ui_url: str | None = None) -> Iterator[None]:
+    """``api_url`` (and ``ui_url``, when given: "" for none) as the Prefect settings of every thread
+    for the block; Prefect's log and event workers are drained at its end, so the run's last logs and
+    events reach the server."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    updates = {PREFECT_API_URL: api_url} if ui_url is None else {PREFECT_API_URL: api_url, PREFECT_UI_URL: ui_url}
+    with temporary_settings(updates), _temporary_global_settings_context(get_settings_context()):
+        try:
+            yield
+        finally:
+            _drain_prefect_workers()
+
+
+@contextmanager
+def _files_links(stack: dict[str, str]) -> Iterator[None]:
+    """The stack's file server for the block's artifact links (``tasks.common``), as its workers
+    have it, unless this process names one itself."""
+    names = {"EMBEDPIPE_FILES_URL": stack.get("files"), "EMBEDPIPE_FILES_ROOT": stack.get("files_root")}
+    added = [name for name, value in names.items() if value and name not in os.environ]
+    if len(added) < 2:  # a URL without its root (or the reverse) makes no link
+        added = []
+    for name in added:
+        os.environ[name] = str(names[name])
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def stack_state_file() -> Path:
+    """The state file of ``make serve``'s stack (which need not exist)."""
+    home = os.environ.get(STACK_HOME_ENV)
+    return (Path(home) if home else Path(__file__).resolve().parents[1] / ".prefect-local") / STACK_STATE
+
+
+def running_stack() -> dict[str, str] | None:
+    """``{"api", "ui", "state", "files", "files_root"}`` of ``make serve``'s stack when its state file names a server
+    whose ``/health`` answers; None without a state file. A state file that cannot be read, or
+    whose server does not answer, is one line in the log (and None): the command goes on with a
+    temporary server."""
+    import httpx
+
+    path = stack_state_file()
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        api, ui = str(state["api"]), str(state["ui"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _say(f"{path}: not a state file of `make serve` ({printable(str(exc) or type(exc).__name__, 200)}); "
+             "it is not used")
+        return None
+    try:
+        healthy = httpx.get(f"{api}/health", timeout=_STACK_HEALTH_TIMEOUT_S).status_code == 200
+    except httpx.HTTPError:
+        healthy = False
+    if not healthy:
+        _say(f"{path} names a Prefect server at {api} that does not answer (a stack that ended without `make stop`); "
+             "it is not used")
+        return None
+    return {"api": api, "ui": ui, "state": str(path), "files": state.get("files"), "files_root": state.get("files_root")}
 
 
 def prefect_api_error(exc: BaseException) -> str | None:
@@ -222,6 +308,11 @@ class _Log(threading.Thread):
         lines = [line.strip() for line in self.tail if line.strip()]
         errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
         return printable((errors or lines or [None])[-1], 300) if lines else None
+
+
+def _say(line: str) -> None:
+    """One line of the command's output (stdout), before Prefect's logging is set up."""
+    print(line, flush=True)
 
 
 def _write_stdout(data: bytes) -> None:

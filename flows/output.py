@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from embed_core import numbers
+
 
 def print_result(result: dict[str, Any]) -> None:
     state = "cache hit" if result["cached"] else "computed"
@@ -41,8 +43,8 @@ def print_downstream(config, result: dict[str, Any]) -> None:
 def print_sweep(out: dict[str, Any]) -> None:
     for variant in out["variants"]:
         state = "cache hit" if variant["cached"] else "trained"
-        print(f"{variant['variant']} ({state}): dev {out['dev_scores'][variant['variant']]:.4f}  {variant['overrides']}")
+        print(f"{variant['variant']} ({state}): dev {numbers.score(out['dev_scores'][variant['variant']])}  {variant['overrides']}")
     print(f"winner: {out['winner']} {out['settings']}")
     for score in out["test"]:
-        print(f"  {score['task']}: {score['metric']} {100 * score['value']:.2f}")
+        print(f"  {score['task']}: {score['metric']} {numbers.score(score['value'])}")
     print(f"report: {out['report']}")

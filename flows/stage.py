@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import Flow, flow
+from pydantic.json_schema import SkipJsonSchema
 
 from embed_core import stages
 from embed_core.artifacts import read_manifest
@@ -46,7 +47,8 @@ def stage_flow(name: str) -> Flow:
 
     def run_one_stage(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] | None = None,
                       run_name: str | None = None, run_dir: str | None = None, force: bool = False,
-                      options: Options | None = None, parent_lock: str | None = None) -> dict[str, dict[str, Any]]:
+                      options: Options | None = None,
+                      parent_lock: SkipJsonSchema[str | None] = None) -> dict[str, dict[str, Any]]:
         cfg, rdir = resolve_run(config_path, config, run_dir, run_name)
         with run_context(cfg, rdir, name, parent_lock):
             return run_stage(stage, cfg, rdir, options, force)
@@ -58,7 +60,8 @@ def stage_flow(name: str) -> Flow:
         force: recompute even when the inputs are unchanged (a cache hit otherwise).
         options: options of this stage ({Options.__name__}).
         parent_lock: set by a pipeline that runs this stage on another work pool (its flow run id,
-            under which it holds the run directory's lock); leave empty otherwise.
+            under which it holds the run directory's lock); internal, so not in the deployment's
+            form (``SkipJsonSchema``: the parameter schema leaves it out, the run still takes it).
     """
     return flow(name=name, log_prints=True, flow_run_name=flow_run_name)(
         reports_user_errors(with_run_args_doc(run_one_stage)))

@@ -81,7 +81,7 @@ def publish_stage_outputs(stage: str, manifest: dict[str, Any], run_dir: str, ca
           f"fingerprint `{committed.input_fingerprint[:12]}` · produced {committed.created_at}\n\n"
           + files_note(Path(run_dir)) +
           f"| file | kind | rows | sha256 |\n|---|---|---|---|\n" + "\n".join(rows) +
-          f"\n\n```\n{fit_lines(summary)}\n```\n\n" + inline_images(report.markdown, root) + "\n")
+          f"\n\n```\n{fit_lines(summary)}\n```\n\n" + inline_images(linked_files(report.markdown, root), root) + "\n")
     key = artifact_key(report.markdown_key or f"{stage}-outputs-", run_name)
     create_markdown_artifact(key=key, markdown=md, description=f"{stage} of run {run_name}: files, summary"
                              f"{' and report' if report.markdown else ''} ({'cache hit' if cached else 'computed'})")
@@ -100,6 +100,22 @@ def publish_run_summary(run_name: str, run_dir: str, results: dict[str, dict[str
              "path": str(Path(run_dir).resolve() / name)} for name, r in results.items()]
     create_table_artifact(key=artifact_key("pipeline-stages-", run_name), table=rows,
                           description=f"pipeline '{run_name}': what each stage did in this run")
+
+
+def linked_files(markdown: str, base_dir: Path) -> str:
+    """Replace a link to a file or folder relative to ``base_dir`` (``[label](../train-stage2/model)``,
+    as a report links its models) by :func:`file_link`'s: the served URL, which opens from the UI,
+    else the label and the absolute path as text."""
+    import re
+    from urllib.parse import unquote
+
+    def link(match: re.Match) -> str:
+        label, ref = match.group(1), match.group(2)
+        if re.match(r"^[a-z][a-z0-9+.-]*:|^[#/]", ref) or not (Path(base_dir) / unquote(ref)).exists():
+            return match.group(0)
+        return file_link(Path(base_dir) / unquote(ref), label)
+
+    return re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)", link, markdown)
 
 
 def inline_images(markdown: str, base_dir: Path, max_bytes: int = 400_000) -> str:

@@ -25,6 +25,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # embedpipe's machine-wide cache (embeddings, file-hash memo) never reaches the user's ~/.cache from a
 # test; each test also gets its own below, so what one test encodes never changes another's counts.
 os.environ["EMBEDPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="embedpipe-cache-")
+# A `make serve` stack running in this checkout is never a test's server: the commands tests run
+# without PREFECT_API_URL look for its state file here, where there is none unless a test puts one.
+os.environ["EMBEDPIPE_STACK_HOME"] = os.path.join(os.environ["PREFECT_HOME"], "no-stack")
 # Both are this process's (each pytest-xdist worker has its own) and go when it ends.
 atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 atexit.register(shutil.rmtree, os.environ["EMBEDPIPE_CACHE_DIR"], ignore_errors=True)

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embed_core import numbers
 from embed_core.artifacts import atomic_write_bytes
 from embed_core.plots import pyplot as _plt
 from embed_core.plots import to_png as _png
@@ -98,19 +99,48 @@ def _loss_curves(curves: dict[str, pa.Table]) -> bytes:
     return _png(fig)
 
 
+MODELS_PER_TABLE = 3  # score columns of one table: with task and metric, it fits the Prefect UI's artifact panel
+
+
 def markdown_table(models: list[str], tasks: list[str], values: dict[tuple[str, str], float],
                    metric_of: dict[str, str] | None = None) -> str:
-    head = "| task | metric | " + " | ".join(models) + " |" + (" Δ last − first |" if len(models) > 1 else "")
-    sep = "|---|---|" + "---:|" * len(models) + ("---:|" if len(models) > 1 else "")
-    lines = [head, sep]
+    """The main scores, a row per task; every model after the first shows its change against the
+    first in brackets. More than :data:`MODELS_PER_TABLE` models are split into tables of that
+    many, each beginning with the first model again (the reference), so no table is too wide to read."""
+    reference, others = models[:1], models[1:]
+    step = MODELS_PER_TABLE - 1
+    groups = [reference + others[i:i + step] for i in range(0, len(others), step)] or [reference]
+    return "\n\n".join(_score_table(group, tasks, values, metric_of or {}) for group in groups)
+
+
+def _score_table(models: list[str], tasks: list[str], values: dict[tuple[str, str], float],
+                 metric_of: dict[str, str]) -> str:
+    lines = ["| task | metric | " + " | ".join(models) + " |", "|---|---|" + "---:|" * len(models)]
     for t in tasks:
-        cells = [f"{100 * values[(m, t)]:.2f}" if (m, t) in values else "–" for m in models]
-        line = f"| {t} | {(metric_of or {}).get(t, '')} | " + " | ".join(cells) + " |"
-        if len(models) > 1:
-            first, last = values.get((models[0], t)), values.get((models[-1], t))
-            line += f" {100 * (last - first):+.2f} |" if first is not None and last is not None else " – |"
-        lines.append(line)
+        first = values.get((models[0], t))
+        cells = []
+        for i, m in enumerate(models):
+            value = values.get((m, t))
+            change = f" ({numbers.score_change(value - first)})" if i and value is not None and first is not None else ""
+            cells.append(numbers.score(value) + change)
+        lines.append(f"| {t} | {metric_of.get(t, '')} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def model_link(path: str, report_dir: Path) -> str:
+    """A model's path in the report: a link relative to the report when the model is in the run
+    directory (it opens from the report's folder, and the Prefect UI's artifact makes it a link to
+    the served file: ``tasks.common``), else the path (or hub id) as text."""
+    import os
+
+    run_dir = Path(report_dir).resolve().parent
+    target = Path(path)
+    if not target.is_absolute() or not target.resolve().is_relative_to(run_dir):
+        return f"`{path}`"
+    from urllib.parse import quote
+
+    relative = Path(os.path.relpath(target.resolve(), Path(report_dir).resolve())).as_posix()
+    return f"[{target.resolve().relative_to(run_dir).as_posix()}]({quote(relative)})"
 
 
 def geometry_table(rows: list[dict[str, Any]]) -> str:
@@ -144,7 +174,7 @@ def sizes_tables(rows: list[dict[str, Any]]) -> str:
                   "|---|---:|" + "---:|" * len(columns)]
         for model, dim in dict.fromkeys((r["model"], r["dim"]) for r in mine):
             lines.append(f"| {model} | {dim} | " + " | ".join(
-                f"{100 * c['value']:.2f} ({c['bytes_per_vector']} B)" if (c := cell.get((model, dim, v))) else "–"
+                f"{numbers.score(c['value'])} ({c['bytes_per_vector']} B)" if (c := cell.get((model, dim, v))) else "–"
                 for v in columns) + " |")
     return "\n".join(lines)
 
@@ -185,9 +215,10 @@ def build_report(table: pa.Table, *, run_dir: Path, title: str, geometry: list[d
         plots["loss_curves.png"] = _loss_curves(curves)
     paths = {r["model"]: r["model_path"] for r in rows}
     fps = {r["model"]: r["fingerprint"] for r in rows}
-    md = [f"# {title}", "", "Scores are mteb's main score per task × 100 (metrics computed by mteb).", "",
+    md = [f"# {title}", "", "Scores are mteb's main score per task × 100 (metrics computed by mteb); in brackets, "
+          f"the change against {models[0] if models else 'the first model'}.", "",
           markdown_table(models, tasks, values, metric_of), "", "## Models", ""]
-    md += [f"- **{m}**: `{paths[m]}` (fingerprint `{fps[m]}`)" for m in models]
+    md += [f"- **{m}**: {model_link(paths[m], run_dir / EVALUATE)} (fingerprint `{fps[m]}`)" for m in models]
     if geometry:
         md += ["", geometry_table(geometry)]
     if sizes:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field
 
+from embed_core import numbers
 from embed_core.stage_dirs import EVALUATE
 from embed_core.manifests import EvaluateManifest
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
@@ -36,7 +37,7 @@ def format_counts(manifest: EvaluateManifest | dict[str, Any]) -> str:
         lines.append(f"{'task':<38}" + "".join(f"{lab:>14}" for lab in labels))
     for t in dict.fromkeys(r.task for r in scores):
         vals = {r.model: r.value for r in scores if r.task == t}
-        lines.append(f"{t:<38}" + "".join(f"{100 * vals[lab]:>14.2f}" if lab in vals else f"{'-':>14}"
+        lines.append(f"{t:<38}" + "".join(f"{numbers.score(vals[lab]):>14}" if lab in vals else f"{'-':>14}"
                                           for lab in labels))
     return "\n".join(lines)
 

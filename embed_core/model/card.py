@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from embed_core import __version__
+from embed_core import __version__, numbers
 
 CARD_FACTS = "embedpipe_card.yaml"
 
@@ -101,10 +101,10 @@ def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dic
     lines += [f"| {k} | `{stage[k]}` |" for k in _STAGE_SETTINGS if k in stage and stage[k] is not None]
     counts = facts.get("counts") or {}
     if counts:
-        lines += [f"| examples seen | {counts.get('examples')} |", f"| final loss | {counts.get('final_loss')} |"]
+        lines += [f"| examples seen | {counts.get('examples')} |", f"| final loss | {numbers.loss(counts.get('final_loss'))} |"]
         if counts.get("selected_step") is not None:
             lines.append(f"| weights kept | step {counts['selected_step']} (dev selection score "
-                         f"{counts['selected_dev_score']:.4f}) |")
+                         f"{numbers.score(counts['selected_dev_score'])}) |")
     lines += ["", "## Evaluation", ""]
     if scores:
         models = list(dict.fromkeys(r["model"] for r in scores))
@@ -114,7 +114,7 @@ def render_card(facts: dict[str, Any], prompts: dict[str, str], scores: list[dic
             row = {r["model"]: r for r in scores if r["task"] == task}
             metric = next(iter(row.values()))["metric"]
             lines.append(f"| {task} | {metric} | " + " | ".join(
-                f"{100 * row[m]['value']:.2f}" if m in row else "–" for m in models) + " |")
+                numbers.score(row[m]['value']) if m in row else "–" for m in models) + " |")
         lines += ["", "Scores are mteb's (× 100) on the run's evaluation tasks; the mteb result files are in the "
                   "run's `evaluate/results/`."]
     else:
@@ -147,7 +147,7 @@ def matryoshka_section(mrl: dict[str, Any] | None, dim_scores: list[dict[str, An
             row = {int(r["dim"]): r for r in dim_scores if r["task"] == task}
             metric = next(iter(row.values()))["metric"]
             lines.append(f"| {task} | {metric} | " + " | ".join(
-                f"{100 * row[d]['value']:.2f}" if d in row else "–" for d in shown) + " |")
+                numbers.score(row[d]['value']) if d in row else "–" for d in shown) + " |")
         lines += ["", "Main scores (× 100, float32) of the run's evaluate stage with the embedding cut to each size "
                   "and normalised again.", ""]
     else:

@@ -193,16 +193,16 @@ def write_report(config: RunConfig, run_dir: Path, results: list[dict[str, Any]]
              "| variant | settings | dev score | step kept | train s |", "|---|---|---:|---:|---:|"]
     for r in ranked:
         mark = " **winner**" if r is winner else ""
-        lines.append(f"| {r['variant']}{mark} | `{r['settings']}` | {r['dev_score']:.4f} | {r['selected_step']} | "
+        lines.append(f"| {r['variant']}{mark} | `{r['settings']}` | {numbers.score(r['dev_score'])} | {r['selected_step']} | "
                      f"{r['train_seconds']} |")
     lines += ["", f"## The winner on the test tasks ({winner['variant']})", "", "| task | metric | score |",
               "|---|---|---:|"]
-    lines += [f"| {s['task']} | {s['metric']} | {100 * s['value']:.2f} |" for s in test_scores]
+    lines += [f"| {s['task']} | {s['metric']} | {numbers.score(s['value'])} |" for s in test_scores]
     if soup is not None:
         lines += ["", f"## Model soup: the mean of the {len(soup['members'])} best variants' weights", "",
-                  f"Members: {', '.join(soup['members'])}; dev score {soup['dev_score']:.4f} (winner "
-                  f"{winner['dev_score']:.4f}); `{soup['path']}`.", "", "| task | metric | score |", "|---|---|---:|"]
-        lines += [f"| {s['task']} | {s['metric']} | {100 * s['value']:.2f} |" for s in soup["test"]]
+                  f"Members: {', '.join(soup['members'])}; dev score {numbers.score(soup['dev_score'])} (winner "
+                  f"{numbers.score(winner['dev_score'])}); `{soup['path']}`.", "", "| task | metric | score |", "|---|---|---:|"]
+        lines += [f"| {s['task']} | {s['metric']} | {numbers.score(s['value'])} |" for s in soup["test"]]
     lines += ["", f"`winner.yaml` reproduces it: `embedpipe run --config runs/.../sweep-{config.sweep.stage}/winner.yaml`."]
     key = hashlib.sha256(json.dumps(ranked, sort_keys=True, default=str).encode()).hexdigest()
     with StageWriter(run_dir, f"sweep-{config.sweep.stage}", SweepManifest, fingerprint=key,

@@ -66,16 +66,22 @@ def run_train_stage(config: RunConfig, run_dir: str | Path, stage_name: str, *, 
 def _run_train_stage(step: TrainingStep, *, resume: bool, fingerprint: Fingerprint | None) -> dict[str, Any]:
     """The recipe, on every rank: load -> build the trainer -> fit -> commit (rank 0; the others wait)."""
     t0 = time.perf_counter()
+    name = step.stage.name  # every phase before the first step is a line with its seconds (phase_done)
     # under torchrun / deepspeed / accelerate launch or local_ranks: every rank runs this function
-    init_process_group(timeout_s=step.train.dist_timeout_s)
+    _, world = init_process_group(timeout_s=step.train.dist_timeout_s)
     check_shared_directory(step.run_dir / CHECKPOINTS, step.stage.name)  # every node sees what rank 0 writes
     fingerprint = fingerprint or step_fingerprint(step)
-    # load
     ckpt_dir = _checkpoint_dir(step, fingerprint)
+    t = phase_done(f"{name}: process group ({world} process{'es' if world > 1 else ''}), input fingerprint and "
+                   "checkpoint directory ready", t0)
+    # load
     datasets = load_datasets(step.run_dir, step.stage, step.upstream, ckpt_dir / RECORDS_DIR)
     instructions = _instructions(datasets)
-    # build the trainer
+    t = phase_done(f"{name}: read {sum(d.size for d in datasets.values())} records of {len(datasets)} dataset"
+                   f"{'s' if len(datasets) > 1 else ''} from {step.upstream}", t)
+    # build the trainer (it says when its model is loaded and placed)
     trainer = build_trainer(step, datasets, instructions, ckpt_dir)
+    phase_done(f"{name}: trainer ready (model, back end, losses, sampler{', dev tasks' if step.stage.dev else ''})", t)
     # fit (every rank; FSDP gathers the whole weights for the save on every rank)
     outcome = trainer.fit(resume=resume)
 
@@ -88,6 +94,14 @@ def _run_train_stage(step: TrainingStep, *, resume: bool, fingerprint: Fingerpri
 
     # rank 0 writes the stage (and merges); the others wait, however long that takes, and read it
     return on_main_rank(step.instance, commit, lambda: committed(step.run_dir, step.instance, fingerprint.key))
+
+
+def phase_done(what: str, since: float) -> float:
+    """Log ``what`` with the seconds since ``since`` (a phase before the first step: none is silent,
+    however long it takes); returns now, the next phase's start."""
+    now = time.perf_counter()
+    log.info("%s in %.1f s", what, now - since)
+    return now
 
 
 def _checkpoint_dir(step: TrainingStep, fingerprint: Fingerprint) -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import Field
 
+from embed_core import numbers
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError
 from embed_core.manifests import Manifest, RemineManifest, SynthManifest, TrainManifest, step_class
@@ -124,7 +125,7 @@ def _train_counts(manifest: dict[str, Any]) -> str:
     for name, d in m.datasets.items():
         lines.append(f"{name:<22}{d.task:>16}{d.records:>9}{d.weight:>9.3f}")
     c = m.counts
-    lines.append(f"examples {c.examples}, tokens {c.tokens}, final loss {c.final_loss}")
+    lines.append(f"examples {c.examples}, tokens {c.tokens}, final loss {numbers.loss(c.final_loss)}")
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embed_core import numbers
 from embed_core.errors import ConfigError
 from embed_core.losses import Loss, LossContext, loss_for
 from embed_core.losses.matryoshka import Matryoshka
@@ -92,6 +93,7 @@ class Trainer:
                  init_model: str, checkpoint_dir: Path, seed: int = 42, log: Callable[[str], None] = print):
         self._init_run(train, stage, seed, log)
         self.datasets = datasets
+        t = time.perf_counter()
         # under sharding only rank 0 reads the checkpoint; the others build the model on the meta
         # device and get their shards from rank 0 (Backend.place)
         model = Embedder(init_model, pooling=train.pooling, max_length=train.max_length,
@@ -105,6 +107,7 @@ class Trainer:
                          torch_dtype=torch.bfloat16 if train.weights_dtype == "bf16" and train.lora else None,
                          attn_implementation=resolve_attention(train.attention, self.device.type),
                          meta=not backend_for(train).reads_weights(self.rank))
+        self.log(f"{stage.name}: loaded {init_model} (tokenizer and weights) in {time.perf_counter() - t:.1f} s")
         # the loss each task trains with (stage.losses overrides QZhou's); tasks with the same loss
         # and parameters share one instance (and so one HMCL pair-type head)
         self.losses: dict[str, Loss] = {}
@@ -155,6 +158,7 @@ class Trainer:
     def _init_optimization(self, model: torch.nn.Module, sampler: GroupedBatchSampler, checkpoint_dir: Path) -> None:
         """The trained model on its device inside its back end (which builds AdamW and the
         schedule), the encoder passes, the sampler and the step counters."""
+        t = time.perf_counter()
         model.train()
         if self.device.type == "cpu":
             # torch's CPU dropout draws its masks one element at a time (18 % of a step on
@@ -166,6 +170,8 @@ class Trainer:
         self.backend.wrap(lr_lambda(self.stage))
         self.rank, self.world = self.backend.rank, self.backend.world
         self.optimizer, self.scheduler = self.backend.optimizer, self.backend.scheduler
+        self.log(f"{self.stage.name}: model placed on {self.device.type} and wrapped by the "
+                 f"{self.train_cfg.backend_name()} back end (with its optimizer) in {time.perf_counter() - t:.1f} s")
         self.peak_tflops = device_peak_tflops(self.device, self.bf16, self.train_cfg.peak_tflops)
         collective = self.backend.collective_forward
         self.passes = Passes(self.model, self.backend.forward, device=self.device, bf16=self.bf16, stage=self.stage,
@@ -178,6 +184,7 @@ class Trainer:
         self.stage = self.stage.model_copy(update={"keep_checkpoints": kept_checkpoints(
             self.stage, checkpoint_bytes(self.model), self.checkpoint_dir, self.log)})
         self.step = 0
+        self.batch_wait = 0.0  # of the last step: seconds it waited for its micro-batches
         self.flops = FlopModel(self.model, getattr(getattr(self.model, "model", None), "config", None))
         self.metrics: list[dict[str, Any]] = []
         self.lineage = False
@@ -248,8 +255,11 @@ class Trainer:
         s = self.stage
         t0 = time.perf_counter()
         rows = []
+        self.batch_wait = 0.0  # seconds this step waited for its micro-batches (built ahead when prefetching)
         for micro in range(s.grad_accum):
+            t = time.perf_counter()
             batch = self.batches.get(self.step * s.grad_accum + micro)
+            self.batch_wait += time.perf_counter() - t
             self.consumed.append((self.step + 1, batch.dataset, batch.positions))
             self.loss_counts: dict[str, int] = {}
             value = mean_over_ranks(self._forward_backward(batch, self.backend.loss_scale(),
@@ -317,15 +327,20 @@ class Trainer:
             self.log(f"resumed from {latest} (step {self.step})")
         progress = Progress(f"train {self.stage.name}", total=self.stage.steps - self.step, unit="steps",
                             logger=logging.getLogger("embedpipe.train"))
+        first = self.step
         while self.step < self.stage.steps:
+            t = time.perf_counter()
             rows = self.train_step()
-            progress.update(loss=f"{rows[-1]['loss']:.4f}" if rows else "-",
+            if self.step == first + 1:  # its micro-batches were built and tokenized while it waited
+                self.log(f"{self.stage.name}: first step in {time.perf_counter() - t:.1f} s, "
+                         f"{self.batch_wait:.1f} s of it building and tokenizing its batch")
+            progress.update(loss=numbers.loss(rows[-1]['loss']) if rows else "-",
                             **({"tok/s": f"{rows[-1]['tokens_per_s']:.0f}"} if rows else {}))
             # the last step's figures are in the progress line that closes the loop: not said twice
             if self.step % self.stage.log_every == 0 and self.step != self.stage.steps:
                 r = rows[-1]
                 self.log(f"{self.stage.name} step {self.step}/{self.stage.steps} {r['dataset']} ({r['task']}) "
-                         f"loss {r['loss']:.4f} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s" + _telemetry_line(r))
+                         f"loss {numbers.loss(r['loss'])} lr {r['lr']:.2e} {r['tokens_per_s']:.0f} tok/s" + _telemetry_line(r))
             if self.dev_evaluator is not None and (self.step % self.stage.dev.eval_every == 0
                                                    or self.step == self.stage.steps):
                 self.evaluate_dev()
@@ -358,7 +373,7 @@ class Trainer:
                 and self.best["step"] != self.step and self._evaluates:
             self.backend.load_weights(self._best_path(self.best["step"]))
             self.log(f"{self.stage.name}: keeping the weights of step {self.best['step']} (best dev score "
-                     f"{self.best['score']:.4f}), not the last step's")
+                     f"{numbers.score(self.best['score'])}), not the last step's")
 
     def evaluate_dev(self) -> None:
         """Score the dev tasks (rank 0; the others wait at the patient barrier, not in the next
@@ -384,8 +399,8 @@ class Trainer:
             self.dev_rows.append({"stage": self.stage.name, "step": self.step, "task": task, "score": value,
                                   "selection": selection})
         (self.log if self.rank == 0 else log_debug)(
-            f"{self.stage.name} step {self.step} dev: " + ", ".join(f"{t} {v:.4f}" for t, v in scores.items())
-            + f" (selection {selection:.4f}" + (f", best {self.best['score']:.4f} at step {self.best['step']})"
+            f"{self.stage.name} step {self.step} dev: " + ", ".join(f"{t} {numbers.score(v)}" for t, v in scores.items())
+            + f" (selection {numbers.score(selection)}" + (f", best {numbers.score(self.best['score'])} at step {self.best['step']})"
                                                 if self.best else ")"))
         if self.best is None or selection > self.best["score"]:
             self.best = {"step": self.step, "score": selection}

@@ -3,6 +3,8 @@ pool, `prefect deploy` from deployments/prefect.yaml (through deployments/local.
 `make serve` runs), and the pipeline deployment triggered through the API with parameters."""
 
 import asyncio
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -58,6 +60,16 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
         assert serve.returncode == 0, serve.stdout[-3000:] + serve.stderr[-3000:]
         assert f"Prefect UI: http://127.0.0.1:{port}" in serve.stdout
         assert set(pids) == {"server", "worker-cpu", "worker-gpu", "files"}
+        assert "schedule of data-watch/embedpipe-data-watch: cron 0 3 * * * (UTC) ACTIVE; pause it" in serve.stdout
+        # a command run from a shell while the stack is up (no PREFECT_API_URL) runs on its server
+        cli_env = {**os.environ, "PYTHONPATH": str(REPO), "EMBEDPIPE_STACK_HOME": str(home)}
+        cli_env.pop("PREFECT_API_URL", None)
+        cli = subprocess.run([sys.executable, "-m", "flows.cli", "prepare", "--config", str(demo_copy),
+                              "--run-name", "from-cli"], cwd=REPO, env=cli_env, capture_output=True, text=True,
+                             timeout=300)
+        assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
+        assert f"this run shows in its UI at http://127.0.0.1:{port}" in cli.stdout, cli.stdout[-3000:]
+        assert set(re.findall(r"View at (http://[\d.:]+)/", cli.stdout)) == {f"http://127.0.0.1:{port}"}, cli.stdout
         with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
             async def inspect_deployments():
                 async with get_client() as client:
@@ -81,6 +93,9 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
             schema = deps["pipeline/embedpipe-pipeline"].parameter_openapi_schema
             assert {"config_path", "run_dir", "config", "run_name", "stages", "force", "corpus_path"} <= set(schema["properties"])
             assert "merged over config_path" in schema["properties"]["config"]["description"]
+            # an internal parameter (a pipeline's lock, handed to its child run on another pool) is not in the forms
+            assert not [name for name, d in deps.items() if "parent_lock" in d.parameter_openapi_schema["properties"]]
+            assert "options" in deps["train/embedpipe-train"].parameter_openapi_schema["properties"]
 
             flow_run = run_deployment("pipeline/embedpipe-pipeline", timeout=600,
                                       parameters={"config_path": str(demo_copy), "run_name": "from-api"})
@@ -148,7 +163,6 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
                 "                'embedpipe.run-dir': sys.argv[1]},\n"
                 "                payload={'source': source, 'config_path': sys.argv[2], 'run_dir': sys.argv[1]}))\n"
                 "asyncio.run(main())\n")
-            import os
 
             sent = subprocess.run([sys.executable, "-c", sender, watched, str(demo_copy)], capture_output=True, text=True,
                                   env={**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}, timeout=120)
@@ -172,6 +186,9 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
                                  cwd=REPO, capture_output=True, text=True, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
     assert not any(_alive(pid) for pid in pids.values())
+    assert sorted(p.name for p in home.glob("*.json")) == []  # no state names the stack that is gone
+    from_cli = [r for name, r in runs if name == "prepare" and r.name == "from-cli"]
+    assert len(from_cli) == 1 and from_cli[0].state.is_completed() and from_cli[0].deployment_id is None
 
     run_dir = tmp_path / "runs" / "from-api"  # run_name parameter reached the flow
     assert (run_dir / "train-stage2" / "model" / "embedpipe.json").exists()

@@ -83,6 +83,8 @@ def test_the_temporary_prefect_server_answers_for_the_block_and_dies_with_a_sigk
             print(PREFECT_API_URL.value(), *children, flush=True)
             time.sleep(600)
     """)
+    said = parent.stdout.readline()  # first the command's line about its server: kept in no UI
+    assert said.startswith("Prefect server: a temporary one, which stops with the command"), said
     api_url, *children = parent.stdout.readline().split()
     assert children, "no server process was started"
     assert httpx.get(f"{api_url}/health", timeout=30).status_code == 200

@@ -56,3 +56,13 @@ def test_the_inline_config_is_a_partial_config_described_in_the_form(name):
 
 def test_the_scan_finds_an_angle_bracketed_name():
     assert [t for _, t in _descriptions({"a": {"description": "goes to <run_dir>/x"}}) if ANGLE_BRACKETED.search(t)]
+
+
+def test_no_flow_form_shows_the_internal_parent_lock_parameter_which_a_stage_flow_still_takes():
+    from prefect.utilities.callables import parameter_schema
+
+    shown = {flow.name: set(parameter_schema(flow.fn).model_dump()["properties"]) for flow in _flows()}
+    assert [name for name, props in shown.items() if "parent_lock" in props] == []
+    assert {"config_path", "options"} <= shown["train"]  # the form itself is still there
+    train = next(f for f in _flows() if f.name == "train")
+    assert train.validate_parameters({"parent_lock": "run-1"})["parent_lock"] == "run-1"
