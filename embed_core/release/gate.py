@@ -1,4 +1,5 @@
-"""The gate: a candidate against the current release, task by task (scores in points: main score × 100).
+"""The gate: a candidate against the current release, task by task (main scores as mteb computes
+them; tolerances in points, main score × 100, the unit a user reads).
 
 A task fails when the candidate scores more than its tolerance below the current release; the
 candidate passes when no guard task or probe fails. Pure functions over score tables, so the rule
@@ -10,18 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-
-def points(value: float) -> str:
-    return f"{value:.2f}"
+from embed_core.numbers import score, score_change
 
 
 @dataclass(frozen=True)
 class GateRow:
     task: str
     kind: str           # guard (an evaluate task) or probe
-    current: float      # points
+    current: float      # main score
     candidate: float
-    tolerance: float
+    tolerance: float    # points
 
     @property
     def delta(self) -> float:
@@ -29,12 +28,12 @@ class GateRow:
 
     @property
     def passed(self) -> bool:
-        return self.delta >= -self.tolerance
+        return 100 * self.delta >= -self.tolerance - 1e-9
 
 
 def compare(candidate: dict[str, float], current: dict[str, float], kinds: dict[str, str], tolerance: float,
             tolerances: dict[str, float] | None = None) -> list[GateRow]:
-    """One row per task in ``kinds`` (task -> guard/probe), in its order; both score tables in points."""
+    """One row per task in ``kinds`` (task -> guard/probe), in its order."""
     tolerances = tolerances or {}
     missing = [t for t in kinds if t not in candidate or t not in current]
     if missing:
@@ -51,8 +50,8 @@ def failed(rows: list[GateRow]) -> list[GateRow]:
 def table(rows: list[GateRow]) -> str:
     """The rows as a markdown table (points with two decimals)."""
     lines = ["| task | kind | current | candidate | change | tolerance | |", "|---|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {r.task} | {r.kind} | {points(r.current)} | {points(r.candidate)} | {r.delta:+.2f} | "
-              f"{points(r.tolerance)} | {'ok' if r.passed else '**worse**'} |" for r in rows]
+    lines += [f"| {r.task} | {r.kind} | {score(r.current)} | {score(r.candidate)} | {score_change(r.delta)} | "
+              f"{r.tolerance:.2f} | {'ok' if r.passed else '**worse**'} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -60,6 +59,7 @@ def verdict_line(rows: list[GateRow], candidate: int, current: int) -> str:
     """One line: the verdict of candidate version ``candidate`` against current version ``current``."""
     worse = failed(rows)
     if not worse:
-        return f"release gate passed: v{candidate} scores within tolerance of current v{current} on {len(rows)} tasks"
-    parts = ", ".join(f"{r.task} {r.delta:+.2f} (tolerance {points(r.tolerance)})" for r in worse)
+        changes = ", ".join(f"{r.task} {score_change(r.delta)}" for r in rows)
+        return f"release gate passed: v{candidate} against current v{current}: {changes}"
+    parts = ", ".join(f"{r.task} {score_change(r.delta)} (tolerance {r.tolerance:.2f})" for r in worse)
     return f"release gate failed: v{candidate} scores below current v{current} on {len(worse)} of {len(rows)} tasks: {parts}"

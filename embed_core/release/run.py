@@ -1,8 +1,8 @@
 """The gate stage's body: register the model the evaluate stage checked as a release, compare it with
 the release it would replace, and settle it (current, or held for a decision).
 
-``<run_dir>/gate/`` holds ``gate.parquet`` (task, kind, current, candidate, change, tolerance,
-passed; points = main score × 100) and ``report.md``; its manifest names both versions and the
+``<run_dir>/gate/`` holds ``gate.parquet`` (task, kind, current, candidate, change: main scores;
+tolerance in points, score × 100; passed) and ``report.md``; its manifest names both versions and the
 verdict: ``first`` (no release yet), ``passed``, ``failed`` or ``none`` (nothing to release). The
 registry's side of a verdict (``settle``) runs after the commit and again on every later pipeline
 run, so a run stopped between the two finishes it. The key is the candidate's files, the release it
@@ -29,6 +29,7 @@ from embed_core.config import RunConfig, config_hash
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import Fingerprint, sha256_file
 from embed_core.manifests import EvaluateManifest, GateManifest
+from embed_core.numbers import score
 from embed_core.release import gate
 from embed_core.release.config import GateConfig
 from embed_core.release.registry import REFUSED, RELEASE_MARKER, Release, Releases
@@ -61,7 +62,7 @@ class Candidate:
     model_dir: Path
     fingerprint: str
     label: str
-    scores: dict[str, float]        # evaluate task -> points
+    scores: dict[str, float]        # evaluate task -> main score
     lineage: dict[str, Any]
 
 
@@ -74,7 +75,7 @@ def candidate(config: RunConfig, run_dir: Path) -> Candidate | None:
     release = raw["release"]
     files = evaluated.hashes(prefix=f"{release['path']}/")
     digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:16]
-    scores = {r.task: round(100 * r.value, 6) for r in evaluated.counts.main_scores if r.model == release["model"]}
+    scores = {r.task: r.value for r in evaluated.counts.main_scores if r.model == release["model"]}
     lineage = {"run_dir": str(Path(run_dir).resolve()), "run_name": config.run_name, "model": release["model"],
                "source": release["source"], "evaluate": evaluated.input_fingerprint, "created_at": evaluated.created_at}
     return Candidate(run_dir / EVALUATE / release["path"], digest, release["model"], scores, lineage)
@@ -158,18 +159,18 @@ def _compare(config: RunConfig, run_dir: Path, found: Candidate, releases: Relea
     scratch = Path(tempfile.mkdtemp(prefix=".gate-", dir=run_dir))
     try:
         current_dir = releases.materialize(baseline.version, scratch / "current")
-        current = _points(evaluate_model(f"v{baseline.version}", str(current_dir), guards + list(cfg.probes),
+        current = _main(evaluate_model(f"v{baseline.version}", str(current_dir), guards + list(cfg.probes),
                                          config, run_dir)[0])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     scores = dict(found.scores)
     if cfg.probes:
-        scores.update(_points(evaluate_model(found.label, str(found.model_dir), list(cfg.probes), config, run_dir)[0]))
+        scores.update(_main(evaluate_model(found.label, str(found.model_dir), list(cfg.probes), config, run_dir)[0]))
     return gate.compare(scores, current, kinds, cfg.tolerance, cfg.tolerances)
 
 
-def _points(rows: list[dict[str, Any]]) -> dict[str, float]:
-    return {r["task"]: round(100 * r["value"], 6) for r in rows if r["main"]}
+def _main(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {r["task"]: r["value"] for r in rows if r["main"]}
 
 
 def report(body: dict[str, Any], rows: list[gate.GateRow]) -> str:
@@ -256,7 +257,7 @@ def rollback(config: RunConfig, run_dir: str | Path) -> Settlement:
 
 
 def format_releases(config: RunConfig) -> str:
-    """Every version of the run's registered model: aliases, verdict, decision, scores (points)."""
+    """Every version of the run's registered model: aliases, verdict, decision, main scores × 100."""
     releases = releases_of(config)
     found = releases.versions()
     if not found:
@@ -267,6 +268,5 @@ def format_releases(config: RunConfig) -> str:
     lines = [f"{releases.name} ({releases.uri})", head]
     for r in found:
         lines.append(f"{'v' + str(r.version):<9}{','.join(r.aliases) or '-':<20}{r.created:<27}{r.verdict or '-':<8}"
-                     f"{(r.decision or '-')[:33]:<34}" + "".join(f"{r.scores[t]:>15.2f}" if t in r.scores
-                                                               else f"{'-':>15}" for t in tasks))
+                     f"{(r.decision or '-')[:33]:<34}" + "".join(f"{score(r.scores.get(t)):>15}" for t in tasks))
     return "\n".join(lines)

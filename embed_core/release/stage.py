@@ -24,7 +24,8 @@ def _report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
     path = ctx.stage_dir / "gate.parquet"
     table = pq.read_table(path).to_pylist() if path.exists() else []
     return Report(markdown=(ctx.stage_dir / "report.md").read_text(encoding="utf-8"), markdown_key="release-gate-",
-                  table=[{k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()} for row in table],
+                  table=[{k: round(100 * v, 2) if k in ("current", "candidate", "change") else v
+                          for k, v in row.items()} for row in table],
                   table_key="release-gate-table-",
                   table_description="release gate: the candidate against the current release, points (score × 100)")
 
