@@ -46,6 +46,10 @@ def pauses_here(config: RunConfig) -> bool:
     return policy == "always" or (policy == "deployments" and bool(deployment.id or flow_run.parent_deployment_id))
 
 
+def _duration(seconds: int) -> str:
+    return f"{seconds} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:g} h"
+
+
 def settle_release(config: RunConfig, run_dir: Path) -> str:
     """Settle the run's candidate; a held one waits for a decision here when ``pauses_here``.
     Returns what happened (promoted, current, held, kept out, none)."""
@@ -57,8 +61,8 @@ def settle_release(config: RunConfig, run_dir: Path) -> str:
     report = (Path(run_dir) / GATE / "report.md").read_text(encoding="utf-8")
     form = ReleaseApproval.with_initial_data(
         description=f"{report}\n\nApprove to make v{outcome.version} the current release; reject (leave approve off) "
-                    f"to keep the current one. Without an answer within {config.release.approval_timeout_s} s the "
-                    "candidate is rejected.", approve=False)
+                    f"to keep the current one. Without an answer within {_duration(config.release.approval_timeout_s)} "
+                    "the candidate is rejected.", approve=False)
     timeout = config.release.approval_timeout_s
     try:
         answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=min(5, max(1, timeout // 2)),

@@ -49,9 +49,9 @@ def failed(rows: list[GateRow]) -> list[GateRow]:
 
 def table(rows: list[GateRow]) -> str:
     """The rows as a markdown table (points with two decimals)."""
-    lines = ["| task | kind | current | candidate | change | tolerance | |", "|---|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {r.task} | {r.kind} | {score(r.current)} | {score(r.candidate)} | {score_change(r.delta)} | "
-              f"{r.tolerance:.2f} | {'ok' if r.passed else '**worse**'} |" for r in rows]
+    lines = ["| task | current | candidate | change | tolerance | |", "|---|---:|---:|---:|---:|---|"]
+    lines += [f"| {r.task}{' (probe)' if r.kind == 'probe' else ''} | {score(r.current)} | {score(r.candidate)} | "
+              f"{score_change(r.delta)} | {r.tolerance:.2f} | {'ok' if r.passed else '**worse**'} |" for r in rows]
     return "\n".join(lines)
 
 

@@ -24,7 +24,8 @@ def test_the_verdict_line_and_table_name_each_worse_task_in_points():
                         {"sts": "guard", "probe": "probe"}, tolerance=0.5)
     assert gate.verdict_line(rows, 3, 2) == ("release gate failed: v3 scores below current v2 on 1 of 2 tasks: "
                                              "sts -56.14 (tolerance 0.50)")
-    assert "| sts | guard | 65.07 | 8.93 | -56.14 | 0.50 | **worse** |" in gate.table(rows)
+    assert "| sts | 65.07 | 8.93 | -56.14 | 0.50 | **worse** |" in gate.table(rows)
+    assert "| probe (probe) | 50.00 | 50.00 | +0.00 | 0.50 | ok |" in gate.table(rows)
     assert gate.verdict_line(rows[1:], 3, 2) == "release gate passed: v3 against current v2: probe +0.00"
 
 
