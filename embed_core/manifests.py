@@ -15,6 +15,7 @@ class                     step                          stage directory
 ``SynthManifest``         ``synth`` (targeted)          ``synth-<stage>/``
 ``MineManifest``          ``mine``                      ``mine/``
 ``RemineManifest``        ``remine``                    ``mine-<stage>/``
+``DataValueManifest``     ``datavalue``                 ``value-<stage>/``
 ``TrainManifest``         ``train``                     ``train-<stage>/``
 ``ReferenceManifest``     ``reference`` (CDA)           ``reference-<stage>/``
 ``EvaluateManifest``      ``evaluate``                  ``evaluate/``
@@ -248,6 +249,19 @@ class RemineManifest(MineManifest):
     STEP: ClassVar[str] = "remine"
 
 
+# --- the data-value gate (value-<stage>) ------------------------------------------------------------
+
+class DataValueManifest(Manifest):
+    STEP: ClassVar[str] = "datavalue"
+    stage_name: str = Field(description="The training stage it gates.")
+    units: dict[str, dict[str, Any]] = Field(description="Per unit: mode, action, weight, delta, spread, reason.")
+    weights: dict[str, dict[str, float]] = Field(description="dataset / origin -> the multiplier the stage applies "
+                                                            "(0: dropped).")
+    noise: float = Field(description="Sample standard deviation of the reference proxies' dev score ×100.")
+    reference_score: float = Field(description="Mean dev score ×100 of the reference proxies.")
+    counts: dict[str, Any]
+
+
 # --- train and its CDA reference scores -----------------------------------------------------------
 
 class TrainCounts(Section):
@@ -363,7 +377,7 @@ class SoupManifest(Manifest):
 
 
 STEPS: dict[str, type[Manifest]] = {cls.STEP: cls for cls in (
-    PrepareManifest, SynthesizeManifest, SynthManifest, MineManifest, RemineManifest, TrainManifest,
+    PrepareManifest, SynthesizeManifest, SynthManifest, MineManifest, RemineManifest, DataValueManifest, TrainManifest,
     ReferenceManifest, EvaluateManifest, GateManifest, AblationManifest, SweepManifest, SoupManifest)}
 
 

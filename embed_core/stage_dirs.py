@@ -1,9 +1,10 @@
 """The one place that names the directories of a run: the stages' own (``<run_dir>/prepare``,
 ``synthesize``, ``mine``, ``evaluate``) and the train stage's instances, one per configured training
 stage and step: ``train-<stage>`` (the stage), ``mine-<stage>`` (its re-mining step),
-``synth-<stage>`` (its error-driven synthesis step), ``reference-<stage>`` (AutoRegEmbed's
-reference scores), and ``checkpoints/`` (the stages' resumable state). Every stage package reads
-these names from here, so no stage imports another to find its directory."""
+``synth-<stage>`` (its error-driven synthesis step), ``value-<stage>`` (its data-value gate),
+``reference-<stage>`` (AutoRegEmbed's reference scores), ``checkpoints/`` (the stages' resumable
+state) and ``proxies/<stage>/`` (the data-value gate's proxy runs, each a run directory of its own).
+Every stage package reads these names from here, so no stage imports another to find its directory."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ EVALUATE = "evaluate"
 GATE = "gate"  # the release gate's verdict on the model evaluate released
 RELEASE_COPY = "release"  # the current release's files, copied from the registry (not a stage directory)
 CHECKPOINTS = "checkpoints"
+PROXIES = "proxies"
 
 TRAIN_PREFIX = TRAIN + "-"
 REMINE_PREFIX = MINE + "-"
 SYNTH_PREFIX = "synth-"
 REFERENCE_PREFIX = "reference-"
+VALUE_PREFIX = "value-"
 
 
 def instance_name(stage_name: str) -> str:
@@ -42,6 +45,11 @@ def remine_instance_name(stage_name: str) -> str:
 def synth_instance_name(stage_name: str) -> str:
     """The directory of the records synthesized for training stage ``stage_name``'s dev failures."""
     return SYNTH_PREFIX + stage_name
+
+
+def value_instance_name(stage_name: str) -> str:
+    """The directory of training stage ``stage_name``'s data-value gate (its decision and records)."""
+    return VALUE_PREFIX + stage_name
 
 
 def reference_name(stage_name: str) -> str:

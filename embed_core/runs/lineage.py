@@ -24,7 +24,8 @@ stage is intact (every output matches its manifest, the check ``embedpipe status
 ``damaged``: ``artifacts.intact_manifest``), its metadata must be what training writes
 (``train.lineage.read_metadata``: the record files it names are files of the run directory, never
 a path out of it), and its columns must have their types; a released model's ``embedpipe.json``
-must name its train stage. Each failure is one line naming the file (and field).
+must name its train stage. Each failure is one line naming the file (and field). A stage that
+trained on a data-value gate's records (``value-<stage>``) says which units the gate dropped and why.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embed_core.artifacts import MANIFEST, intact_manifest, model_artifact_dir
+from embed_core.datavalue.apply import gate_note
 from embed_core.config_base import PATH_NAME
 from embed_core.errors import EmbedpipeError, printable
 from embed_core.fingerprint import sha256_file
@@ -222,9 +224,9 @@ def answer(model: str | Path, *, text: str | None = None, record_id: str | None 
     matches = find_matches(stages, text, record_id)
     what = f"text {printable(' '.join(text.split()), 70)!r}" if text is not None else f"id {printable(record_id, 70)!r}"
     models = ", ".join(f"{s.name} ({s.directory / 'model'})" for s in stages)
+    lines, trained = _gate_lines(stages), False
     if not matches:
-        return f"{what}: not trained on: in no record of {models}", 1
-    lines, trained = [], False
+        return "\n".join([f"{what}: not trained on: in no record of {models}", *lines]), 1
     for m in matches:
         lines.append(f"{m.dataset} record {printable(m.record_id, 60)} as {', '.join(m.fields)}, "
                      f"source {printable(m.source_ref, 100)}")
@@ -239,6 +241,12 @@ def answer(model: str | Path, *, text: str | None = None, record_id: str | None 
     head = f"{what}: trained on" if trained else f"{what}: not trained on (in the records, never drawn)"
     return "\n".join([f"{head} ({len(matches)} matching record{'s' * (len(matches) != 1)}; models: {models})",
                       *lines]), 0 if trained else 1
+
+
+def _gate_lines(stages: list[TrainedStage]) -> list[str]:
+    """A line per stage that trained on a data-value gate's records: the units it dropped and why."""
+    notes = [(s, gate_note(s.directory.parent, s.metadata["upstream"])) for s in stages]
+    return [f"{s.name} trained on {g['step']}'s records: {g['summary']}" for s, g in notes if g is not None]
 
 
 def _steps_line(steps: list[int], kept: list[int], metadata: dict) -> str:

@@ -10,6 +10,8 @@ would have now (the same function its cache key uses) with the one recorded in i
 ``missing``   never produced (or its upstream is missing, so it cannot run yet)
 ``upstream``  its own inputs match, but an earlier stage will recompute first; it reruns only if
               that changes the outputs it reads (fingerprints are over content, not time)
+
+A data-value gate (``value-<stage>``) adds to its note the units it dropped or down-weighted and why.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from embed_core.artifacts import read_manifest
+from embed_core.datavalue.apply import decision_line
 from embed_core.manifests import Manifest
 from embed_core.config import RunConfig
 from embed_core.rundir import lock_holder, read_history
@@ -58,6 +61,8 @@ def run_status(config: RunConfig, run_dir: str | Path) -> list[StageStatus]:
             state, detail = "upstream", f"inputs match, but {upstream_pending} recomputes first"
         if state != "fresh" and upstream_pending is None:
             upstream_pending = name
+        if manifest is not None and manifest.get("step") == "datavalue" and state in ("fresh", "upstream"):
+            detail = "; ".join(filter(None, [detail, decision_line(manifest)]))
         h = last.get(name)
         out.append(StageStatus(
             stage=name, state=state, current_input=current, recorded_input=recorded,

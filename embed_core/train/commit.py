@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from embed_core.artifacts import StageWriter, output_hashes
 from embed_core.config import config_hash
+from embed_core.datavalue.apply import gate_note
 from embed_core.fingerprint import Fingerprint
 from embed_core.manifests import TrainManifest
 from embed_core.model.card import card_facts, write_card
@@ -79,7 +80,9 @@ def commit_stage(step: TrainingStep, datasets: dict[str, DatasetRecords], outcom
         writer.write_file("loss.png", loss_plot(rows, outcome.dev_rows, outcome.best if outcome.dev_rows else None),
                           kind="plot")
         secs = sum({r["step"]: r["seconds"] for r in rows}.values())
+        gate = gate_note(run_dir, step.upstream)  # the data-value decision it trained under, if any
         return writer.commit({
+            **({"data_value": gate} if gate is not None else {}),
             "stage_name": stage.name,
             "init_model": step.init_model, "steps": outcome.steps, "processes": outcome.world,
             "hardware": hardware(cfg, outcome),

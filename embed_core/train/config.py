@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from embed_core.config_base import StrictModel
+from embed_core.datavalue.config import DataValueConfig
 from embed_core.errors import ConfigError
 from embed_core.scoring.config import EvalTaskSpec
 from embed_core.mine.config import check_remine_keys
@@ -238,6 +239,20 @@ class TrainStageConfig(StrictModel):
                                   "None = train to the last step.")
     matryoshka: MatryoshkaConfig | None = Field(None, description="Matryoshka training of this stage (every task's "
                                                 "loss at each prefix dimension); None = train.matryoshka (all stages).")
+    data_value: DataValueConfig | None = Field(None, description=(
+        "The data-value gate before this stage (after remine and targeted_synthesis): short proxy trainings "
+        "of this stage's recipe measure each data source and synthetic strategy on its dev tasks, and each is "
+        "kept, down-weighted or dropped; written to {run_dir}/value-{name}/, whose records this stage trains "
+        "on (docs/stages.md, 'Data value'). Needs a dev section. None = no gate."))
+
+    @model_validator(mode="after")
+    def _gate_needs_dev(self) -> "TrainStageConfig":
+        if self.data_value is not None and self.dev is None:
+            raise ValueError(f"stage {self.name}: data_value scores its proxies on the stage's dev tasks: give the "
+                             "stage a dev section")
+        if self.data_value is not None and not mode_of(self).merges:
+            raise ValueError(f"stage {self.name}: data_value is for contrastive stages, not {self.mode}")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -13,7 +13,7 @@ from embed_core.config import RunConfig
 from embed_core.errors import ConfigError, EmbedpipeError
 from embed_core.model.encoder import resolve_model_path
 from embed_core.train.config import TrainConfig, TrainStageConfig
-from embed_core.stage_dirs import instance_name
+from embed_core.stage_dirs import instance_name, value_instance_name
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,10 @@ def resolve_step(config: RunConfig, run_dir: str | Path, stage_name: str, *, ups
     if index is None:
         raise ConfigError(f"train: no stage named {stage_name!r} (configured: {', '.join(s.name for s in stages)})")
     stage = stages[index]
+    if stage.data_value is not None and upstream == value_instance_name(stage.name):  # it trains on the gate's records
+        from embed_core.datavalue.apply import gated_stage
+
+        stage = gated_stage(Path(run_dir), stage)
     if stage.init_from == "base":  # e.g. loss ablations: every stage from the same base model
         init = None
     elif stage.init_from is not None:

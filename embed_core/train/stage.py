@@ -4,7 +4,9 @@ it). Before a stage, two optional steps, each an instance of its own: with ``rem
 ``mine-<stage>/``: the records the mine stage reads, mined again with the model that stage starts
 from (``embed_core.mine.run``); with ``targeted_synthesis``, ``synth-<stage>/``: LLM paraphrases and
 hard negatives for the training records nearest to that model's dev failures
-(``embed_core.synthesize.targeted_step``). The stage trains on its last step's records. The steps
+(``embed_core.synthesize.targeted_step``); with ``data_value``, ``value-<stage>/``: the data-value
+gate's decision and the records without the units it dropped (``embed_core.datavalue.gate``). The
+stage trains on its last step's records. The steps
 belong to the train stage so that they run where training runs (a GPU work pool) and in its order;
 under several processes they run on rank 0 alone (``embed_core.dist.ranks``). The directories'
 names come from ``embed_core.stage_dirs``; ``STEPS`` is the one table of step kinds: each entry its
@@ -23,12 +25,13 @@ from pydantic import Field
 from embed_core import numbers
 from embed_core.config import RunConfig
 from embed_core.errors import ConfigError
-from embed_core.manifests import Manifest, RemineManifest, SynthManifest, TrainManifest, step_class
+from embed_core.manifests import (DataValueManifest, Manifest, RemineManifest, SynthManifest, TrainManifest,
+                                  step_class)
 from embed_core.mine import stage as mine_stage
 from embed_core import stage_dirs
 from embed_core.stage_api import Report, Stage, StageContext, StageOptions, lazy
-from embed_core.stage_dirs import (REMINE_PREFIX, SYNTH_PREFIX, TRAIN_PREFIX, instance_name, remine_instance_name,
-                                   stage_name_of, synth_instance_name)
+from embed_core.stage_dirs import (REMINE_PREFIX, SYNTH_PREFIX, TRAIN_PREFIX, VALUE_PREFIX, instance_name,
+                                   remine_instance_name, stage_name_of, synth_instance_name, value_instance_name)
 from embed_core.synthesize import stage as synth_stage
 from embed_core.dist import ranks
 
@@ -36,6 +39,8 @@ NAME = stage_dirs.TRAIN
 BODY = "embed_core.train.run"
 MINE_BODY = "embed_core.mine.run"
 SYNTH_BODY = "embed_core.synthesize.targeted_step"
+GATE_BODY = "embed_core.datavalue.gate"
+GATE_VIEW = "embed_core.datavalue.apply"  # light: the gate's summary lines
 KEY = "embed_core.train.key"  # the training step's cache key and inputs
 START = "embed_core.train.resolved"  # the model a training stage starts from
 PREFIX = TRAIN_PREFIX
@@ -43,16 +48,17 @@ PREFIX = TRAIN_PREFIX
 
 class TrainOptions(StageOptions):
     stage: str | None = Field(None, description="One training stage: its name or 1-based number (with its "
-                                                "re-mining and synthesis steps when it has them; mine-NAME or "
-                                                "synth-NAME, e.g. mine-stage2: that step alone); default all in "
-                                                "order.")
+                                                "re-mining, synthesis and data-value steps when it has them; "
+                                                "mine-NAME, synth-NAME or value-NAME, e.g. mine-stage2: that step "
+                                                "alone); default all in order.")
     resume: bool = Field(True, description="Continue from the newest checkpoint of an interrupted run with the same "
                                            "inputs.")
 
 
 def stage_steps(stage: Any) -> list[str]:
     """The instances of one training stage, in order: its re-mining step (``remine``), its
-    error-driven synthesis step (``targeted_synthesis``), the stage itself (``STEPS``' order)."""
+    error-driven synthesis step (``targeted_synthesis``), its data-value gate (``data_value``), the stage
+    itself (``STEPS``' order)."""
     return [kind.instance_name(stage.name) for kind in STEPS if kind.configured(stage)]
 
 
@@ -150,6 +156,23 @@ def _synth_fingerprint(ctx: StageContext, upstream: str):
                                                     ctx.instance, _start_model(ctx), upstream=upstream)
 
 
+def _gate_fingerprint(ctx: StageContext, upstream: str):
+    return lazy(GATE_BODY, "gate_fingerprint")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name,
+                                               ctx.instance, upstream=upstream)
+
+
+def _gate_run(ctx: StageContext, fingerprint, upstream: str) -> dict[str, Any]:
+    return lazy(GATE_BODY, "run_gate")(ctx.config, ctx.run_dir, _stage_of(ctx, ctx.instance).name, ctx.instance,
+                                       fingerprint, upstream=upstream)
+
+
+def _gate_report(ctx: StageContext, manifest: dict[str, Any]) -> Report:
+    units = DataValueManifest.of(manifest).units
+    return Report(markdown=(ctx.stage_dir / "report.md").read_text(encoding="utf-8"),
+                  table=[{"unit": u, **d} for u, d in units.items()], table_key=f"{ctx.instance}-decision-",
+                  table_description=f"{ctx.instance}: each unit's delta and decision")
+
+
 def _train_fingerprint(ctx: StageContext, upstream: str):
     return lazy(KEY, "input_fingerprint")(ctx.config, ctx.run_dir, stage_name_of(ctx.instance), upstream=upstream)
 
@@ -210,10 +233,14 @@ SYNTHESIS = StepKind("synth", SYNTH_PREFIX, SYNTH_BODY, synth_instance_name,
                      lambda s: s.targeted_synthesis is not None, _records_before, _synth_fingerprint, _synth_inputs,
                      _synth_run, all_ranks=False, summarize=_synth_counts, report=synth_stage.report,
                      cli_arg=lambda i: i, manifest=SynthManifest)
+DATAVALUE = StepKind("datavalue", VALUE_PREFIX, GATE_BODY, value_instance_name, lambda s: s.data_value is not None,
+                     _records_before, _gate_fingerprint, _train_inputs, _gate_run, all_ranks=False,
+                     summarize=lazy(GATE_VIEW, "format_counts"), report=_gate_report, cli_arg=lambda i: i,
+                     manifest=DataValueManifest)
 TRAIN = StepKind("train", PREFIX, BODY, instance_name, lambda s: True, _records_before, _train_fingerprint,
                  _train_inputs, _train_run, all_ranks=True, summarize=_train_counts, report=_train_report,
                  cli_arg=stage_name_of, manifest=TrainManifest)
-STEPS = (REMINE, SYNTHESIS, TRAIN)  # in the order they run before and as a training stage
+STEPS = (REMINE, SYNTHESIS, DATAVALUE, TRAIN)  # in the order they run before and as a training stage
 
 
 def step_kind(instance: str) -> StepKind:
@@ -257,8 +284,8 @@ def _run(ctx: StageContext, fingerprint) -> dict[str, Any]:
 
 # log_prints off: dev tasks run mteb, whose `datasets` dependency disassembles code with print()
 # while capturing sys.stdout; Prefect's print patch would turn that into log lines.
-STAGE = Stage(name=NAME, help="the training stages in order, each after its re-mining and synthesis steps if it "
-                             "has them (needs prepare/synthesize/mine output)",
+STAGE = Stage(name=NAME, help="the training stages in order, each after its re-mining, synthesis and data-value "
+                             "steps if it has them (needs prepare/synthesize/mine output)",
               enabled=lambda c: c.train is not None, fingerprint=_fingerprint, run=_run, summarize=format_counts,
               report=_report, options=TrainOptions, log_prints=False,
               instances=lambda c, o: train_stage_names(c, o.stage), inputs=_inputs,

@@ -100,5 +100,8 @@ def test_a_stages_steps_follow_the_step_table_in_order():
 
     plain = TrainStageConfig(name="s2", steps=1)
     assert stage_steps(plain) == ["train-s2"]
-    assert [step_kind(i).name for i in ("mine-s2", "synth-s2", "train-s2")] == [k.name for k in STEPS]
-    assert [k.all_ranks for k in STEPS] == [False, False, True]
+    assert [step_kind(i).name for i in ("mine-s2", "synth-s2", "value-s2", "train-s2")] == [k.name for k in STEPS]
+    assert [k.all_ranks for k in STEPS] == [False, False, False, True]
+    gated = TrainStageConfig(name="s2", steps=1, remine={}, data_value={},
+                             dev={"tasks": [{"name": "d", "type": "sts", "dataset": "a"}]})
+    assert stage_steps(gated) == ["mine-s2", "value-s2", "train-s2"]
