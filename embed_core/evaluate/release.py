@@ -137,7 +137,7 @@ def check_release(model_dir: Path, train_manifest: TrainManifest | dict[str, Any
                            f"true releases it anyway)")
     for kind in cfg.export:
         figures[f"{kind}_vs_saved"] = check_export(kind, model_dir, export_dir, probe, saved, tol)
-    log.info("evaluate: release check of %s passed: %s", model_dir, figures)
+    log.info("evaluate: release check of %s passed:\n%s", model_dir, check_table(figures))
     return figures
 
 
@@ -182,6 +182,20 @@ def check_export(kind: str, model_dir: Path, export_dir: Path | None, probe: dic
     return dev
 
 
+_FIGURES = ("saved_vs_training", "training_vs_base", "saved_vs_base", "onnx_vs_saved")
+
+
+def check_table(check: dict[str, Any]) -> str:
+    """The figures of ``check_release`` as a markdown table (largest 1 − cosine per comparison)."""
+    lines = ["| comparison | largest 1 − cosine |", "|---|---:|"]
+    for key in _FIGURES:
+        if key in check:
+            value = check[key]
+            lines.append(f"| {key.replace('_vs_', ' vs ')} | {'—' if value is None else f'{value:.2e}'} |")
+    return "\n".join(lines + ["", f"{check.get('probe_texts')} probe texts under {len(check.get('prompts', []))} "
+                                   f"prompts; tolerance {check.get('tolerance')}."])
+
+
 def release_section(release: dict[str, Any] | None) -> str:
     """The report's "Release check" section: the figures of ``check_release`` (none: no release)."""
     if release is None:
@@ -190,11 +204,4 @@ def release_section(release: dict[str, Any] | None) -> str:
     lines = ["", "## Release check", "", f"Released `{release['model']}` (base: `{check.get('base')}`).", ""]
     if "checked" in check:
         return "\n".join(lines + [f"Not checked on a probe: {check['checked']}.", ""])
-    lines += ["| comparison | largest 1 − cosine |", "|---|---:|"]
-    for key in ("saved_vs_training", "training_vs_base", "saved_vs_base", "onnx_vs_saved"):
-        if key in check:
-            value = check[key]
-            lines.append(f"| {key.replace('_vs_', ' vs ')} | {'—' if value is None else f'{value:.2e}'} |")
-    lines += ["", f"{check.get('probe_texts')} probe texts under {len(check.get('prompts', []))} prompts; "
-              f"tolerance {check.get('tolerance')}.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + [check_table(check), ""])

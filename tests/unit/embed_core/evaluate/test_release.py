@@ -57,9 +57,12 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
     return message
 
 
-def test_a_trained_lora_model_is_released_with_the_check_figures_in_the_manifest(lora_run):
+def test_a_trained_lora_model_is_released_with_the_check_figures_in_the_manifest(lora_run, caplog):
+    import logging
+
     from embed_core.evaluate.run import run_evaluate
 
+    caplog.set_level(logging.INFO, logger="embedpipe.evaluate")
     config, run_dir = lora_run
     train_manifest = (run_dir / "train-stage1/manifest.json").read_text()
     assert '"probe.npz"' in train_manifest and '"lora": true' in train_manifest
@@ -71,6 +74,8 @@ def test_a_trained_lora_model_is_released_with_the_check_figures_in_the_manifest
     assert (run_dir / "evaluate/model/model.safetensors").is_file()
     report = (run_dir / "evaluate/report.md").read_text()
     assert "## Release check" in report and f"| saved vs training | {check['saved_vs_training']:.2e} |" in report
+    logged = next(r.getMessage() for r in caplog.records if "release check of" in r.getMessage())
+    assert f"| saved vs base | {check['saved_vs_base']:.2e} |" in logged and "{" not in logged  # a table, no dict
 
 
 def test_deviation_is_one_minus_the_cosine_resolved_below_float32s_step():
