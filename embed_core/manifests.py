@@ -344,10 +344,12 @@ class GateManifest(Manifest):
     STEP: ClassVar[str] = "gate"
     verdict: str = Field(description="first, passed, failed, or none (evaluate released no model).")
     line: str = Field(description="The verdict in one line.")
-    registered_model: str
-    registry_uri: str
-    candidate: dict[str, Any] | None = None
-    current: dict[str, Any] | None = None
+    registered_model: str = Field(description="The registered model (MLflow's registry) the candidate is a version of.")
+    registry_uri: str = Field(description="The registry it is in.")
+    candidate: dict[str, Any] | None = Field(None, description="version, fingerprint and trained stage of the "
+                                             "candidate; None when there is nothing to release.")
+    current: dict[str, Any] | None = Field(None, description="version and fingerprint of the release it was "
+                                           "measured against; None for a first release.")
     counts: GateCounts
 
 
