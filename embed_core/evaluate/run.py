@@ -162,12 +162,27 @@ def _data_files(config: RunConfig, spec: EvalTaskSpec) -> list[Path]:
     return out
 
 
+def model_precision(precision: str, path: str) -> str:
+    """The precision a model is encoded in: ``evaluate.precision``, or for ``trained`` the one its
+    train stage computed in (its manifest's ``hardware.precision``): a model trained under bf16
+    autocast is encoded as ``auto`` (bf16 where this device has it natively, CUDA or AMX /
+    AVX512-BF16, else fp32: emulated bf16 is several times slower), any other model (trained in
+    fp32, the base model, a path without a train manifest) in fp32."""
+    if precision != "trained":
+        return precision
+    stage = Path(path).parent
+    manifest = read_manifest(stage.parent, stage.name) if (stage / "manifest.json").is_file() else None
+    trained = ((manifest or {}).get("hardware") or {}).get("precision", "")
+    return "auto" if str(trained).startswith("bf16") else "fp32"
+
+
 def _model_fp(path: str, precision: str) -> str:
     import torch
 
     settings = read_model_settings(path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return model_fingerprint(path, settings.pooling, settings.max_length, uses_bf16(precision, device))
+    return model_fingerprint(path, settings.pooling, settings.max_length,
+                             uses_bf16(model_precision(precision, path), device))
 
 
 def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
@@ -225,8 +240,8 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
 
     cfg = _cfg(config)
     root, max_bytes = cache_location(path, run_dir, config.embedding_cache)
-    model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size, precision=cfg.precision,
-                      cache_max_bytes=max_bytes, engine=cfg.engine)
+    model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size,
+                      precision=model_precision(cfg.precision, path), cache_max_bytes=max_bytes, engine=cfg.engine)
     sizes = sizes_of(cfg.dims, model.settings.matryoshka_dims, model.dim, label)
     names = {s.name for s in specs}
     guard = [n for n in (guard_task_names(cfg) if first is None else first) if n in names]

@@ -366,3 +366,18 @@ def test_the_prefetch_lists_every_text_mteb_asks_for_on_every_task_type(local_da
     assert stats["texts_missed_by_prefetch"] == 0  # mteb's every encode call, sizes included, came from memory
     assert {r["task"] for r in rows if r["main"]} == {t["name"] for t in LOCAL_TASKS}
     assert len(sizes) == 4 * 4  # 2 dims x 2 precisions per task
+
+
+@pytest.mark.parametrize("trained_in, encoded_in", [("bf16 autocast", "auto"), ("fp32", "fp32")])
+def test_precision_trained_encodes_a_model_as_its_train_stage_computed(tmp_path, tiny_model, trained_in, encoded_in):
+    from embed_core.artifacts import StageWriter
+    from embed_core.evaluate.run import model_precision
+
+    with StageWriter(tmp_path / "run", "train-s1") as writer:
+        shutil.copytree(tiny_model, writer.staging / "model")
+        writer.register_tree("model", kind="model")
+        writer.commit({"input_fingerprint": "k", "hardware": {"device": "cpu", "precision": trained_in}})
+    model = str(tmp_path / "run/train-s1/model")
+    assert model_precision("trained", model) == encoded_in
+    assert model_precision("trained", str(tiny_model)) == "fp32"  # no train stage: the base model
+    assert model_precision("bf16", model) == "bf16"  # any other setting is taken as it is
