@@ -62,8 +62,10 @@ class EvaluateConfig(StrictModel):
     base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
     tasks: list[EvalTaskSpec] = Field(min_length=1, description="Tasks to evaluate every model on.")
     batch_size: int = Field(64, ge=1, description="Texts per encoding batch.")
-    precision: Literal["auto", "fp32", "bf16"] = Field(
-        "fp32", description="fp32 by default so published scores reproduce on any hardware.")
+    precision: Literal["auto", "fp32", "bf16", "trained"] = Field(
+        "fp32", description="fp32 by default so published scores reproduce on any hardware; auto = bf16 autocast on "
+        "CUDA and on CPUs with native bf16 (AMX / AVX512-BF16), else fp32; trained = each model as its train stage "
+        "computed: a model trained under bf16 autocast as auto, every other model (the base included) in fp32.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Where the task texts are encoded "
                                  "(local, or Ray actors); not part of the stage's key: any engine gives the "
                                  "same scores.")

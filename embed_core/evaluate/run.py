@@ -162,12 +162,27 @@ def _data_files(config: RunConfig, spec: EvalTaskSpec) -> list[Path]:
     return out
 
 
+def model_precision(precision: str, path: str) -> str:
+    """The precision a model is encoded in: ``evaluate.precision``, or for ``trained`` the one its
+    train stage computed in (its manifest's ``hardware.precision``): a model trained under bf16
+    autocast is encoded as ``auto`` (bf16 where this device has it natively, CUDA or AMX /
+    AVX512-BF16, else fp32: emulated bf16 is several times slower), any other model (trained in
+    fp32, the base model, a path without a train manifest) in fp32."""
+    if precision != "trained":
+        return precision
+    stage = Path(path).parent
+    manifest = read_manifest(stage.parent, stage.name) if (stage / "manifest.json").is_file() else None
+    trained = ((manifest or {}).get("hardware") or {}).get("precision", "")
+    return "auto" if str(trained).startswith("bf16") else "fp32"
+
+
 def _model_fp(path: str, precision: str) -> str:
     import torch
 
     settings = read_model_settings(path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return model_fingerprint(path, settings.pooling, settings.max_length, uses_bf16(precision, device))
+    return model_fingerprint(path, settings.pooling, settings.max_length,
+                             uses_bf16(model_precision(precision, path), device))
 
 
 def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] | None = None,
@@ -206,45 +221,72 @@ def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str)
     return rows
 
 
-def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: RunConfig, run_dir: Path):
-    """Run mteb on ``specs`` for one model; returns (result rows, mteb TaskResults, the model's mteb
-    ModelMeta, stats, rows of the sizes table (empty without evaluate.dims / precisions to score))."""
-    import mteb
+def guard_task_names(cfg: EvaluateConfig) -> list[str]:
+    """The tasks scored first (``order_tasks``): every configured task, in the config's order."""
+    return [t.name for t in cfg.tasks]
 
+
+def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: RunConfig, run_dir: Path,
+                   first: list[str] | None = None):
+    """Run mteb on ``specs`` for one model; returns (result rows, mteb TaskResults, the model's mteb
+    ModelMeta, stats, rows of the sizes table (empty without evaluate.dims / precisions to score)).
+    The tasks named in ``first`` (default ``guard_task_names``; those among ``specs``) are encoded
+    and scored first, then the others; each group's texts are encoded before mteb scores it, every
+    distinct text once, longest first (``EvalModel.prefetch``)."""
     from embed_core.scoring.model import EvalModel
     from embed_core.evaluate.sizes import sizes_of
+    from embed_core.scoring.requests import order_tasks
     from embed_core.scoring.tasks import build_task
 
     cfg = _cfg(config)
     root, max_bytes = cache_location(path, run_dir, config.embedding_cache)
-    model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size, precision=cfg.precision,
-                      cache_max_bytes=max_bytes, engine=cfg.engine)
+    model = EvalModel(path, label=label, cache_root=root, batch_size=cfg.batch_size,
+                      precision=model_precision(cfg.precision, path), cache_max_bytes=max_bytes, engine=cfg.engine)
     sizes = sizes_of(cfg.dims, model.settings.matryoshka_dims, model.dim, label)
-    scored_sizes = len(sizes) > 1 or list(cfg.precisions) != ["float32"]
-    rows: list[dict[str, Any]] = []
-    size_rows: list[dict[str, Any]] = []
-    task_results: list[Any] = []
-    seconds: dict[str, float] = {}
-    for spec in specs:
+    names = {s.name for s in specs}
+    guard = [n for n in (guard_task_names(cfg) if first is None else first) if n in names]
+    ordered = order_tasks(specs, guard)
+    out: dict[str, Any] = {"path": path, "rows": [], "size_rows": [], "task_results": [], "seconds": {}, "prefetched": 0}
+    for group in (ordered[:len(guard)], ordered[len(guard):]):
         t0 = time.perf_counter()
-        task = build_task(spec, config.resolve, seed=config.seed)
-        model.recorded = [] if scored_sizes else None
-        result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
-        for task_result in result.task_results:
-            rows += _scalar_rows(task_result, task.metadata, label, path, model.fingerprint)
-            task_results.append(task_result)
-        main = [r for r in rows if r["task"] == spec.name and r["main"]]
-        if scored_sizes and main:
-            size_rows += _size_rows(model, task, main[0], sizes, cfg)
-        model.recorded = None
-        seconds[spec.name] = round(time.perf_counter() - t0, 2)
-        log.info("evaluate %s on %s: %s = %.4f (%.1f s)", label, spec.name, task.metadata.main_score,
-                 main[0]["value"] if main else float("nan"), seconds[spec.name])
+        tasks = {spec.name: build_task(spec, config.resolve, seed=config.seed) for spec in group}
+        prefetched = model.prefetch(list(tasks.values()))
+        out["prefetched"] += prefetched
+        if group:
+            log.info("evaluate %s: %d texts of %s encoded (%.1f s)", label, prefetched, ", ".join(tasks),
+                     time.perf_counter() - t0)
+        for spec in group:
+            _score_task(model, spec, tasks[spec.name], sizes, cfg, out)
     stats = {"label": label, "path": path, "fingerprint": model.fingerprint,
              "settings": {"pooling": model.settings.pooling, "max_length": model.settings.max_length,
                           "use_instructions": model.settings.use_instructions, "source": model.settings.source},
-             "texts_encoded": model.texts_encoded, "cache_size": len(model.cache), "seconds": seconds}
-    return rows, task_results, model.mteb_model_meta, stats, size_rows
+             "texts_encoded": model.texts_encoded, "texts_prefetched": out["prefetched"],
+             "texts_missed_by_prefetch": model.scoring_misses, "cache_size": len(model.cache),
+             "task_order": [s.name for s in ordered], "seconds": out["seconds"]}
+    return out["rows"], out["task_results"], model.mteb_model_meta, stats, out["size_rows"]
+
+
+def _score_task(model, spec: EvalTaskSpec, task, sizes: list[int], cfg: EvaluateConfig, out: dict[str, Any]) -> None:
+    """mteb's scores of one task (and its sizes-table rows), appended to ``out``."""
+    import mteb
+
+    t0 = time.perf_counter()
+    scored_sizes = len(sizes) > 1 or list(cfg.precisions) != ["float32"]
+    model.recorded = [] if scored_sizes else None
+    result = mteb.evaluate(model, task, cache=None, overwrite_strategy="always", show_progress_bar=False)
+    rows = []
+    for task_result in result.task_results:
+        rows += _scalar_rows(task_result, task.metadata, model.label, out["path"], model.fingerprint)
+        out["task_results"].append(task_result)
+    out["rows"] += rows
+    main = [r for r in rows if r["task"] == spec.name and r["main"]]
+    if scored_sizes and main:
+        out["size_rows"] += _size_rows(model, task, main[0], sizes, cfg)
+    model.recorded = None
+    task.unload_data()  # loaded by the prefetch, kept for the sizes' evaluations
+    out["seconds"][spec.name] = round(time.perf_counter() - t0, 2)
+    log.info("evaluate %s on %s: %s = %.4f (%.1f s)", model.label, spec.name, task.metadata.main_score,
+             main[0]["value"] if main else float("nan"), out["seconds"][spec.name])
 
 
 def _size_rows(model, task, main: dict[str, Any], sizes: list[int], cfg: EvaluateConfig) -> list[dict[str, Any]]:

@@ -11,8 +11,16 @@ Instructions (see ``embed_core.model.settings``):
   would (MTEB's prompt-name priority);
 * anything else (e.g. all-MiniLM-L6-v2) is encoded without instructions, as MTEB evaluates it.
 
-Cache: embeddings are stored by (model fingerprint, exact input text incl. instruction) in float32,
-so a text shared by several tasks or a rerun is never encoded twice.
+Cache, two levels, both keyed by the exact input text (instruction or prompt included, so the key
+is the pair (instruction, text) as the model reads it):
+* in memory for one evaluate run (``TextEmbeddings``: float32 rows of every text of every task the
+  model is scored on), so the tasks, the sizes and the precisions of the sizes table all read one
+  set of embeddings;
+* on disk by (model fingerprint, text) (``embed_core.model.embedding_cache``), so a rerun or another
+  run directory encodes nothing again.
+``prefetch`` encodes the texts mteb will ask for on a group of tasks (``embed_core.scoring.requests``)
+before mteb scores them: each distinct text once, longest first, so batches hold texts of similar
+length across tasks; mteb's ``encode`` calls then answer from memory.
 """
 
 from __future__ import annotations
@@ -36,6 +44,36 @@ MTEB_TO_TASK = {"STS": "sts", "Retrieval": "retrieval", "Classification": "class
                 "PairClassification": "pair_classification"}
 
 
+class TextEmbeddings:
+    """float32 embeddings by input text, in memory (one model, one evaluate run)."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self._rows: dict[str, int] = {}
+        self._chunks: list[np.ndarray] = []
+        self._matrix: np.ndarray | None = None  # the chunks joined, rebuilt after an add
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self._rows
+
+    def add(self, texts: list[str], embeddings: np.ndarray) -> None:
+        fresh = [i for i, t in enumerate(texts) if t not in self._rows]
+        for i in fresh:
+            self._rows[texts[i]] = len(self._rows)
+        if fresh:
+            self._chunks.append(np.asarray(embeddings, dtype=np.float32)[fresh])
+            self._matrix = None
+
+    def get(self, texts: list[str]) -> np.ndarray:
+        if self._matrix is None:
+            self._matrix = np.concatenate(self._chunks) if self._chunks else np.zeros((0, self.dim), np.float32)
+            self._chunks = [self._matrix]
+        return self._matrix[[self._rows[t] for t in texts]]
+
+
 class EvalModel(AbsEncoder):
     def __init__(self, model: str, *, label: str, cache_root: str | Path, batch_size: int = 64,
                  precision: str = "fp32", device: str | None = None, cache_max_bytes: int | None = None,
@@ -56,6 +94,8 @@ class EvalModel(AbsEncoder):
         self.cache = EmbeddingCache(Path(cache_root), self.fingerprint, self.dim, dtype="float32",
                                     max_bytes=cache_max_bytes)
         self._encoder: Encoder | None = None
+        self.memory = TextEmbeddings(self.dim)
+        self.scoring_misses = 0  # texts mteb asked for that no prefetch had encoded
         self.recorded: list[np.ndarray] | None = None  # a list: every encode's output is kept (sizes' int8 ranges)
         self.model_prompts = self.settings.prompts or None
         self.mteb_model_meta = ModelMeta.create_empty(overwrites=dict(
@@ -112,9 +152,28 @@ class EvalModel(AbsEncoder):
             return [prefix + t for t in texts]  # sentence-transformers prompt semantics
         return texts
 
+    def _fill(self, texts: list[str]) -> int:
+        """Put ``texts`` missing from memory there (from the disk cache, or encoded longest first);
+        returns how many were missing."""
+        todo = sorted(dict.fromkeys(t for t in texts if t not in self.memory), key=len, reverse=True)
+        if todo:
+            self.memory.add(todo, self.cache.get_or_encode(todo, self._encode_texts))
+        return len(todo)
+
+    def prefetch(self, tasks) -> int:
+        """Encode every text mteb will ask for on ``tasks`` (their data is loaded here), each distinct
+        text once, longest first; returns the number of texts that were not in memory yet."""
+        from embed_core.scoring.requests import task_requests
+
+        texts = [text for task in tasks for batch, prompt_type in task_requests(task)
+                 for text in self.model_inputs([{"text": batch}], task.metadata, prompt_type)]
+        return self._fill(texts)
+
     def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str,
                prompt_type: PromptType | None = None, **kwargs: Any) -> np.ndarray:
-        out = self.cache.get_or_encode(self.model_inputs(inputs, task_metadata, prompt_type), self._encode_texts)
+        texts = self.model_inputs(inputs, task_metadata, prompt_type)
+        self.scoring_misses += self._fill(texts)
+        out = self.memory.get(texts)
         if self.recorded is not None:
             self.recorded.append(np.asarray(out))
         return out

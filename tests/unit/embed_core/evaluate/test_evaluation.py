@@ -264,3 +264,120 @@ def test_two_writers_of_one_cache_never_overwrite_each_others_shards(tmp_path):
     assert len(reader) == 3
     got = reader.get_or_encode(["z", "x"], lambda texts: pytest.fail(f"encoded {texts}"))
     assert got.tolist() == [[0, 0, 1, 0], [1, 0, 0, 0]]
+
+
+def _forward_rows(model_type: type):
+    """A list that receives the batch size of every forward pass of a ``model_type`` module (a real
+    count of the texts the encoder computed) while the returned hook is registered."""
+    import torch
+
+    rows: list[int] = []
+
+    def hook(module, args, kwargs, output):
+        if isinstance(module, model_type):
+            ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+            rows.append(int(ids.shape[0]))
+
+    return rows, torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
+
+
+class _Uncached:
+    """The reference without any cache: each of mteb's encode calls goes straight to the encoder."""
+
+    def __new__(cls, path):
+        from mteb.models.abs_encoder import AbsEncoder
+        from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+        from embed_core.model.encoder import Encoder
+
+        class Plain(AbsEncoder):
+            def __init__(self):
+                self.encoder = Encoder(str(path), precision="fp32")
+                self.model_prompts = None
+                self.mteb_model_meta = ModelMeta.create_empty(overwrites=dict(
+                    name="test/plain", revision="1", embed_dim=self.encoder.dim, max_tokens=256,
+                    similarity_fn_name=ScoringFunction.COSINE, framework=["PyTorch"], loader=None,
+                    modalities=["text"]))
+
+            def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+                return self.encoder.encode([t for batch in inputs for t in batch["text"]])
+
+        return Plain()
+
+
+def test_a_text_two_tasks_share_is_encoded_once_and_scores_equal_an_uncached_mteb_run(local_data, tmp_path,
+                                                                                    tiny_model, monkeypatch):
+    import mteb
+    from transformers import BertModel
+
+    from embed_core.evaluate.run import evaluate_model
+    from embed_core.scoring.tasks import build_task
+
+    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "embedpipe-cache"))
+    pairs = [("A cat sleeps.", "A cat is sleeping.", 4.8, 1), ("A man cooks.", "A dog runs.", 0.4, 0),
+             ("Kids play.", "Children are playing.", 4.5, 1), ("It rains.", "The sun shines.", 1.0, 0),
+             ("A cat sleeps.", "The sun shines.", 0.2, 0)]
+    (local_data / "shared_sts.csv").write_text("sentence1,sentence2,score\n" + "".join(
+        f"{a},{b},{s}\n" for a, b, s, _ in pairs))
+    (local_data / "shared_pairs.csv").write_text("sentence1,sentence2,label\n" + "".join(
+        f"{b},{a},{y}\n" for a, b, _, y in pairs[:4]))  # the same sentences, sides swapped
+    tasks = [{"name": "SharedSTS", "type": "sts", "path": "shared_sts.csv"},
+             {"name": "SharedPairs", "type": "pair_classification", "path": "shared_pairs.csv"}]
+    config = _config(local_data, tmp_path / "runs", tasks, base_model=str(tiny_model))
+    distinct = {t for a, b, _, _ in pairs for t in (a, b)}
+
+    rows, hook = _forward_rows(BertModel)
+    try:
+        ours, _, _, stats, _ = evaluate_model("base", str(tiny_model), list(config.evaluate.tasks), config,
+                                              tmp_path / "runs/ev")
+        ours_rows = sum(rows)
+        rows.clear()
+        reference = {}
+        plain = _Uncached(tiny_model)
+        for spec in config.evaluate.tasks:
+            result = mteb.evaluate(plain, build_task(spec, config.resolve, seed=config.seed), cache=None,
+                                   overwrite_strategy="always", show_progress_bar=False)
+            reference.update({(spec.name, k): v for k, v in result.task_results[0].scores[spec.split][0].items()
+                              if isinstance(v, float) and k != "main_score"})
+        reference_rows = sum(rows)
+    finally:
+        hook.remove()
+    assert ours_rows == len(distinct) == 8  # every distinct sentence once, across both tasks
+    assert reference_rows == 2 * 5 + 2 * 4  # mteb asks for every side of every pair, shared or not
+    assert stats["texts_prefetched"] == 8 and stats["texts_missed_by_prefetch"] == 0
+    ours_values = {(r["task"], r["metric"]): r["value"] for r in ours}
+    assert set(reference) <= set(ours_values)
+    diffs = [abs(ours_values[k] - v) for k, v in reference.items()]
+    print(f"largest difference to the uncached run: {max(diffs):.3g}")
+    assert len(diffs) > 10 and max(diffs) <= 1e-6
+
+
+def test_the_prefetch_lists_every_text_mteb_asks_for_on_every_task_type(local_data, tmp_path, tiny_model,
+                                                                        monkeypatch):
+    from embed_core.evaluate.run import evaluate_model
+
+    monkeypatch.setenv("EMBEDPIPE_CACHE_DIR", str(tmp_path / "embedpipe-cache"))
+    config = _config(local_data, tmp_path / "runs", LOCAL_TASKS, base_model=str(tiny_model),
+                     dims=[16], precisions=["float32", "int8"])
+    rows, _, _, stats, sizes = evaluate_model("base", str(tiny_model), list(config.evaluate.tasks), config,
+                                              tmp_path / "runs/ev", first=["LocalClassification", "LocalSTS"])
+    assert stats["task_order"] == ["LocalClassification", "LocalSTS", "LocalRetrieval", "LocalPairs"]
+    assert stats["texts_prefetched"] == stats["texts_encoded"] > 0
+    assert stats["texts_missed_by_prefetch"] == 0  # mteb's every encode call, sizes included, came from memory
+    assert {r["task"] for r in rows if r["main"]} == {t["name"] for t in LOCAL_TASKS}
+    assert len(sizes) == 4 * 4  # 2 dims x 2 precisions per task
+
+
+@pytest.mark.parametrize("trained_in, encoded_in", [("bf16 autocast", "auto"), ("fp32", "fp32")])
+def test_precision_trained_encodes_a_model_as_its_train_stage_computed(tmp_path, tiny_model, trained_in, encoded_in):
+    from embed_core.artifacts import StageWriter
+    from embed_core.evaluate.run import model_precision
+
+    with StageWriter(tmp_path / "run", "train-s1") as writer:
+        shutil.copytree(tiny_model, writer.staging / "model")
+        writer.register_tree("model", kind="model")
+        writer.commit({"input_fingerprint": "k", "hardware": {"device": "cpu", "precision": trained_in}})
+    model = str(tmp_path / "run/train-s1/model")
+    assert model_precision("trained", model) == encoded_in
+    assert model_precision("trained", str(tiny_model)) == "fp32"  # no train stage: the base model
+    assert model_precision("bf16", model) == "bf16"  # any other setting is taken as it is

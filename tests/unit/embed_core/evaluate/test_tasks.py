@@ -17,3 +17,16 @@ def test_a_main_score_that_is_not_a_number_is_an_error_naming_the_task(value):
 
 def test_a_finite_main_score_passes_unchanged():
     assert check_main_score("STS", "cosine_spearman", 0.25) == 0.25
+
+
+def test_order_tasks_puts_the_named_tasks_first_in_their_order_and_refuses_an_unknown_name():
+    from types import SimpleNamespace
+
+    from embed_core.errors import ConfigError
+    from embed_core.scoring.requests import order_tasks
+
+    specs = [SimpleNamespace(name=n) for n in ("A", "B", "C", "D")]
+    assert [s.name for s in order_tasks(specs, ["C", "A"])] == ["C", "A", "B", "D"]
+    assert [s.name for s in order_tasks(specs, [])] == ["A", "B", "C", "D"]
+    with pytest.raises(ConfigError, match="'E'"):
+        order_tasks(specs, ["E"])
