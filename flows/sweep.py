@@ -3,6 +3,8 @@ train stage (``embed_core.runs.sweep``), the winner's test evaluation, and the s
 
 from __future__ import annotations
 
+import itertools
+
 import os
 import signal
 from pathlib import Path
@@ -41,9 +43,8 @@ def sweep_flow(config_path: str | None = DEFAULT_CONFIG, config: dict[str, Any] 
     base = variants[0][2]
     with run_context(cfg, rdir, "sweep"):
         upstream: dict[str, Any] = {}
-        for stage in registry.enabled_stages(base):  # what the variants read: prepare, mine, earlier train stages
-            if stage.name in (TRAIN, EVALUATE):
-                continue
+        # what the variants read: the stages before train (prepare, synthesize, mine), then earlier train stages
+        for stage in itertools.takewhile(lambda s: s.name != TRAIN, registry.enabled_stages(base)):
             for instance in stage.instance_names(base):
                 upstream[instance] = run_stage_instance(stage, base, rdir, instance, stage.options(), False)
         train = registry.get(TRAIN)

@@ -221,9 +221,11 @@ def _scalar_rows(task_result, metadata, label: str, path: str, fingerprint: str)
     return rows
 
 
-def guard_task_names(cfg: EvaluateConfig) -> list[str]:
-    """The tasks scored first (``order_tasks``): every configured task, in the config's order."""
-    return [t.name for t in cfg.tasks]
+def guard_task_names(config: RunConfig) -> list[str]:
+    """The tasks scored first (``order_tasks``): the release gate's guard tasks, else every configured
+    task, in the config's order."""
+    guards = config.release.guard_tasks if config.release is not None else None
+    return list(guards or [t.name for t in _cfg(config).tasks])
 
 
 def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: RunConfig, run_dir: Path,
@@ -244,7 +246,7 @@ def evaluate_model(label: str, path: str, specs: list[EvalTaskSpec], config: Run
                       precision=model_precision(cfg.precision, path), cache_max_bytes=max_bytes, engine=cfg.engine)
     sizes = sizes_of(cfg.dims, model.settings.matryoshka_dims, model.dim, label)
     names = {s.name for s in specs}
-    guard = [n for n in (guard_task_names(cfg) if first is None else first) if n in names]
+    guard = [n for n in (guard_task_names(config) if first is None else first) if n in names]
     ordered = order_tasks(specs, guard)
     out: dict[str, Any] = {"path": path, "rows": [], "size_rows": [], "task_results": [], "seconds": {}, "prefetched": 0}
     for group in (ordered[:len(guard)], ordered[len(guard):]):
