@@ -53,12 +53,11 @@ class ReleaseConfig(StrictModel):
 class EvaluateConfig(StrictModel):
     """Evaluate stage: MTEB on local task data (metrics computed by mteb)."""
 
-    models: list[str] = Field(default_factory=lambda: ["base"],
-                              description="'base' (the run's base model), 'trained' (every train-stage checkpoint "
-                                          "in the run), or local model directories. A list without 'trained' is "
-                                          "evaluated as [base, trained] (the base and every trained stage's model), "
-                                          "by the pipeline and by evaluate run alone (embedpipe evaluate, the "
-                                          "embedpipe-evaluate deployment) alike; --model names others for one run.")
+    models: list[str] | None = Field(None, description="What evaluate scores, by the pipeline and by evaluate run "
+                                     "alone (embedpipe evaluate, the embedpipe-evaluate deployment) alike: 'base' "
+                                     "(the run's base model), 'trained' (every train-stage checkpoint in the run) or "
+                                     "local model directories; None = [base, trained]. --model names others for one "
+                                     "run.")
     base_model: str = Field("default", description="Local path or 'default' (packaged all-MiniLM-L6-v2).")
     tasks: list[EvalTaskSpec] = Field(min_length=1, description="Tasks to evaluate every model on.")
     batch_size: int = Field(64, ge=1, description="Texts per encoding batch.")

@@ -94,11 +94,11 @@ def trained_models(run_dir: Path, config: RunConfig | None = None) -> dict[str, 
 
 
 def default_models(cfg) -> list[str]:
-    """What evaluate scores when no model is named (``--model``): the base model and every trained
-    stage's model, or the config's ``evaluate.models`` when it names 'trained' itself. The one
-    answer for the pipeline, ``embedpipe evaluate`` and the ``embedpipe-evaluate`` deployment, so a
-    rerun of evaluate alone scores what the pipeline would and ``status`` stays fresh."""
-    return list(cfg.models) if "trained" in cfg.models else ["base", "trained"]
+    """What evaluate scores when no model is named (``--model``): the config's ``evaluate.models``,
+    else the base model and every trained stage's model. The one answer for the pipeline,
+    ``embedpipe evaluate`` and the ``embedpipe-evaluate`` deployment, so a rerun of evaluate alone
+    scores what the pipeline would and ``status`` stays fresh."""
+    return list(cfg.models) if cfg.models else ["base", "trained"]
 
 
 def resolve_models(config: RunConfig, run_dir: Path, models: list[str] | None = None, *,

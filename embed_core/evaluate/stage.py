@@ -19,8 +19,8 @@ BODY = "embed_core.evaluate.run"
 
 class EvaluateOptions(StageOptions):
     models: list[str] | None = Field(None, description="'base', 'trained' or local model paths (default: what the "
-                                                       "pipeline scores: the base and every trained stage's model, or "
-                                                       "evaluate.models when it names 'trained')",
+                                                       "pipeline scores: evaluate.models, else the base and every "
+                                                       "trained stage's model)",
                                      json_schema_extra={"cli_flag": "--model"})
     tasks: list[str] | None = Field(None, description="Task names from the config (default: all configured tasks).")
 
