@@ -13,6 +13,7 @@ import logging
 
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from embed_core.artifacts import read_records
 from embed_core.config import parse_config
@@ -20,6 +21,7 @@ from embed_core.errors import ConfigError
 from embed_core.prepare.run import run_prepare
 from embed_core.schema import table_to_records
 from embed_core.synthesize.calibrate import FilterRefused
+from embed_core.synthesize.config import SynthesizeConfig
 from embed_core.synthesize.run import input_fingerprint, run_synthesize
 from embed_core.synthesize.stage import format_counts
 from tests.helpers.llm_server import ScriptedLLMServer
@@ -63,7 +65,7 @@ def _prompt_logprob(prompt: str) -> float:
     return _by_pair(LP_OWN, LP_OTHER, LP_GENERATED)(prompt.rsplit("answers: ", 1)[1], passage)
 
 
-def _config(tmp_path, url, calibration, judge_threshold=0.6):
+def _config(tmp_path, url, calibration, judge_threshold=0.6, round_trip=None):
     """The user's data: 10 (question, answer) pairs about widgets; a corpus of 4 organ passages that
     gets one generated question each; the judge on, at ``judge_threshold``."""
     (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
@@ -76,7 +78,7 @@ def _config(tmp_path, url, calibration, judge_threshold=0.6):
         "synthesize": {"server": {"base_url": url, "model": "scripted-gen", "mode": "chat", "timeout_s": 2.0,
                                   "max_retries": 1, "backoff_s": 0.01},
                        "strategies": ["queries"],
-                       "queries": {"max_passages": None, "types": ["question"], "per_type": 1, "round_trip": None,
+                       "queries": {"max_passages": None, "types": ["question"], "per_type": 1, "round_trip": round_trip,
                                    "judge": {"threshold": judge_threshold}},
                        "calibration": calibration}})
 
@@ -88,15 +90,19 @@ def _server(**kw) -> ScriptedLLMServer:
     return ScriptedLLMServer(judge_score=_by_pair(JUDGE_OWN, JUDGE_OTHER, JUDGE_GENERATED), **kw)
 
 
+def _prepared(tmp_path, server: ScriptedLLMServer, calibration):
+    config = _config(tmp_path, server.base_url, calibration)
+    run_prepare(config, tmp_path / "run")
+    return config, tmp_path / "run"
+
+
 def _kept_organs(run_dir) -> list[str]:
     return sorted(_organ(r.positives[0]) for r in table_to_records(read_records(run_dir, "synthesize")["organs.parquet"]))
 
 
 def test_calibration_writes_the_figures_the_scores_imply_and_filters_with_the_fitted_thresholds(tmp_path):
     with _server(prompt_logprob=_prompt_logprob) as server:
-        config = _config(tmp_path, server.base_url, CALIBRATION)
-        run_dir = tmp_path / "run"
-        run_prepare(config, run_dir)
+        config, run_dir = _prepared(tmp_path, server, CALIBRATION)
         m = run_synthesize(config, run_dir, upstream="prepare")
         echoes = [b for b in server.bodies if b.get("echo")]
     # each filter scores 10 real + 10 mismatched pairs + the 4 generated queries
@@ -129,9 +135,7 @@ def test_calibration_writes_the_figures_the_scores_imply_and_filters_with_the_fi
 
 def test_without_calibration_the_configured_judge_threshold_drops_the_query_between_the_two(tmp_path):
     with _server(prompt_logprob=_prompt_logprob) as server:
-        config = _config(tmp_path, server.base_url, None)
-        run_dir = tmp_path / "run"
-        run_prepare(config, run_dir)
+        config, run_dir = _prepared(tmp_path, server, None)
         m = run_synthesize(config, run_dir, upstream="prepare")
         assert not any(b.get("echo") for b in server.bodies)
     assert _kept_organs(run_dir) == ["bones"] and "calibration" not in m
@@ -144,9 +148,7 @@ def test_without_calibration_the_configured_judge_threshold_drops_the_query_betw
 def test_a_filter_below_the_precision_floor_refuses_the_stage_with_one_line_and_commits_nothing(tmp_path):
     blind = _by_pair(JUDGE_OWN, JUDGE_OWN, JUDGE_GENERATED)   # the judge cannot tell a mismatched passage
     with ScriptedLLMServer(judge_score=blind, prompt_logprob=_prompt_logprob) as server:
-        config = _config(tmp_path, server.base_url, CALIBRATION)
-        run_dir = tmp_path / "run"
-        run_prepare(config, run_dir)
+        config, run_dir = _prepared(tmp_path, server, CALIBRATION)
         with pytest.raises(FilterRefused) as err:
             run_synthesize(config, run_dir, upstream="prepare")
     message = str(err.value)
@@ -159,9 +161,7 @@ def test_a_filter_below_the_precision_floor_refuses_the_stage_with_one_line_and_
 def test_a_server_without_prompt_logprobs_makes_the_likelihood_filter_step_aside_once_and_the_stage_go_on(
         tmp_path, caplog):
     with _server() as server:
-        config = _config(tmp_path, server.base_url, CALIBRATION)
-        run_dir = tmp_path / "run"
-        run_prepare(config, run_dir)
+        config, run_dir = _prepared(tmp_path, server, CALIBRATION)
         with caplog.at_level(logging.WARNING, logger="embedpipe.synthesize"):
             m = run_synthesize(config, run_dir, upstream="prepare")
         assert len([b for b in server.bodies if b.get("echo")]) == 1
@@ -176,3 +176,28 @@ def test_a_server_without_prompt_logprobs_makes_the_likelihood_filter_step_aside
     assert reasons == {"kidneys": "judge", "liver": "judge"}     # no likelihood filter: liver reaches the judge
     assert _kept_organs(run_dir) == ["bones", "heart"]
     assert m["calibration"]["filters"][0]["threshold"] is None
+
+
+def test_a_calibrated_round_trip_replaces_top_k_with_the_rank_its_fitted_threshold_allows(tmp_path):
+    # each widget question names its widget, which only its own answer names: the packaged MiniLM ranks
+    # the own passage first (rank 1, score -1) and a mismatched one lower, so the fitted threshold is -1
+    with _server() as server:
+        config = _config(tmp_path, server.base_url, {"filters": ["round_trip"], "precision_floor": 0.9},
+                         round_trip={"model": "default", "top_k": 5})
+        run_dir = tmp_path / "run"
+        run_prepare(config, run_dir)
+        m = run_synthesize(config, run_dir, upstream="prepare")
+    (row,) = m["calibration"]["filters"]
+    assert (row["filter"], row["status"], row["threshold"], row["precision"], row["recall"]) == \
+        ("round_trip", "calibrated", -1.0, 1.0, 1.0)
+    assert row["applied"] == "queries.round_trip.top_k 5 -> 1"
+    dropped = [json.loads(d["scores"]) for d in pq.read_table(run_dir / "synthesize/_filtered.parquet").to_pylist()
+               if d["reason"] == "round_trip"]
+    assert all(d["top_k"] == 1 and d["rank"] > 1 for d in dropped)
+
+
+def test_a_calibration_of_a_filter_that_is_off_or_without_generated_queries_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="calibration.filters lists round_trip, but queries.round_trip is null"):
+        _config(tmp_path, "http://x/v1", {"filters": ["likelihood", "round_trip"]})
+    with pytest.raises(ValidationError, match="calibration fits the filters of generated queries: add queries"):
+        SynthesizeConfig.model_validate({"strategies": ["paraphrase"], "calibration": {"filters": ["likelihood"]}})
