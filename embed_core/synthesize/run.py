@@ -25,7 +25,9 @@ Writes ``<run_dir>/synthesize/<dataset>.parquet`` (every dataset; untouched ones
 ``_failures.parquet`` (requests that gave no valid answer: reason, detail and the raw reply),
 ``_filtered.parquet`` (answers a filter removed, with the reason and scores), ``_samples.parquet``
 (source vs. kept generated text), ``_queries.parquet`` (with corpus sources: each kept generated
-query's passage, kind, persona and judge score) and ``manifest.json`` (requests, cache hits, tokens, failures by
+query's passage, kind, persona and judge score), with ``calibration`` ``calibration.parquet`` and
+``report.md`` (the query filters' fitted thresholds, precision, recall and keep rate:
+``calibrate_step.py``) and ``manifest.json`` (requests, cache hits, tokens, failures by
 reason, kept vs. filtered per strategy). Requests are cached in ``<run_dir>/cache/llm.sqlite`` (or ``request_cache``).
 When more than ``max_failed_share`` of the requests got no answer from the server (an outage), the
 stage writes nothing and fails with one line, so Prefect's retry applies.
