@@ -194,6 +194,43 @@ class QueriesConfig(StrictModel):
         return self
 
 
+CalibratedFilter = Literal["likelihood", "round_trip", "judge"]
+
+
+class CalibrationConfig(StrictModel):
+    """Filter calibration (``calibrate.py``): before the generated queries are filtered, each listed
+    filter's threshold is fitted on real (query, passage) pairs against the same queries shown with
+    another pair's passage, and replaces the configured one; the figures go to calibration.parquet,
+    the report and the manifest."""
+
+    filters: list[CalibratedFilter] = Field(
+        default_factory=lambda: ["likelihood", "round_trip"], min_length=1,
+        description="Filters calibrated, in cascade order. likelihood: the generator's mean token logprob of "
+        "the query given its passage (prompt logprobs: echo on /completions; a server without them makes it "
+        "step aside, said once, and the stage goes on), a generated query scoring below the fitted threshold "
+        "is dropped (reason likelihood); round_trip: minus the passage's rank, the fitted threshold replaces "
+        "queries.round_trip.top_k (needs queries.round_trip); judge: the LLM judge's P(yes), the fitted "
+        "threshold replaces queries.judge.threshold (needs queries.judge).")
+    precision_floor: float = Field(0.8, ge=0, le=1, description="A filter whose precision (real vs mismatched "
+                                   "pairs, balanced prior) stays below this at every threshold is refused: the "
+                                   "stage fails with one line naming it, its precision and the floor.")
+    beta: float | None = Field(1.0, gt=0, description="The threshold maximises F-beta among those meeting "
+                               "the floor (beta < 1 favours precision); null = the lowest threshold meeting the "
+                               "floor (the most recall it allows).")
+    real_pairs: Literal["auto", "records", "held_out"] = Field(
+        "auto", description="Where the real pairs come from. records: (query, first positive) of the retrieval "
+        "records of the datasets synthesize reads (the user's own data); held_out: a seeded slice "
+        "(held_out_share) of the generated queries that passed the cheap filters (lengths, copies, "
+        "contamination, word counts), for a corpus recipe without queries of its own; auto: records when they "
+        "give at least 2 pairs with 2 distinct passages, else held_out.")
+    held_out_share: float = Field(0.2, gt=0, le=1, description="held_out: share of those generated queries used "
+                                  "as real pairs (at least 2); they stay candidates like the others.")
+    max_pairs: int = Field(200, ge=2, description="At most this many real pairs (a seeded sample), and as many "
+                           "mismatched ones: each filter scores 2 x max_pairs pairs plus the candidates.")
+    seed: int | None = Field(None, description="Seed of the sample and of the mismatched pairs; null = the "
+                             "run's seed.")
+
+
 # Unicode categories that are not text a prompt may hold: controls (line breaks too), format
 # characters (bidi overrides, zero-width), surrogates, private use, unassigned.
 _NOT_TEXT = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
@@ -214,6 +251,9 @@ class SynthesizeConfig(StrictModel):
                                             "queries: queries for the passages of corpus sources (section queries).")
     queries: QueriesConfig = Field(default_factory=QueriesConfig, description="Strategy queries: query generation "
                                    "for corpus passages (budget, kinds, k, filters).")
+    calibration: CalibrationConfig | None = Field(None, description="Fit the query filters' thresholds on the "
+                                                  "user's data instead of the configured ones (needs strategy "
+                                                  "queries); null = off (the configured thresholds).")
     prompt_dir: str | None = Field(None, description="Directory of prompt templates overriding the packaged ones.")
     datasets: list[str] | None = Field(None, description="Only these datasets, by their prepare.sources name "
                                        "(default: every dataset below "
@@ -247,6 +287,23 @@ class SynthesizeConfig(StrictModel):
     retry_delay_s: float = Field(30, ge=0, description="Seconds before that task retry (time for an LLM server to "
                                  "come back after a restart).")
 
+    @model_validator(mode="after")
+    def _calibrated_filters_exist(self) -> "SynthesizeConfig":
+        cal = self.calibration
+        if cal is None:
+            return self
+        if "queries" not in self.strategies:
+            raise ValueError("calibration fits the filters of generated queries: add queries to strategies, or set "
+                             "calibration: null")
+        off = [f for f, on in (("round_trip", self.queries.round_trip), ("judge", self.queries.judge))
+               if f in cal.filters and on is None]
+        if off:
+            raise ValueError(f"calibration.filters lists {off[0]}, but queries.{off[0]} is null (off): configure it, "
+                             f"or leave {off[0]} out of calibration.filters")
+        if len(set(cal.filters)) != len(cal.filters):
+            raise ValueError("calibration.filters lists a filter twice")
+        return self
+
 
 class TargetedConfig(StrictModel):
     """Error-driven synthesis before a training stage: the dev records the model it starts from gets
@@ -270,6 +327,12 @@ class TargetedConfig(StrictModel):
 
 # settings that do not change what synthesize produces: left out of its config hash (its key)
 NOT_IN_KEY = frozenset({"request_cache"})
+
+
+def not_in_key(cfg: SynthesizeConfig) -> frozenset[str]:
+    """``NOT_IN_KEY``, and ``calibration`` when it is off (so that a config without it keeps the key
+    it had before the section existed)."""
+    return NOT_IN_KEY | ({"calibration"} if cfg.calibration is None else set())
 # where a stage's cached LLM answers live when synthesize.request_cache is unset
 RUN_REQUEST_CACHE = Path("cache") / "llm.sqlite"
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from embed_core.errors import ConfigError
+from embed_core.schema import Record
 from embed_core.synthesize.client import LLMClient, RequestFailed
 from embed_core.synthesize.config import JudgeConfig, SynthesizeConfig
 from embed_core.synthesize.filters import Candidate
@@ -121,3 +122,19 @@ def judge_queries(cfg: SynthesizeConfig, candidates: list[Candidate], templates:
             out.kept.append(c)
             out.scores[c.record.id] = round(o.answer.score, 4)
     return out
+
+
+def judge_pair_scores(cfg: SynthesizeConfig, pairs: list[tuple[str, str]], templates: dict[str, PromptTemplate],
+                      run_dir: Path, seed: int, spent: dict[str, Any],
+                      servers: Servers | None = None) -> tuple[list[float], dict[str, Any], list[Outcome]]:
+    """The judge's score of each (query, passage) pair, asked like ``judge_queries`` asks (the same
+    requests, so the same cache entries): NaN for a pair it could not answer; the client's stats and
+    the requests' outcomes."""
+    tpl = judge_template(cfg.queries.judge, templates)
+    jobs = [Job(STRATEGY, "calibration", Record(id=f"calibration-{i}", dataset="calibration", task="retrieval",
+                                                query=q, positives=[p]), tpl, {"query": q, "passage": p})
+            for i, (q, p) in enumerate(pairs)]
+    if not jobs:
+        return [], {}, []
+    outcomes, stats = generate(cfg, jobs, run_dir, seed, ask=_ask_for(cfg.queries.judge), spent=spent, servers=servers)
+    return [math.nan if o.answer is None else o.answer.score for o in outcomes], stats, outcomes

@@ -104,6 +104,13 @@ def filter_queries(cfg: SynthesizeConfig, candidates: list[Candidate], corpora: 
                    embed_for: Callable[[], Callable[[list[str]], np.ndarray]]) -> tuple[list[Candidate], list[dict]]:
     """The word-count filter, then round-trip consistency per corpus (``embed_for()`` gives the
     ranking model's embed function, loaded only when some query is left to rank)."""
+    kept, dropped = word_filter(cfg, candidates)
+    survivors, more = round_trip_filter(cfg, kept, corpora, embed_for)
+    return survivors, dropped + more
+
+
+def word_filter(cfg: SynthesizeConfig, candidates: list[Candidate]) -> tuple[list[Candidate], list[dict]]:
+    """``queries.min_words`` / ``max_words``: (kept, dropped rows)."""
     q = cfg.queries
     kept, dropped = [], []
     for c in candidates:
@@ -114,10 +121,17 @@ def filter_queries(cfg: SynthesizeConfig, candidates: list[Candidate], corpora: 
             dropped.append(query_dropped(c, "too_many_words", {"words": words}))
         else:
             kept.append(c)
+    return kept, dropped
+
+
+def round_trip_filter(cfg: SynthesizeConfig, kept: list[Candidate], corpora: dict[str, pa.Table],
+                      embed_for: Callable[[], Callable[[list[str]], np.ndarray]]) -> tuple[list[Candidate], list[dict]]:
+    """Round-trip consistency per corpus with ``queries.round_trip`` (none when it is off): (kept, dropped rows)."""
+    q = cfg.queries
     if q.round_trip is None or not kept:
-        return kept, dropped
+        return kept, []
     embed = embed_for()
-    survivors = []
+    survivors, dropped = [], []
     for name in sorted({c.record.dataset for c in kept}):
         mine = [c for c in kept if c.record.dataset == name]
         ids = corpora[name].column("id").to_pylist()

@@ -25,7 +25,9 @@ Writes ``<run_dir>/synthesize/<dataset>.parquet`` (every dataset; untouched ones
 ``_failures.parquet`` (requests that gave no valid answer: reason, detail and the raw reply),
 ``_filtered.parquet`` (answers a filter removed, with the reason and scores), ``_samples.parquet``
 (source vs. kept generated text), ``_queries.parquet`` (with corpus sources: each kept generated
-query's passage, kind, persona and judge score) and ``manifest.json`` (requests, cache hits, tokens, failures by
+query's passage, kind, persona and judge score), with ``calibration`` ``calibration.parquet`` and
+``report.md`` (the query filters' fitted thresholds, precision, recall and keep rate:
+``calibrate_step.py``) and ``manifest.json`` (requests, cache hits, tokens, failures by
 reason, kept vs. filtered per strategy). Requests are cached in ``<run_dir>/cache/llm.sqlite`` (or ``request_cache``).
 When more than ``max_failed_share`` of the requests got no answer from the server (an outage), the
 stage writes nothing and fails with one line, so Prefect's retry applies.
@@ -45,7 +47,7 @@ import pyarrow as pa
 
 from embed_core.artifacts import StageWriter, output_hashes, read_corpora, read_records
 from embed_core.config import RunConfig, config_hash
-from embed_core.synthesize.config import NOT_IN_KEY, SynthesizeConfig
+from embed_core.synthesize.config import SynthesizeConfig, not_in_key
 from embed_core.errors import ConfigError, EmbedpipeError, printable
 from embed_core.manifests import SynthesizeManifest
 from embed_core.fingerprint import Fingerprint
@@ -53,11 +55,13 @@ from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import records_to_table, table_to_records
 from embed_core.synthesize.filters import Candidate, filter_candidates, to_candidate
 from embed_core.synthesize.jobs import Servers, generate, plan_jobs
-from embed_core.synthesize.judge import Judged, judge_queries
-from embed_core.synthesize.queries import STRATEGY as QUERIES, filter_queries, plan_query_jobs, query_candidates
+from embed_core.synthesize.calibrate_step import Calibrated, calibrate_queries, likelihood_filter
+from embed_core.synthesize.judge import Judged, judge_pair_scores, judge_queries
+from embed_core.synthesize.queries import STRATEGY as QUERIES, plan_query_jobs, query_candidates
+from embed_core.synthesize.queries import round_trip_filter, word_filter
 from embed_core.synthesize.queries import query_dropped
 from embed_core.synthesize.prompts import load_templates, template_versions
-from embed_core.synthesize.stage import NAME as STAGE
+from embed_core.synthesize.stage import NAME as STAGE, calibration_section
 
 log = logging.getLogger("embedpipe.synthesize")
 # Libraries whose versions are part of this stage's code identity (embed_core.fingerprint).
@@ -86,7 +90,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, *, upstream: str) 
     round_trip = {} if QUERIES not in cfg.strategies or rt is None else {"round_trip_model": model_fingerprint(
         round_trip_model(config, cfg), rt.pooling, rt.max_length, _round_trip_bf16(cfg))}
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
-        "upstream": up, "config": config_hash(cfg, exclude=NOT_IN_KEY),
+        "upstream": up, "config": config_hash(cfg, exclude=not_in_key(cfg)),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()}, "filter_model": filter_fp, **round_trip,
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
         details={"prompt_versions": template_versions(templates)})
@@ -145,8 +149,11 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
         launched = client_stats.get("server", {}).get("base_urls")
         _refuse_an_outage(cfg, outcomes, ", ".join(launched) if launched else None)
         _refuse_malformed(cfg, outcomes, "the generation model")
-        kept, filtered = _filtered(config, cfg, records, chosen, outcomes, corpora, run_dir)
-        kept, filtered, judged = (_judge(cfg, kept, filtered, templates, run_dir, config.seed, client_stats, servers)
+        judge_scores = _judge_scores(cfg, templates, run_dir, config.seed, client_stats, servers)
+        kept, filtered, calibrated = _filtered(config, cfg, records, chosen, outcomes, corpora, run_dir,
+                                               judge_scores, servers)
+        kept, filtered, judged = (_judge(calibrated.cfg if calibrated else cfg, kept, filtered, templates, run_dir,
+                                         config.seed, _spent(client_stats, calibrated), servers)
                                   if corpora else (kept, filtered, None))
     by_ds: dict[str, list[Candidate]] = defaultdict(list)
     for c in kept:
@@ -167,6 +174,10 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
         writer.write_table("_samples.parquet", _table(_samples(kept), SAMPLE_FIELDS), kind="stats")
         if corpora:
             writer.write_table("_queries.parquet", _table(_query_rows(kept, judged), QUERY_FIELDS), kind="stats")
+        if calibrated is not None:
+            writer.write_table("calibration.parquet", calibrated.table(), kind="stats")
+            writer.write_file("report.md", (f"# {instance}\n\n" + calibration_section(calibrated.section())).encode(),
+                              kind="report")
         for name, table in (tables or {}).items():
             writer.write_table(name, table, kind="stats")
         manifest = writer.commit({
@@ -185,6 +196,7 @@ def synthesize_into(config: RunConfig, run_dir: str | Path, cfg: SynthesizeConfi
                        "failed": len(failures), "filtered": len(filtered), "kept": len(kept)},
             "timings_s": {"generate": round(gen_s, 3), "total": round(time.perf_counter() - t0, 3)},
             **({"queries": _query_report(corpora, outcomes, filtered, kept, judged)} if corpora else {}),
+            **({"calibration": calibrated.section()} if calibrated is not None else {}),
             **(extra or {}),
         })
     return manifest
@@ -253,9 +265,11 @@ def _chosen_datasets(cfg: SynthesizeConfig, run_dir: Path, upstream: str) -> tup
 
 
 def _filtered(config: RunConfig, cfg: SynthesizeConfig, records: dict[str, list], chosen: list[str],
-              outcomes: list, corpora: dict[str, pa.Table], run_dir: Path) -> tuple[list[Candidate], list[dict[str, Any]]]:
+              outcomes: list, corpora: dict[str, pa.Table], run_dir: Path, judge_scores,
+              servers: Servers) -> tuple[list[Candidate], list[dict[str, Any]], Calibrated | None]:
     """Step 3: the answered requests as candidates, through the filters (``filters.py``; generated
-    queries then through ``queries.filter_queries``)."""
+    queries then through the word filter, with ``calibration`` the calibration of the query filters
+    (``calibrate_step.py``) and the likelihood filter, and round-trip consistency)."""
     from embed_core.prepare.run import collect_eval_texts
 
     existing = {ds: {normalize_text(t) for r in records[ds] for t in r.texts()} for ds in chosen}
@@ -266,10 +280,38 @@ def _filtered(config: RunConfig, cfg: SynthesizeConfig, records: dict[str, list]
     kept, filtered = filter_candidates(cfg, candidates, existing, collect_eval_texts(config),
                                        _embedder(cfg.filter.model, "mean", cfg.filter.max_length))
     queries = [c for c in kept if c.outcome.job.strategy == QUERIES]
-    if not queries:
-        return kept, filtered
-    kept_queries, dropped = filter_queries(cfg, queries, corpora, lambda: _round_trip_embed(config, cfg, run_dir))
-    return [c for c in kept if c.outcome.job.strategy != QUERIES] + kept_queries, filtered + dropped
+    if not corpora:
+        return kept, filtered, None
+    kept_queries, dropped = word_filter(cfg, queries)
+    embed_for = lambda: _round_trip_embed(config, cfg, run_dir)  # noqa: E731
+    calibrated = None
+    if cfg.calibration is not None:
+        calibrated = calibrate_queries(cfg, [r for ds in chosen for r in records[ds]], kept_queries, corpora,
+                                       seed=config.seed, embed_for=embed_for, judge_scores=judge_scores,
+                                       servers=servers)
+        kept_queries, more = likelihood_filter(calibrated, kept_queries)
+        dropped += more
+    kept_queries, more = round_trip_filter(calibrated.cfg if calibrated else cfg, kept_queries, corpora, embed_for)
+    return [c for c in kept if c.outcome.job.strategy != QUERIES] + kept_queries, filtered + dropped + more, calibrated
+
+
+def _judge_scores(cfg: SynthesizeConfig, templates: dict, run_dir: Path, seed: int, client_stats: dict[str, Any],
+                  servers: Servers):
+    """pairs -> the judge's scores and stats, for calibration; an outage of its requests fails the
+    stage like one of the generation requests."""
+
+    def scores(pairs: list[tuple[str, str]]) -> tuple[list[float], dict[str, Any]]:
+        got, stats, outcomes = judge_pair_scores(cfg, pairs, templates, run_dir, seed, client_stats, servers)
+        _refuse_an_outage(cfg, outcomes, stats.get("server", {}).get("base_url"))
+        return got, stats
+
+    return scores
+
+
+def _spent(client_stats: dict[str, Any], calibrated: Calibrated | None) -> dict[str, Any]:
+    """The requests and tokens spent so far, calibration's judge requests included (for the budget)."""
+    extra = calibrated.client if calibrated is not None else {}
+    return {**client_stats, **{k: client_stats.get(k, 0) + extra.get(k, 0) for k in ("requests", "tokens")}}
 
 
 def _round_trip_bf16(cfg: SynthesizeConfig) -> bool:

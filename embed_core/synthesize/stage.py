@@ -35,6 +35,11 @@ def format_counts(manifest: SynthesizeManifest | dict[str, Any]) -> str:
         judged = f", {q['judged']} judged" if q.get("judged") is not None else ""
         lines.append(f"queries for corpus {name}: {q['passages_asked']} of {q['passages']} passages asked, "
                      f"{q['generated']} generated{judged}, {q['kept']} kept; dropped: {dropped}")
+    cal = getattr(m, "calibration", None)
+    for r in (cal or {}).get("filters", []):
+        lines.append(f"calibration {r['filter']} ({r['generator']}): {r['status']}" + (
+            "" if r["precision"] is None else f", threshold {r['threshold']:.4g}, precision {r['precision']:.2f}, "
+            f"recall {r['recall']:.2f}, keep rate " + ("—" if r["keep_rate"] is None else f"{r['keep_rate']:.2f}")))
     return "\n".join(lines)
 
 
@@ -42,7 +47,8 @@ def report(ctx: StageContext, manifest: SynthesizeManifest | dict[str, Any]) -> 
     m = SynthesizeManifest.of(manifest)
     rows = [{"strategy": name, **s} for name, s in m.counts.strategies.items()]
     return Report(markdown=(f"Samples: `{ctx.stage_dir}/_samples.parquet`, failures with raw replies: "
-                            "`_failures.parquet`, filtered answers: `_filtered.parquet`." + _queries_markdown(m)),
+                            "`_failures.parquet`, filtered answers: `_filtered.parquet`." + _queries_markdown(m)
+                            + _calibration_markdown(m)),
                   table=rows, table_key=f"{ctx.instance}-stats-",
                   table_description=f"{ctx.instance}: requests, failures and filters per strategy")
 
@@ -60,6 +66,27 @@ def _queries_markdown(manifest: SynthesizeManifest) -> str:
                   for e in q["kept_examples"]]
         parts += [f"\n- dropped ({e['reason']}): {e['generated']} {e['scores']}" for e in q["dropped_examples"]]
     return "".join(parts)
+
+
+def _calibration_markdown(manifest: SynthesizeManifest) -> str:
+    cal = getattr(manifest, "calibration", None)
+    return "\n\n" + calibration_section(cal) if cal else ""
+
+
+def calibration_section(cal: dict[str, Any]) -> str:
+    """The filter calibration (the manifest's ``calibration`` section) as markdown: per filter and
+    generator, its status, threshold, precision, recall and keep rate, and what the threshold replaced."""
+
+    def num(x: Any, fmt: str = ".2f") -> str:
+        return "—" if x is None else format(x, fmt)
+
+    lines = [f"**Filter calibration** (real pairs: {cal['real_pairs']}; `calibration.parquet`)", "",
+             "| generator | filter | status | threshold | precision | recall | keep rate | real / mismatched | applied |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {r['generator']} | {r['filter']} | {r['status']} | {num(r['threshold'], '.4g')} | "
+              f"{num(r['precision'])} | {num(r['recall'])} | {num(r['keep_rate'])} | {r['n_real']} / "
+              f"{r['n_mismatched']} | {r['applied'] or '—'} |" for r in cal["filters"]]
+    return "\n".join(lines) + "\n"
 
 
 def _extras(example: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ from embed_core.model.settings import instructed, read_model_settings
 from embed_core.prepare.cleaning import normalize_text
 from embed_core.schema import table_to_records
 from embed_core.stage_dirs import PREPARE
-from embed_core.synthesize.config import NOT_IN_KEY, SynthesizeConfig, TargetedConfig
+from embed_core.synthesize.config import SynthesizeConfig, TargetedConfig, not_in_key
 from embed_core.synthesize.targeted import failures_of, select_records
 
 log = logging.getLogger("embedpipe.synthesize")
@@ -68,7 +68,7 @@ def targeted_fingerprint(config: RunConfig, run_dir: str | Path, stage_name: str
     model_fp = _model_fp(config, model)
     return Fingerprint.of(instance, __name__, LIBRARIES, {
         "upstream": records, "dev": dev,
-        "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg, exclude=NOT_IN_KEY),
+        "model": model_fp, "targeted": config_hash(targeted), "synthesize": config_hash(cfg, exclude=not_in_key(cfg)),
         "prompts": {n: [t.version, t.digest] for n, t in templates.items()},
         "contamination": [s.model_dump(mode="json") for s in config.prepare.contamination], "seed": config.seed},
         details={"model_fingerprint": model_fp, "prompt_versions": template_versions(templates)})

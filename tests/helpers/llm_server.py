@@ -19,6 +19,10 @@ request asking for ``logprobs`` gets the first token's top logprobs too (yes 0.8
 yes, 0.1 / 0.9 for a no) unless ``logprobs=False`` (a server that sends none). ``prose=True``: every
 generation prompt gets prose instead of the JSON it asks for (a model that ignores the format);
 ``judge_answer``: what every judge prompt gets instead ("maybe": a judge that answers neither).
+``judge_score(query, passage)``: the judge's P(yes) for a pair (its answer is yes from 0.5 on, the
+logprobs say P(yes) and 1 - P(yes)). ``prompt_logprob(prompt)``: a completion request with ``echo``
+gets the prompt back with logprobs, the first token none and every other that value (None: no
+logprobs, as without the option).
 """
 
 from __future__ import annotations
@@ -53,9 +57,11 @@ def _judge(prompt: str, judge_no: tuple[str, ...]) -> str:
     return "no" if any(w.lower() in query.split() for w in judge_no) else "yes"
 
 
-def _logprobs(answer: str, chat: bool) -> dict:
+def _logprobs(answer: str, chat: bool, p_yes: float | None = None) -> dict:
     """The first token's logprobs as the OpenAI API sends them (chat: content; completion: top_logprobs)."""
     p = {"yes": 0.8, "no": 0.2} if answer == "yes" else {"yes": 0.1, "no": 0.9}
+    if p_yes is not None:
+        p = {"yes": p_yes, "no": 1 - p_yes}
     if chat:
         tops = [{"token": t, "logprob": math.log(v), "bytes": None} for t, v in p.items()]
         return {"content": [{"token": answer, "logprob": math.log(p[answer]), "bytes": None, "top_logprobs": tops}]}
@@ -90,7 +96,8 @@ class ScriptedLLMServer:
     def __init__(self, faults: list[str] | None = None, timeout_sleep: float = 3.0,
                  reject_response_format: bool | int = False, die_after: int | None = None,
                  judge_no: tuple[str, ...] = (), logprobs: bool = True, prose: bool = False,
-                 judge_answer: str | None = None):
+                 judge_answer: str | None = None, judge_score=None, prompt_logprob=None):
+        self.judge_score, self.prompt_logprob = judge_score, prompt_logprob
         self.judge_no = tuple(judge_no)
         self.prose, self.judge_answer = prose, judge_answer
         self.logprobs = logprobs
@@ -169,10 +176,16 @@ class ScriptedLLMServer:
                     self._send(200, b'{"id": "x", "choices": [ this is not json')
                     return
                 prompt = body["messages"][-1]["content"] if chat else body["prompt"]
-                judge = (server.judge_answer or _judge(prompt, server.judge_no)) if _is_judge(prompt) else None
+                if body.get("echo") and server.prompt_logprob is not None:
+                    self._send(200, json.dumps(server._echoed(prompt, body)).encode())
+                    return
+                p_yes = (server.judge_score(_last("Query", prompt), _last("Passage", prompt))
+                         if server.judge_score is not None and _is_judge(prompt) else None)
+                scripted = ("yes" if p_yes >= 0.5 else "no") if p_yes is not None else _judge(prompt, server.judge_no)
+                judge = (server.judge_answer or scripted) if _is_judge(prompt) else None
                 text = ("Sure! Here is a rewrite without JSON." if "MALFORMED" in prompt or (server.prose and not judge)
                         else (f" {judge}" if not chat else judge) if judge else _answer(prompt, chat))
-                lp = _logprobs(judge, chat) if judge and server.logprobs and body.get("logprobs") else None
+                lp = _logprobs(judge, chat, p_yes) if judge and server.logprobs and body.get("logprobs") else None
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
                            "logprobs": lp}
                           if chat else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": lp})
@@ -187,6 +200,22 @@ class ScriptedLLMServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def _echoed(self, prompt: str, body: dict) -> dict:
+        """A completion with ``echo``: the prompt back, its tokens (split at spaces) with logprobs."""
+        value = self.prompt_logprob(prompt)
+        tokens, offsets, at = [], [], 0
+        for word in prompt.split(" "):
+            tokens.append(word if not tokens else f" {word}")
+            offsets.append(at if not offsets else at - 1)
+            at += len(word) + 1
+        lp = None if value is None else {"tokens": tokens, "token_logprobs": [None] + [value] * (len(tokens) - 1),
+                                         "text_offset": offsets, "top_logprobs": None}
+        with self._lock:
+            self.answered.append(body)
+        return {"id": "cmpl-echo", "object": "text_completion", "created": 0, "model": body.get("model", "scripted"),
+                "choices": [{"index": 0, "text": prompt, "finish_reason": "length", "logprobs": lp}],
+                "usage": {"prompt_tokens": len(tokens), "completion_tokens": 0, "total_tokens": len(tokens)}}
 
     def _die(self) -> None:
         self.httpd.shutdown()
