@@ -74,7 +74,7 @@ def row_configs(config: RunConfig) -> list[tuple[str, int, RunConfig]]:
             last = variant["train"]["stages"][-1]["name"]
             variant.update(run_name=name, seed=seed)
             variant.pop("release", None)  # a row is an experiment compared on its scores, never a release
-            variant["evaluate"]["models"] = [str(Path(config.run_root) / name / instance_name(last) / "model")]
+            variant["evaluate"]["models"] = ["base", str(Path(config.run_root) / name / instance_name(last) / "model")]
             try:
                 out.append((row, seed, parse_config(variant)))
             except ConfigError as exc:

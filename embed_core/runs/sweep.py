@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
+from embed_core import numbers
 from embed_core.artifacts import StageWriter, read_manifest
 from embed_core.config import RunConfig, parse_config
 from embed_core.errors import ConfigError

@@ -127,7 +127,7 @@ def test_pipeline_mines_and_reruns_from_cache(prefect_harness, demo_copy, tmp_pa
     assert (run_dir / "mine/score_hist.png").exists() and (run_dir / "mine/scifact.parquet").exists()
 
     tracked = _tracked_runs(tmp_path / "mlflow.db")
-    assert set(tracked) == {"prepare", "mine", "train-stage1", "train-stage2", "evaluate"}
+    assert set(tracked) == {"prepare", "mine", "train-stage1", "train-stage2", "evaluate", "gate"}
 
     second = pipeline_flow(config_path=str(demo_copy))
     assert all(second[k]["cached"] for k in ("prepare", "mine", "train-stage1", "train-stage2", "evaluate"))

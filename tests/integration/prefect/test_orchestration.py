@@ -259,4 +259,5 @@ def test_evaluate_rerun_alone_scores_what_the_pipeline_does_and_status_stays_fre
     assert {r["model"] for r in pq.read_table(run_dir / "evaluate/results.parquet").to_pylist()} == scored
     status = _cli("status", "--run-dir", str(run_dir), "--json")
     assert {r["stage"]: r["state"] for r in json.loads(status.stdout)} == {
-        "prepare": "fresh", "mine": "fresh", "train-stage1": "fresh", "train-stage2": "fresh", "evaluate": "fresh"}
+        "prepare": "fresh", "mine": "fresh", "train-stage1": "fresh", "train-stage2": "fresh", "evaluate": "fresh",
+        "gate": "fresh"}
