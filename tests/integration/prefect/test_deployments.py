@@ -221,13 +221,13 @@ def test_pipeline_deployment_triggered_through_the_api(tmp_path, demo_copy):
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert [(r["stage"], r["result"], r["work_pool"]) for r in rows] == [
         ("prepare", "computed", "this run's"), ("mine", "computed", "this run's"), ("train-stage1", "computed", "gpu"),
-        ("train-stage2", "computed", "gpu"), ("evaluate", "computed", "this run's")]
+        ("train-stage2", "computed", "gpu"), ("evaluate", "computed", "this run's"), ("gate", "computed", "this run's")]
     stage_pages = [a for a in arts if a.type == "markdown" and a.description and a.description.endswith("(computed)")]
-    assert len(stage_pages) == 3  # one outputs page per stage run here, with file links (training's: its own run)
+    assert len(stage_pages) == 4  # one outputs page per stage run here, with file links (training's: its own run)
     # every artifact is keyed by stage and run (the Artifacts page lists it; the run page titles it)
     assert {a.key for a in arts} == {"prepare-outputs-from-api", "prepare-counts-from-api", "mine-outputs-from-api",
                                      "mine-stats-from-api", "evaluate-report-from-api", "evaluate-scores-from-api",
-                                     "pipeline-stages-from-api"}
+                                     "release-gate-from-api", "pipeline-stages-from-api"}  # a first release: no table
     scores = by_key["evaluate-scores-from-api"]
     scores = json.loads(scores.data) if isinstance(scores.data, str) else scores.data
     main = json.loads((run_dir / "evaluate" / "manifest.json").read_text())["counts"]["main_scores"]
