@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embed_core import numbers
 from embed_core.artifacts import StageWriter, model_artifact_dir, read_manifest, stage_is_intact
 from embed_core.config import RunConfig, config_hash
 from embed_core.evaluate.config import EvaluateConfig
@@ -287,8 +288,8 @@ def _score_task(model, spec: EvalTaskSpec, task, sizes: list[int], cfg: Evaluate
     model.recorded = None
     task.unload_data()  # loaded by the prefetch, kept for the sizes' evaluations
     out["seconds"][spec.name] = round(time.perf_counter() - t0, 2)
-    log.info("evaluate %s on %s: %s = %.4f (%.1f s)", model.label, spec.name, task.metadata.main_score,
-             main[0]["value"] if main else float("nan"), out["seconds"][spec.name])
+    log.info("evaluate %s on %s: %s = %s (%.1f s)", model.label, spec.name, task.metadata.main_score,
+             numbers.score(main[0]["value"] if main else None), out["seconds"][spec.name])
 
 
 def _size_rows(model, task, main: dict[str, Any], sizes: list[int], cfg: EvaluateConfig) -> list[dict[str, Any]]:
@@ -309,8 +310,8 @@ def _size_rows(model, task, main: dict[str, Any], sizes: list[int], cfg: Evaluat
                     "metric": main["metric"], "dim": dim, "precision": precision, "rescore": rescore,
                     "rescore_with": cfg.rescore_with if rescore else None,
                     "bytes_per_vector": bytes_per_vector(dim, precision), "value": value})
-        log.info("evaluate %s on %s at %d dims, %s%s: %.4f", main["model"], main["task"], dim, precision,
-                 f" rescored ×{rescore} with {cfg.rescore_with}" if rescore else "", value)
+        log.info("evaluate %s on %s at %d dims, %s%s: %s", main["model"], main["task"], dim, precision,
+                 f" rescored ×{rescore} with {cfg.rescore_with}" if rescore else "", numbers.score(value))
     return out
 
 
