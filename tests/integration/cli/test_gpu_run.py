@@ -56,7 +56,7 @@ def test_make_gpu_run_cpu_runs_the_whole_sequence_on_tiny_models_and_fills_every
     for stage in quality["train"].values():
         assert stage["precision"] == precision and stage["device"] == "cpu"
         assert stage["tokens_per_s"] > 0 and stage["mfu"] > 0 and stage["peak_memory_mb"] > 0
-    assert set(quality["scores"]) == {"base", "stage1", "stage2", "stage3"}
+    assert set(quality["scores"]) == {"base", "stage3"}  # what quality.yaml's evaluate.models names
     assert set(quality["targets"]) >= {"STSBenchmark", "SciFact", "Banking77Classification", "none_below_base"}
     assert quality["targets"]["SciFact"]["met"] is False  # a random-init BERT after 6 steps: far below 70
 

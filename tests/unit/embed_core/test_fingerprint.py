@@ -238,7 +238,8 @@ def _last_results(run_dir: Path, n: int) -> dict[str, bool]:
 @pytest.mark.prefect  # (so slow) the session's Prefect server: each command skips starting its own
 def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy, tmp_path, prefect_harness):
     """On a copy of the project: a README edit recomputes nothing; a converter edit recomputes
-    prepare and everything after it; a loss edit recomputes training and evaluation only."""
+    prepare and everything after it; a loss edit recomputes training, evaluation and the release
+    gate (its candidate changed) only."""
     src = tmp_path / "src"
     for part in ("embed_core", "flows", "tasks"):
         shutil.copytree(REPO / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
@@ -254,24 +255,24 @@ def test_source_edits_recompute_exactly_the_stages_whose_code_changed(demo_copy,
                            capture_output=True, text=True)
     assert probe.stdout.strip() == str(src / "embed_core" / "__init__.py")  # the copy, not the installed tree
     run = ("run", "--config", str(demo_copy), "--run-dir", str(run_dir))
-    stages = ["prepare", "mine", "train-stage1", "train-stage2", "evaluate"]
+    stages = ["prepare", "mine", "train-stage1", "train-stage2", "evaluate", "gate"]
 
     _run_cli(src, *run, env=env)
-    assert _last_results(run_dir, 5) == dict.fromkeys(stages, True)
+    assert _last_results(run_dir, 6) == dict.fromkeys(stages, True)
 
     (src / "README.md").write_text((src / "README.md").read_text() + "\nAn edit.\n")
     status = json.loads(_run_cli(src, "status", "--run-dir", str(run_dir), "--json", env=env).stdout)
-    assert [r["state"] for r in status] == ["fresh"] * 5  # the next run would recompute nothing
+    assert [r["state"] for r in status] == ["fresh"] * 6  # the next run would recompute nothing
 
     base = src / "embed_core" / "prepare" / "convert" / "base.py"
     base.write_text(base.read_text().replace("    value = value.strip()\n", "    value = value.strip().lower()\n", 1))
     _run_cli(src, *run, env=env)
-    assert _last_results(run_dir, 5) == dict.fromkeys(stages, True)
+    assert _last_results(run_dir, 6) == dict.fromkeys(stages, True)
 
     infonce = src / "embed_core" / "losses" / "infonce.py"  # the retrieval loss both stages train with
     edited = infonce.read_text().replace("logits = (scores / tau)", "logits = (1.5 * scores / tau)")
     assert edited != infonce.read_text()
     infonce.write_text(edited)
     _run_cli(src, *run, env=env)
-    assert _last_results(run_dir, 5) == {"prepare": False, "mine": False, "train-stage1": True, "train-stage2": True,
-                                         "evaluate": True}
+    assert _last_results(run_dir, 6) == {"prepare": False, "mine": False, "train-stage1": True, "train-stage2": True,
+                                         "evaluate": True, "gate": True}  # the gate: another candidate

@@ -110,6 +110,7 @@ def test_push_to_hub_without_network_is_a_clear_error_after_the_release_is_commi
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config, run_dir, _ = trained
     raw = config.model_dump(mode="json")
+    raw["release"] = None  # no gate: evaluate's model/ is the release, pushed by evaluate
     raw["evaluate"] = {"base_model": config.train.base_model, "models": ["trained"], "push_to_hub": True,
                        "hub_model_id": "someone/tiny-embedder", "tasks": [
                            {"name": "LocalSTS", "type": "sts", "path": "stsb/test.csv", "header": False,
@@ -120,3 +121,23 @@ def test_push_to_hub_without_network_is_a_clear_error_after_the_release_is_commi
     assert (run_dir / "evaluate/model/README.md").exists()
     with pytest.raises(Exception, match="push_to_hub needs hub_model_id"):
         parse_config({**raw, "evaluate": {**raw["evaluate"], "hub_model_id": None}})
+
+
+def test_with_a_release_gate_the_model_is_pushed_when_it_becomes_current_not_by_evaluate(trained, monkeypatch):
+    from embed_core.errors import EmbedpipeError
+    from embed_core.evaluate.run import run_evaluate
+    from embed_core.release.run import releases_of, run_gate
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # any upload attempt fails, and says so
+    config, run_dir, _ = trained
+    raw = config.model_dump(mode="json")
+    raw["release"] = {}
+    raw["evaluate"] = {"base_model": config.train.base_model, "models": ["trained"], "push_to_hub": True,
+                       "hub_model_id": "someone/tiny-embedder", "tasks": [
+                           {"name": "LocalSTS", "type": "sts", "path": "stsb/test.csv", "header": False,
+                            "columns": {"text1": 0, "text2": 1, "score": 2}, "max_rows": 20}]}
+    gated = parse_config(raw)
+    run_evaluate(gated, run_dir)  # no upload here: the model is only a candidate
+    with pytest.raises(EmbedpipeError, match=r"push_to_hub to someone/tiny-embedder failed"):
+        run_gate(gated, run_dir)  # the first release becomes current, then is pushed
+    assert releases_of(gated).current().version == 1 and (run_dir / "release/model.safetensors").is_file()

@@ -32,7 +32,7 @@ def test_every_row_runs_with_every_seed_under_its_own_name_and_its_last_stages_m
         ("base", 1, "demo-base-s1", 1), ("base", 2, "demo-base-s2", 2),
         ("remine", 1, "demo-remine-s1", 1), ("remine", 2, "demo-remine-s2", 2)]
     assert runs[0][2].train.stages[1].remine is None and runs[2][2].train.stages[1].remine == {"num_negatives": 2}
-    assert runs[3][2].evaluate.models == ["runs/demo-remine-s2/train-stage2/model"]
+    assert runs[3][2].evaluate.models == ["base", "runs/demo-remine-s2/train-stage2/model"]
     assert all(c.ablation is None for _, _, c in runs)
 
 
