@@ -64,7 +64,7 @@ def run_gate(config: RunConfig, run_dir: str | Path, stage_name: str, instance: 
     root = proxy_root(run_dir, stage_name)
     for v in planned:
         write_variant_records(run_dir, upstream, files, v, root / v.name, config.run_name)
-    proxies = [plan_proxy(config, root / v.name, v.name, seed, stage_name, step.init_model)
+    proxies = [plan_proxy(config, root / v.name, v.name, seed, stage_name, step.init_model, v.removed)
                for v in planned for seed in seeds(cfg)]
     log.info("%s", cost_line(stage_name, proxies, len(units), cfg, seconds_per_step(root)))
     rows = [run_proxy(p) for p in proxies]

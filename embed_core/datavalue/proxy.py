@@ -21,7 +21,7 @@ from typing import Any
 
 from embed_core.artifacts import StageWriter, checked_outputs, read_parquet, stage_is_intact
 from embed_core.config import RunConfig, parse_config
-from embed_core.datavalue.config import DataValueConfig
+from embed_core.datavalue.config import SOURCE, DataValueConfig
 from embed_core.datavalue.units import unit_slug, without
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import Fingerprint
@@ -73,15 +73,20 @@ def seeds(cfg: DataValueConfig) -> list[int]:
     return list(range(1, cfg.seeds + 1))
 
 
-def proxy_config(config: RunConfig, stage_name: str, start_model: str, variant: str, seed: int) -> RunConfig:
+def proxy_config(config: RunConfig, stage_name: str, start_model: str, variant: str, seed: int,
+                 removed: frozenset[str] = frozenset()) -> RunConfig:
     """The run config of one proxy: the stage alone, named ``<stage>-s<seed>``, from the model the
     stage starts from, at the gate's budget (warm-up scaled with it), scored on its dev tasks once,
-    at its last step, in one process; no re-mining, synthesis, merge, gate or tracking."""
+    at its last step, in one process; no re-mining, synthesis, merge, gate or tracking. A dataset in
+    ``removed`` (the variant's units left out) loses its ``dataset_weight`` entry: its records are gone."""
     stage = next(s for s in config.train.stages if s.name == stage_name)
     cfg = stage.data_value
     raw = config.model_dump(mode="json", exclude={"ablation", "sweep", "tracking"})
     name = proxy_stage(stage_name, seed)
+    gone = {u.partition(":")[2] for u in removed if u.startswith(SOURCE + ":")}
+    weights = {k: w for k, w in stage.dataset_weight.items() if k not in gone}
     for path, value in {"steps": cfg.steps, "warmup_steps": round(stage.warmup_steps * cfg.steps / stage.steps),
+                        "dataset_weight": weights,
                         "init_from": "base", "remine": None, "targeted_synthesis": None, "merge": None,
                         "data_value": None, "dev.eval_every": cfg.steps, "dev.select": "last",
                         "name": name}.items():  # the name last: the paths find the stage by its name
@@ -141,8 +146,8 @@ class Proxy:
 
 
 def plan_proxy(config: RunConfig, directory: Path, variant: str, seed: int, stage_name: str,
-               start_model: str) -> Proxy:
-    cfg = proxy_config(config, stage_name, start_model, variant, seed)
+               start_model: str, removed: frozenset[str] = frozenset()) -> Proxy:
+    cfg = proxy_config(config, stage_name, start_model, variant, seed, removed)
     name = cfg.train.stages[0].name
     return Proxy(variant, seed, directory, cfg, step_fingerprint(resolve_step(cfg, directory, name, upstream=PREPARE)))
 

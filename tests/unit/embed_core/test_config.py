@@ -14,6 +14,21 @@ def test_shipped_configs_validate(path: Path):
     assert load_config(path).prepare.sources
 
 
+def test_the_gated_demo_is_the_demo_with_dev_records_a_dev_section_and_the_gate_on_stage_2():
+    """demo-gated.yaml restates the demo's lists (extends replaces them): it must not drift from demo.yaml."""
+    demo = load_config(REPO / "deployments/configs/demo.yaml").model_dump()
+    gated = load_config(REPO / "deployments/configs/demo-gated.yaml").model_dump()
+    dev = {s["name"]: s.pop("dev_fraction") for s in gated["prepare"]["sources"]}
+    for source in demo["prepare"]["sources"]:
+        source.pop("dev_fraction")
+    assert {name for name, fraction in dev.items() if fraction} == {"stsb", "scifact"}
+    stage2 = gated["train"]["stages"][1]
+    assert stage2["data_value"] is not None and stage2["dev"]["select"] == "last"
+    stage2["data_value"] = stage2["dev"] = None
+    assert (gated.pop("run_name"), gated.pop("release")) == ("demo-gated", None)
+    assert {k: v for k, v in demo.items() if k not in ("run_name", "release")} == gated
+
+
 def test_extends_merges_mappings_and_replaces_lists(tmp_path):
     (tmp_path / "base.yaml").write_text(
         "run_name: base\nseed: 1\nprepare:\n  cleaning: {max_chars: 100, dedupe: exact}\n"

@@ -94,3 +94,18 @@ def test_a_gate_needs_the_stage_dev_tasks_and_names_its_units_by_kind():
 def test_a_misspelt_data_value_key_is_refused():
     with pytest.raises(ValueError, match="max_proxy_run"):
         TrainStageConfig(name="s", dev=DEV, data_value={"max_proxy_run": 5})
+
+
+def test_a_leave_one_out_proxy_drops_the_left_out_datasets_weight_and_keeps_the_others():
+    """demo-gated weights stsb 3.0: the proxy without stsb must not name it (training refuses a weight
+    for a dataset it does not have), and every other proxy keeps the stage's weights."""
+    from embed_core.config import load_config
+    from embed_core.datavalue.proxy import proxy_config
+    from tests.helpers.repo import REPO
+
+    config = load_config(REPO / "deployments/configs/demo-gated.yaml")
+    without_stsb = proxy_config(config, "stage2", "base", "minus-dataset=stsb", 1, frozenset({"dataset:stsb"}))
+    without_sick = proxy_config(config, "stage2", "base", "minus-dataset=sick-e", 1, frozenset({"dataset:sick-e"}))
+    base = proxy_config(config, "stage2", "base", "base", 1, frozenset({"origin:paraphrase"}))
+    assert without_stsb.train.stages[0].dataset_weight == {}
+    assert without_sick.train.stages[0].dataset_weight == base.train.stages[0].dataset_weight == {"stsb": 3.0}
