@@ -152,7 +152,8 @@ def select_tasks(cfg: EvaluateConfig, names: list[str] | None) -> list[EvalTaskS
     return [known[n] for n in names]
 
 
-def _data_files(config: RunConfig, spec: EvalTaskSpec) -> list[Path]:
+def data_files(config: RunConfig, spec: EvalTaskSpec) -> list[Path]:
+    """Every local file a task reads (its data, its classifier's train file), folders walked."""
     paths = spec.path if isinstance(spec.path, list) else [spec.path]
     files = [config.resolve(p) for p in paths]
     if spec.train_path:
@@ -177,6 +178,15 @@ def model_precision(precision: str, path: str) -> str:
     return "auto" if str(trained).startswith("bf16") else "fp32"
 
 
+def task_data_hashes(config: RunConfig, specs: list[EvalTaskSpec]) -> dict[str, dict[str, str]]:
+    """task -> {file: sha256 or "missing"}, each file keyed by its path under data_root, so the same
+    data keys the same whether data_root is written relative (a config) or absolute (the run
+    directory's config.yaml)."""
+    root = Path(config.data_root).expanduser()
+    return {s.name: {(str(f.relative_to(root)) if f.is_relative_to(root) else str(f)): sha256_file(f) if f.exists()
+                     else "missing" for f in data_files(config, s)} for s in specs}
+
+
 def _model_fp(path: str, precision: str) -> str:
     import torch
 
@@ -192,11 +202,7 @@ def input_fingerprint(config: RunConfig, run_dir: str | Path, models: list[str] 
     cfg = _cfg(config)
     resolved = resolve_models(config, Path(run_dir), models, materialize=False)
     specs = select_tasks(cfg, tasks)
-    root = Path(config.data_root).expanduser()
-    # keyed by the path under data_root, so the same data keys the same whether data_root is
-    # written relative (a config) or absolute (the run directory's config.yaml)
-    data = {s.name: {(str(f.relative_to(root)) if f.is_relative_to(root) else str(f)): sha256_file(f) if f.exists()
-                     else "missing" for f in _data_files(config, s)} for s in specs}
+    data = task_data_hashes(config, specs)
     fps = {label: _model_fp(path, cfg.precision) for label, path in resolved.items()}
     return Fingerprint.of(STAGE, __name__, LIBRARIES, {
         "models": fps, "tasks": [s.model_dump(mode="json") for s in specs], "data": data,

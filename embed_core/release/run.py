@@ -27,7 +27,7 @@ import pyarrow as pa
 from embed_core.artifacts import StageWriter, read_manifest
 from embed_core.config import RunConfig, config_hash
 from embed_core.errors import ConfigError
-from embed_core.fingerprint import Fingerprint, sha256_file
+from embed_core.fingerprint import Fingerprint
 from embed_core.manifests import EvaluateManifest, GateManifest
 from embed_core.numbers import score
 from embed_core.release import gate
@@ -89,22 +89,18 @@ def guard_kinds(config: RunConfig) -> dict[str, str]:
 
 
 def input_fingerprint(config: RunConfig, run_dir: str | Path) -> Fingerprint:
+    from embed_core.evaluate.run import task_data_hashes
+
     run_dir = Path(run_dir)
     cfg = gate_config(config)
     found = candidate(config, run_dir)
     baseline = releases_of(config).baseline(found.fingerprint) if found else None
     specs = [t for t in config.evaluate.tasks if guard_kinds(config).get(t.name) == "guard"] + list(cfg.probes)
-    data = {s.name: {str(f): sha256_file(f) for f in _spec_files(config, s)} for s in specs}
     return Fingerprint.of(GATE, __name__, LIBRARIES, {
         "candidate": found.fingerprint if found else None,
         "baseline": [baseline.version, baseline.fingerprint] if baseline else None,
         "config": config_hash(cfg.model_copy(update={"approval": "never", "approval_timeout_s": 1})),
-        "data": data}, details={"candidate": found.fingerprint if found else None})
-
-
-def _spec_files(config: RunConfig, spec) -> list[Path]:
-    path = config.resolve(spec.path)
-    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.exists() else []
+        "data": task_data_hashes(config, specs)}, details={"candidate": found.fingerprint if found else None})
 
 
 def input_dirs(config: RunConfig, run_dir: str | Path) -> list[Path]:
