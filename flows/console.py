@@ -29,12 +29,15 @@ def stderr_for_errors_only() -> Iterator[TextIO]:
 def run_logs_on_stdout(error_stream: TextIO) -> Iterator[None]:
     """Console log handlers (ours, Prefect's) write to stdout for the block. Handlers set up before
     the command swapped stderr (a caller that imported prefect first) are re-pointed too, and
-    restored afterwards. (A user-input error is one line in the run logs: ``flows.failures``.)"""
+    restored afterwards: Prefect's console handler whatever stream it holds (it may hold a stderr
+    that was replaced since, which is neither ``error_stream`` nor ``sys.__stderr__``), any other
+    handler on the stderr. (A user-input error is one line in the run logs: ``flows.failures``.)"""
     changed: list[tuple[logging.StreamHandler, object]] = []
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
     handlers = {id(h): h for lg in loggers for h in getattr(lg, "handlers", []) if isinstance(h, logging.StreamHandler)}
     for handler in handlers.values():
-        if handler.stream in (error_stream, sys.__stderr__) or getattr(handler.stream, "closed", False):
+        prefects = hasattr(handler, "console")
+        if prefects or handler.stream in (error_stream, sys.__stderr__) or getattr(handler.stream, "closed", False):
             changed.append((handler, handler.stream))
             _point(handler, CURRENT_STDOUT)
     try:

@@ -107,3 +107,29 @@ def test_production_code_never_imports_a_mocking_library():
                 bad += [f"{path.relative_to(REPO)}:{node.lineno} imports {n}" for n in names
                         if n.split(".")[0] == "mock" or n.startswith("unittest")]
     assert not bad, "\n".join(bad)
+
+
+def test_prefects_console_handler_writes_to_stdout_during_a_command_whatever_stderr_it_was_set_up_with(capsys):
+    """Prefect's handler keeps the ``sys.stderr`` of the moment logging was set up (in a test
+    session, a capture that was replaced since); the command's run logs still reach its stdout."""
+    import io
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    from flows.console import run_logs_on_stdout
+
+    stale = io.StringIO()
+    handler = PrefectConsoleHandler(stream=stale)
+    logger = logging.getLogger("prefect.embedpipe-test")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with run_logs_on_stdout(sys.stderr):
+            logger.info("Retry 1/1 will start immediately")
+        logger.info("after the command")
+    finally:
+        logger.removeHandler(handler)
+    out, err = capsys.readouterr()
+    assert "Retry 1/1 will start immediately" in out and err == ""
+    assert "after the command" in stale.getvalue() and "Retry" not in stale.getvalue()
