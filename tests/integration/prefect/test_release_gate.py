@@ -1,5 +1,5 @@
-"""The release gate as a team meets it: scheduled retrains (the data-watch flow) of one run directory
-against a real Prefect server, releases in MLflow's model registry (SQLite), a held candidate
+"""The release gate as a team meets it: scheduled retrains (the data-watch flow, once as a served
+deployment's run) of one run directory against a real Prefect server, releases in MLflow's model registry (SQLite), a held candidate
 approved or rejected through the API the UI uses (the paused run's typed input form), and rollback
 from the CLI.
 
@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers.repo import tiny_demo_config
+from tests.helpers.cli_run import session_server
+from tests.helpers.repo import REPO, tiny_demo_config
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
@@ -90,6 +96,58 @@ def _in_thread(cfg: dict) -> tuple[threading.Thread, dict]:
     return thread, out
 
 
+@contextmanager
+def _served_watch(log: Path):
+    """The data-watch flow served as a deployment by a process of its own (a Prefect runner: it runs
+    the deployment's flow runs, the nightly schedule's among them, as a worker does); yields the
+    deployment's name. The process and whatever it started are gone afterwards."""
+    from prefect import get_client
+
+    name = "data-watch/nightly-release-test"
+    code = "from flows.watch import data_watch_flow\ndata_watch_flow.serve(name='nightly-release-test')\n"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(REPO), **session_server()},
+                                start_new_session=True)
+
+    async def deployed() -> bool:
+        async with get_client() as client:
+            try:
+                await client.read_deployment_by_name(name)
+                return True
+            except Exception:  # noqa: BLE001 — not registered yet
+                return False
+
+    try:
+        deadline = time.monotonic() + 180
+        while not asyncio.run(deployed()):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        yield name
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _finished(flow_run_id, timeout: float = 300):
+    """The flow run once it reached a final state."""
+    from prefect import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_run(flow_run_id)
+
+    deadline = time.monotonic() + timeout
+    while not (run := asyncio.run(read())).state.is_final():
+        assert time.monotonic() < deadline, f"flow run still {run.state.type} after {timeout} s"
+        time.sleep(1)
+    return run
+
+
 def _hashes(folder: Path) -> dict[str, str]:
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -119,13 +177,20 @@ def test_a_worse_retrain_waits_for_approval_and_rollback_restores_the_release_be
     released = _hashes(run_dir / "release")
     assert "model.safetensors" in released
 
-    # 3. a worse retrain pauses; approving it through the API makes it current
-    started = time.time()
-    thread, out = _in_thread(_config(tmp_path, str(tiny_model), 3))
-    paused = _paused_run(started)
-    description = _answer(paused, approve=True, note="known regression, accepted")
-    thread.join(300)
-    assert not thread.is_alive() and "error" not in out, out.get("error")
+    # 3. a worse retrain, run by the served data-watch deployment as its schedule runs it (approval
+    # "deployments", the default: the pause is decided by the run being a deployment's), pauses;
+    # approving it through the API makes it current
+    from prefect.deployments import run_deployment
+
+    with _served_watch(tmp_path / "runner.log") as deployment:
+        started = time.time()
+        worse = _config(tmp_path, str(tiny_model), 3, approval="deployments")
+        scheduled = run_deployment(deployment, parameters={"config_path": None, "config": worse}, timeout=0)
+        paused = _paused_run(started)
+        description = _answer(paused, approve=True, note="known regression, accepted")
+        finished = _finished(scheduled.id)
+    assert finished.state.is_completed(), (finished.state, (tmp_path / "runner.log").read_text()[-3000:])
+    assert paused.parent_task_run_id is not None  # the pipeline, a child of the deployment's watch run
     assert "STS200" in description and "**worse**" in description  # the gate's table is on the form
     releases = releases_of(parse_config(good))
     assert _current(good).version == 3
