@@ -80,7 +80,8 @@ class DevTaskSpec(EvalTaskSpec):
     """A dev task: declared like an evaluation task (a local file or BEIR directory in ``path``), or
     ``dataset: {name}`` for the dev records prepare set aside for that dataset (sts, nli and
     pair_classification records become an sts task, retrieval records a retrieval task over their
-    positives and negatives)."""
+    positives and negatives, classification records a classification task: their texts evaluated,
+    the classifier fitted on the labelled positives and negatives they carry)."""
 
     path: str | list[str] = Field("", description="Task data as for evaluate tasks (unused with dataset).")
     dataset: str | None = Field(None, description="Use prepare's dev records of this dataset (prepare/dev/{name}.parquet).")

@@ -28,7 +28,7 @@ from embed_core.errors import ConfigError
 from embed_core.scoring.config import EvalTaskSpec
 from embed_core.scoring.model import EvalModel
 from embed_core.model.settings import ModelSettings
-from embed_core.schema import PAIR_TASKS
+from embed_core.schema import CLS_TASKS, PAIR_TASKS
 from embed_core.stage_dirs import PREPARE
 from embed_core.train.config import DevConfig, DevTaskSpec
 
@@ -37,52 +37,87 @@ log = logging.getLogger("embedpipe.train")
 
 def materialize(spec: DevTaskSpec, run_dir: Path, work_dir: Path) -> EvalTaskSpec:
     """The dev task as an evaluation task spec; a ``dataset`` task's dev records are written to
-    ``work_dir`` in the local task layout (an sts CSV, or a BEIR directory)."""
+    ``work_dir`` in the local task layout of its type (``_WRITERS``)."""
     fields = spec.model_dump(exclude={"dataset", "weight"})
     if not spec.dataset:
         return EvalTaskSpec(**fields)
+    if spec.type not in _WRITERS:
+        raise ConfigError(f"dev task {spec.name}: dev records make {', '.join(_WRITERS)} tasks, not {spec.type} "
+                          "(give the task a path instead)")
     tables = read_records(run_dir, PREPARE, kind="dev_records")
     table = tables.get(f"dev/{spec.dataset}.parquet")
     if table is None or table.num_rows == 0:
         raise ConfigError(f"dev task {spec.name}: prepare set aside no dev records for dataset {spec.dataset!r} "
                           "(give the source dev_fraction or dev_path)")
-    records = table.to_pylist()
     # absolute: a task path that is relative resolves against data_root, not the working directory
     out = work_dir.resolve() / f"dev-{spec.name}"
     out.mkdir(parents=True, exist_ok=True)
-    if spec.type == "sts":
-        seen: set[tuple[str, str]] = set()
-        with open(out / "pairs.csv", "w", newline="", encoding="utf-8") as fh:
+    return EvalTaskSpec(**{**fields, **_WRITERS[spec.type](spec, table.to_pylist(), out)})
+
+
+def _sts(spec: DevTaskSpec, records: list[dict], out: Path) -> dict[str, Any]:
+    """Scored pair records (sts, nli, pair_classification) as an sts CSV: both directions of a
+    pair are one dev pair."""
+    seen: set[tuple[str, str]] = set()
+    with open(out / "pairs.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["sentence1", "sentence2", "score"])
+        for r in records:
+            if r["task"] not in PAIR_TASKS or not r["positive_scores"]:
+                continue
+            key = tuple(sorted((r["query"], r["positives"][0])))
+            if key not in seen:
+                seen.add(key)
+                writer.writerow([r["query"], r["positives"][0], r["positive_scores"][0]])
+    lo = min((r["positive_scores"][0] for r in records if r["positive_scores"]), default=0.0)
+    hi = max((r["positive_scores"][0] for r in records if r["positive_scores"]), default=1.0)
+    return {"path": str(out / "pairs.csv"), "format": "csv", "header": True, "columns": {},
+            "score_range": (min(lo, 0.0), max(hi, lo + 1e-6))}
+
+
+def _retrieval(spec: DevTaskSpec, records: list[dict], out: Path) -> dict[str, Any]:
+    """Each record's query searching a BEIR corpus of every record's positives and negatives."""
+    docs: dict[str, str] = {}
+    (out / "qrels").mkdir(exist_ok=True)
+    with open(out / "queries.jsonl", "w", encoding="utf-8") as q, open(out / "qrels/test.tsv", "w", encoding="utf-8") as j:
+        j.write("query-id\tcorpus-id\tscore\n")
+        for i, r in enumerate(records):
+            q.write(json.dumps({"_id": f"q{i}", "text": r["query"]}) + "\n")
+            for text in (*r["positives"], *r["negatives"]):
+                docs.setdefault(text, f"d{len(docs)}")
+            for text in r["positives"]:
+                j.write(f"q{i}\t{docs[text]}\t1\n")
+    with open(out / "corpus.jsonl", "w", encoding="utf-8") as c:
+        for text, did in docs.items():
+            c.write(json.dumps({"_id": did, "title": "", "text": text}) + "\n")
+    return {"path": str(out), "split": "test"}
+
+
+def _classification(spec: DevTaskSpec, records: list[dict], out: Path) -> dict[str, Any]:
+    """Classification records (example-based: a text, a text of its label, texts of other labels)
+    as a linear-probe task: the records' texts are the evaluated split, and the classifier is fitted
+    on the other texts they carry with their labels (positives and negatives), never on an
+    evaluated text."""
+    rows = [(r["query"], r["label"]) for r in records if r["task"] in CLS_TASKS and r["label"]]
+    if len({label for _, label in rows}) < 2:
+        raise ConfigError(f"dev task {spec.name}: dataset {spec.dataset!r} set aside classification dev records "
+                          "of fewer than 2 labels")
+    evaluated = {text for text, _ in rows}
+    fitted: dict[str, str] = {}
+    for r in records:
+        if r["task"] in CLS_TASKS:
+            labelled = [(t, r["label"]) for t in r["positives"]] + list(zip(r["negatives"], r["negative_labels"]))
+            fitted.update((t, lab) for t, lab in labelled if t not in evaluated and lab)
+    for name, pairs in (("test.csv", rows), ("train.csv", sorted(fitted.items()))):
+        with open(out / name, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
-            writer.writerow(["sentence1", "sentence2", "score"])
-            for r in records:
-                if r["task"] not in PAIR_TASKS or not r["positive_scores"]:
-                    continue
-                key = tuple(sorted((r["query"], r["positives"][0])))
-                if key not in seen:  # both directions of a pair are one dev pair
-                    seen.add(key)
-                    writer.writerow([r["query"], r["positives"][0], r["positive_scores"][0]])
-        lo = min((r["positive_scores"][0] for r in records if r["positive_scores"]), default=0.0)
-        hi = max((r["positive_scores"][0] for r in records if r["positive_scores"]), default=1.0)
-        return EvalTaskSpec(**{**fields, "path": str(out / "pairs.csv"), "format": "csv", "header": True,
-                               "columns": {}, "score_range": (min(lo, 0.0), max(hi, lo + 1e-6))})
-    if spec.type == "retrieval":
-        docs: dict[str, str] = {}
-        (out / "qrels").mkdir(exist_ok=True)
-        with open(out / "queries.jsonl", "w", encoding="utf-8") as q, open(out / "qrels/test.tsv", "w", encoding="utf-8") as j:
-            j.write("query-id\tcorpus-id\tscore\n")
-            for i, r in enumerate(records):
-                q.write(json.dumps({"_id": f"q{i}", "text": r["query"]}) + "\n")
-                for text in (*r["positives"], *r["negatives"]):
-                    docs.setdefault(text, f"d{len(docs)}")
-                for text in r["positives"]:
-                    j.write(f"q{i}\t{docs[text]}\t1\n")
-        with open(out / "corpus.jsonl", "w", encoding="utf-8") as c:
-            for text, did in docs.items():
-                c.write(json.dumps({"_id": did, "title": "", "text": text}) + "\n")
-        return EvalTaskSpec(**{**fields, "path": str(out), "split": "test"})
-    raise ConfigError(f"dev task {spec.name}: dev records make sts or retrieval tasks, not {spec.type} "
-                      "(give the task a path instead)")
+            writer.writerow(["text", "label"])
+            writer.writerows(pairs)
+    return {"path": str(out / "test.csv"), "train_path": str(out / "train.csv"), "format": "csv", "header": True,
+            "multiline": True, "columns": {"text": "text", "label": "label"}}
+
+
+_WRITERS = {"sts": _sts, "retrieval": _retrieval, "classification": _classification}
 
 
 class LiveModel(EvalModel):

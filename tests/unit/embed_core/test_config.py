@@ -21,9 +21,12 @@ def test_the_gated_demo_is_the_demo_with_dev_records_a_dev_section_and_the_gate_
     dev = {s["name"]: s.pop("dev_fraction") for s in gated["prepare"]["sources"]}
     for source in demo["prepare"]["sources"]:
         source.pop("dev_fraction")
-    assert {name for name, fraction in dev.items() if fraction} == {"stsb", "scifact"}
+    assert {name for name, fraction in dev.items() if fraction} == {"stsb", "scifact", "banking77"}
     stage2 = gated["train"]["stages"][1]
     assert stage2["data_value"] is not None and stage2["dev"]["select"] == "last"
+    # a dev task for each of evaluate's test tasks: the gate decides on what the run is scored on
+    assert len(stage2["dev"]["tasks"]) == len(demo["evaluate"]["tasks"])
+    assert sorted(t["type"] for t in stage2["dev"]["tasks"]) == sorted(t["type"] for t in demo["evaluate"]["tasks"])
     stage2["data_value"] = stage2["dev"] = None
     assert (gated.pop("run_name"), gated.pop("release")) == ("demo-gated", None)
     assert {k: v for k, v in demo.items() if k not in ("run_name", "release")} == gated
