@@ -227,11 +227,17 @@ def promote(config: RunConfig, run_dir: str | Path, version: int, decision: str)
     target = releases.materialize(version, Path(run_dir) / RELEASE_COPY)
     line = f"v{version} is the current release ({decision}); its files: {target}"
     log.info("release: %s", line)
+    _publish(config, target)
+    return Settlement("promoted", version, line)
+
+
+def _publish(config: RunConfig, target: Path) -> None:
+    """Push the release that just became current where configured (``evaluate.push_to_hub``): the
+    Hub repository always holds the current release, after a promote and after a rollback."""
     if config.evaluate is not None and config.evaluate.push_to_hub:
         from embed_core.evaluate.run import push_release
 
         push_release(target, config.evaluate.hub_model_id, private=config.evaluate.hub_private)
-    return Settlement("promoted", version, line)
 
 
 def reject(config: RunConfig, version: int, decision: str = "rejected") -> Settlement:
@@ -242,13 +248,15 @@ def reject(config: RunConfig, version: int, decision: str = "rejected") -> Settl
 
 
 def rollback(config: RunConfig, run_dir: str | Path) -> Settlement:
-    """Make the release before the current one current again (and its files ``<run_dir>/release/``)."""
+    """Make the release before the current one current again (its files ``<run_dir>/release/``,
+    pushed where configured)."""
     releases = releases_of(config)
     restored, gone = releases.rollback()
     target = releases.materialize(restored.version, Path(run_dir) / RELEASE_COPY)
     line = f"rolled back: v{restored.version} is the current release again (v{gone.version} is marked rolled back); " \
            f"its files: {target}"
     log.info("release: %s", line)
+    _publish(config, target)
     return Settlement("rolled back", restored.version, line)
 
 

@@ -87,3 +87,29 @@ def test_a_version_that_does_not_exist_is_named_in_one_line(releases, tmp_path):
     releases.register(_model(tmp_path / "a", b"w"), "fp-a", scores={}, lineage={}, verdict="")
     with pytest.raises(ReleaseRegistryError, match="has no version 7 \\(versions: 1\\)"):
         releases.promote(7, "by hand")
+
+
+def test_with_push_to_hub_a_rollback_pushes_the_release_it_restores_as_a_promote_does(tmp_path, database,
+                                                                                       monkeypatch):
+    """The Hub repository holds the current release: a rollback uploads the one it makes current
+    (offline here, so the upload fails, and says where the restored release is)."""
+    from embed_core.config import parse_config
+    from embed_core.errors import EmbedpipeError
+    from embed_core.release.run import promote, releases_of, rollback
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    task = {"name": "STS", "type": "sts", "path": "stsb/test.csv", "header": False,
+            "columns": {"text1": 0, "text2": 1, "score": 2}}
+    config = parse_config({"run_name": "hubbed", "run_root": str(tmp_path / "runs"),
+                           "prepare": {"sources": [{"name": "sts", "kind": "sts", "path": "stsb/train.csv"}]},
+                           "evaluate": {"tasks": [task], "push_to_hub": True, "hub_model_id": "someone/tiny"},
+                           "release": {"registry_uri": f"sqlite:///{database}", "name": "embedpipe-hub-rollback"}})
+    releases, run_dir = releases_of(config), tmp_path / "runs/hubbed"
+    for name in ("a", "b"):
+        version = releases.register(_model(tmp_path / name, f"weights-{name}".encode()), f"fp-{name}", scores={},
+                                    lineage={}, verdict="passed").version
+        with pytest.raises(EmbedpipeError, match=f"push_to_hub to someone/tiny failed .*{run_dir / 'release'}"):
+            promote(config, run_dir, version, "passed")
+    with pytest.raises(EmbedpipeError, match=f"push_to_hub to someone/tiny failed .*{run_dir / 'release'}"):
+        rollback(config, run_dir)
+    assert releases.current().version == 1 and _files(run_dir / "release") == _files(tmp_path / "a")
