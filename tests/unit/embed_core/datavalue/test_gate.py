@@ -127,3 +127,26 @@ def test_the_stage_trains_on_the_gated_records_and_names_the_decision(gated):
     assert manifest["data_value"]["decision"] == value["input_fingerprint"]
     assert "dropped dataset:shuffled" in manifest["data_value"]["summary"]
     assert "dropped dataset:shuffled" in format_status(run_status(config, run_dir), run_dir)
+
+
+def test_the_gated_stage_trains_the_same_model_as_a_run_without_the_planted_source(gated, tmp_path):
+    """The issue's "within the seed spread of the model trained without it", met exactly: dropping
+    the source leaves the stage the records, weights and seed of a run that never had it."""
+    from safetensors.torch import load_file
+
+    from embed_core.prepare.run import run_prepare
+
+    config, run_dir, _, _ = gated
+    _run(config, run_dir, "train-s1")  # a cache hit after the test above
+    raw = config.model_dump(mode="json")
+    raw["prepare"]["sources"] = [s for s in raw["prepare"]["sources"] if s["name"] != "shuffled"]
+    raw["train"]["stages"][0]["data_value"] = None
+    raw["run_root"] = str(tmp_path / "runs")
+    without = parse_config(raw)
+    run_prepare(without, tmp_path / "runs/gate")
+    manifest = _run(without, tmp_path / "runs/gate", "train-s1")
+    assert set(manifest["datasets"]) == {"clean"}
+    gated_weights = load_file(run_dir / "train-s1/model/model.safetensors")
+    plain_weights = load_file(tmp_path / "runs/gate/train-s1/model/model.safetensors")
+    assert gated_weights.keys() == plain_weights.keys()
+    assert all(gated_weights[k].equal(plain_weights[k]) for k in gated_weights)
