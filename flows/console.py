@@ -34,7 +34,8 @@ def run_logs_on_stdout(error_stream: TextIO) -> Iterator[None]:
     handler on the stderr. (A user-input error is one line in the run logs: ``flows.failures``.)"""
     changed: list[tuple[logging.StreamHandler, object]] = []
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
-    handlers = {id(h): h for lg in loggers for h in getattr(lg, "handlers", []) if isinstance(h, logging.StreamHandler)}
+    handlers = {id(h): h for lg in loggers for h in getattr(lg, "handlers", [])
+                if isinstance(h, logging.StreamHandler) and _repointable(h)}
     for handler in handlers.values():
         prefects = hasattr(handler, "console")
         if prefects or handler.stream in (error_stream, sys.__stderr__) or getattr(handler.stream, "closed", False):
@@ -64,6 +65,13 @@ class _CurrentStdout:
 
 
 CURRENT_STDOUT = _CurrentStdout()
+
+
+def _repointable(handler: logging.StreamHandler) -> bool:
+    """False for a handler whose stream is a read-only property (logging's last-resort handler,
+    attached by some library: it writes to whatever ``sys.stderr`` is, which the command swaps)."""
+    prop = getattr(type(handler), "stream", None)
+    return not isinstance(prop, property) or prop.fset is not None
 
 
 def _point(handler: logging.StreamHandler, stream) -> None:

@@ -118,11 +118,12 @@ def no_log_handler_left_on_a_closed_stream():
     yield
     import logging
 
-    from flows.console import CURRENT_STDOUT, _point
+    from flows.console import CURRENT_STDOUT, _point, _repointable
 
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
     for handler in {id(h): h for lg in loggers for h in getattr(lg, "handlers", [])}.values():
-        if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+        if isinstance(handler, logging.StreamHandler) and _repointable(handler) and \
+                getattr(handler.stream, "closed", False):
             _point(handler, CURRENT_STDOUT)
 
 

@@ -124,12 +124,16 @@ def test_prefects_console_handler_writes_to_stdout_during_a_command_whatever_std
     logger = logging.getLogger("prefect.embedpipe-test")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    # a library may attach logging's last-resort handler, whose stream cannot be set (it follows sys.stderr)
+    other = logging.getLogger("embedpipe-test-last-resort")
+    other.addHandler(logging.lastResort)
     try:
         with run_logs_on_stdout(sys.stderr):
             logger.info("Retry 1/1 will start immediately")
         logger.info("after the command")
     finally:
         logger.removeHandler(handler)
+        other.removeHandler(logging.lastResort)
     out, err = capsys.readouterr()
     assert "Retry 1/1 will start immediately" in out and err == ""
     assert "after the command" in stale.getvalue() and "Retry" not in stale.getvalue()
