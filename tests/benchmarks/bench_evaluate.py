@@ -70,6 +70,9 @@ def config(tmp: str):
 
 
 def run_ours(tmp: str, precision: str = "fp32") -> dict:
+    import mteb  # noqa: F401 — imported before the clock starts, as the peer's are (both sides import it lazily)
+    import transformers  # noqa: F401
+
     from embed_core.evaluate.run import main_scores, run_evaluate
 
     cfg = config(tmp)
