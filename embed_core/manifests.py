@@ -212,6 +212,8 @@ class SynthesizeManifest(Manifest):
     STEP: ClassVar[str] = "synthesize"
     counts: SynthesizeCounts
     queries: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Query generation per corpus.")
+    calibration: dict[str, Any] | None = Field(None, description="The query filters' calibration (real_pairs, "
+                                               "filters: the rows of calibration.parquet); None when it is off.")
 
 
 class SynthManifest(SynthesizeManifest):

@@ -33,10 +33,7 @@ def run_logs_on_stdout(error_stream: TextIO) -> Iterator[None]:
     that was replaced since, which is neither ``error_stream`` nor ``sys.__stderr__``), any other
     handler on the stderr. (A user-input error is one line in the run logs: ``flows.failures``.)"""
     changed: list[tuple[logging.StreamHandler, object]] = []
-    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
-    handlers = {id(h): h for lg in loggers for h in getattr(lg, "handlers", [])
-                if isinstance(h, logging.StreamHandler) and _repointable(h)}
-    for handler in handlers.values():
+    for handler in stream_handlers():
         prefects = hasattr(handler, "console")
         if prefects or handler.stream in (error_stream, sys.__stderr__) or getattr(handler.stream, "closed", False):
             changed.append((handler, handler.stream))
@@ -65,6 +62,14 @@ class _CurrentStdout:
 
 
 CURRENT_STDOUT = _CurrentStdout()
+
+
+def stream_handlers() -> list[logging.StreamHandler]:
+    """Every stream handler of every logger (once each) whose stream can be re-pointed."""
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
+    handlers = {id(h): h for lg in loggers for h in getattr(lg, "handlers", [])
+                if isinstance(h, logging.StreamHandler) and _repointable(h)}
+    return list(handlers.values())
 
 
 def _repointable(handler: logging.StreamHandler) -> bool:

@@ -4,7 +4,6 @@ train stage (``embed_core.runs.sweep``), the winner's test evaluation, and the s
 from __future__ import annotations
 
 import itertools
-
 import os
 import signal
 from pathlib import Path

@@ -116,14 +116,10 @@ def no_log_handler_left_on_a_closed_stream():
     test's logging would then fail, and Prefect's print patch turns that failure into a recursion.
     After each test such a handler follows stdout instead."""
     yield
-    import logging
+    from flows.console import CURRENT_STDOUT, _point, stream_handlers
 
-    from flows.console import CURRENT_STDOUT, _point, _repointable
-
-    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict))]
-    for handler in {id(h): h for lg in loggers for h in getattr(lg, "handlers", [])}.values():
-        if isinstance(handler, logging.StreamHandler) and _repointable(handler) and \
-                getattr(handler.stream, "closed", False):
+    for handler in stream_handlers():
+        if getattr(handler.stream, "closed", False):
             _point(handler, CURRENT_STDOUT)
 
 

@@ -34,8 +34,8 @@ def order_tasks(specs: Sequence[Any], first: Sequence[str]) -> list[Any]:
     unknown = [n for n in first if n not in known]
     if unknown:
         raise ConfigError(f"evaluate: guard task {unknown[0]!r} is not an evaluated task ({', '.join(known)})")
-    head = [known[n] for n in dict.fromkeys(first)]
-    return head + [s for s in specs if s.name not in set(first)]
+    head = dict.fromkeys(first)
+    return [known[n] for n in head] + [s for s in specs if s.name not in head]
 
 
 def _split_data(task) -> Iterator[tuple[Any, Any]]:

@@ -333,6 +333,8 @@ def not_in_key(cfg: SynthesizeConfig) -> frozenset[str]:
     """``NOT_IN_KEY``, and ``calibration`` when it is off (so that a config without it keeps the key
     it had before the section existed)."""
     return NOT_IN_KEY | ({"calibration"} if cfg.calibration is None else set())
+
+
 # where a stage's cached LLM answers live when synthesize.request_cache is unset
 RUN_REQUEST_CACHE = Path("cache") / "llm.sqlite"
 

@@ -100,15 +100,6 @@ def query_dropped(c: Candidate, reason: str, scores: dict[str, float] | None = N
             "scores": json.dumps(scores or {})}
 
 
-def filter_queries(cfg: SynthesizeConfig, candidates: list[Candidate], corpora: dict[str, pa.Table],
-                   embed_for: Callable[[], Callable[[list[str]], np.ndarray]]) -> tuple[list[Candidate], list[dict]]:
-    """The word-count filter, then round-trip consistency per corpus (``embed_for()`` gives the
-    ranking model's embed function, loaded only when some query is left to rank)."""
-    kept, dropped = word_filter(cfg, candidates)
-    survivors, more = round_trip_filter(cfg, kept, corpora, embed_for)
-    return survivors, dropped + more
-
-
 def word_filter(cfg: SynthesizeConfig, candidates: list[Candidate]) -> tuple[list[Candidate], list[dict]]:
     """``queries.min_words`` / ``max_words``: (kept, dropped rows)."""
     q = cfg.queries

@@ -35,8 +35,7 @@ def format_counts(manifest: SynthesizeManifest | dict[str, Any]) -> str:
         judged = f", {q['judged']} judged" if q.get("judged") is not None else ""
         lines.append(f"queries for corpus {name}: {q['passages_asked']} of {q['passages']} passages asked, "
                      f"{q['generated']} generated{judged}, {q['kept']} kept; dropped: {dropped}")
-    cal = getattr(m, "calibration", None)
-    for r in (cal or {}).get("filters", []):
+    for r in (m.calibration or {}).get("filters", []):
         lines.append(f"calibration {r['filter']} ({r['generator']}): {r['status']}" + (
             "" if r["precision"] is None else f", threshold {r['threshold']:.4g}, precision {r['precision']:.2f}, "
             f"recall {r['recall']:.2f}, keep rate " + ("—" if r["keep_rate"] is None else f"{r['keep_rate']:.2f}")))
