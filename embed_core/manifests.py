@@ -293,6 +293,8 @@ class TrainManifest(Manifest):
     selected: dict[str, Any] | None = Field(None, description="Dev selection: rule, step, best.")
     merged_with: dict[str, Any] | None = Field(None, description="train.stages[].merge, when set.")
     probe: dict[str, Any] | None = Field(None, description="The saved model's probe.")
+    untrained: str | None = Field(None, description="Why the stage kept its start model untrained (its data-value "
+                                  "decision left it no record); None for a trained stage.")
 
 
 class ReferenceCounts(Section):

@@ -63,3 +63,23 @@ def gate_note(run_dir: Path, upstream: str) -> dict[str, Any] | None:
     if raw is None or raw.get("step") != DataValueManifest.STEP:
         return None
     return {"step": upstream, "decision": raw["input_fingerprint"], "summary": decision_line(raw)}
+
+
+def emptied_by_gate(run_dir: Path, upstream: str) -> str | None:
+    """Why ``upstream`` holds no record for the stage, when a data-value decision took them all out:
+    the gate dropped every unit (``value-<stage>``), or a proxy variant left every unit out (its
+    ``prepare``: the base of an add-one-in gate over one all-synthetic dataset). None otherwise (a
+    stage without records for another reason stays an error)."""
+    raw = read_manifest(Path(run_dir), upstream)
+    if raw is None:
+        return None
+    counts = raw.get("counts") or {}
+    if raw.get("step") == DataValueManifest.STEP:
+        after = [r.get("after", 0) for r in (counts.get("records") or {}).values()]
+        if after and not any(after):
+            return f"the data-value gate dropped every record ({decision_line(raw)})"
+        return None
+    removed, records = counts.get("removed"), counts.get("records")
+    if removed and isinstance(records, dict) and records and not any(records.values()):
+        return f"this proxy variant leaves out every record ({', '.join(removed)})"
+    return None

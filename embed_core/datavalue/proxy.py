@@ -44,12 +44,14 @@ class Variant:
 
 
 def variants(units: list[str], cfg: DataValueConfig) -> list[Variant]:
-    """The reference, the base (when a unit is measured add-one-in) and one variant per unit."""
+    """The reference, the base (when a unit is measured add-one-in) and one variant per unit; a
+    variant with the reference's records is the reference (the one add-one-in unit's ``plus``)."""
     added = frozenset(u for u in units if cfg.mode_of(u) == "add_one_in")
     out = [Variant(REFERENCE, frozenset())] + ([Variant(BASE, added)] if added else [])
     for unit in units:
         if unit in added:
-            out.append(Variant(f"plus-{unit_slug(unit)}", added - {unit}))
+            if added - {unit}:
+                out.append(Variant(f"plus-{unit_slug(unit)}", added - {unit}))
         else:
             out.append(Variant(f"minus-{unit_slug(unit)}", frozenset({unit})))
     return out
@@ -57,8 +59,9 @@ def variants(units: list[str], cfg: DataValueConfig) -> list[Variant]:
 
 def unit_pairs(units: list[str], cfg: DataValueConfig) -> dict[str, tuple[str, str]]:
     """unit -> (the variant with it, the variant without it): its delta is their difference."""
-    return {u: (f"plus-{unit_slug(u)}", BASE) if cfg.mode_of(u) == "add_one_in" else (REFERENCE, f"minus-{unit_slug(u)}")
-            for u in units}
+    added = {u for u in units if cfg.mode_of(u) == "add_one_in"}
+    return {u: ((f"plus-{unit_slug(u)}" if added - {u} else REFERENCE), BASE) if u in added
+            else (REFERENCE, f"minus-{unit_slug(u)}") for u in units}
 
 
 def proxy_root(run_dir: Path, stage: str) -> Path:

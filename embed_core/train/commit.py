@@ -64,7 +64,7 @@ def commit_stage(step: TrainingStep, datasets: dict[str, DatasetRecords], outcom
     with StageWriter(run_dir, instance_name(stage.name), TrainManifest, fingerprint=fingerprint,
                      run_name=config.run_name) as writer:
         model_dir = writer.staging / "model"
-        mode.save(step, outcome, instructions, datasets, model_dir, _training_settings(step))
+        mode.save(step, outcome, instructions, datasets, model_dir, training_settings(step))
         if stage.merge is not None:
             _merge(run_dir, stage, model_dir)
         write_card(model_dir, card, sentence_transformers_prompts(read_model_settings(model_dir)))
@@ -105,7 +105,7 @@ def stage_counts(stage: TrainStageConfig, outcome: FitOutcome, rows: list[dict[s
     return counts
 
 
-def _training_settings(step: TrainingStep) -> dict[str, Any]:
+def training_settings(step: TrainingStep) -> dict[str, Any]:
     """What the saved model's ``embedpipe.json`` records of its training (and its Matryoshka dims)."""
     cfg, stage = step.train, step.stage
     training = {"training": {"run_name": step.config.run_name, "stage": stage.model_dump(mode="json"),

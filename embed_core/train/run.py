@@ -32,6 +32,7 @@ from typing import Any
 
 from embed_core.artifacts import read_records
 from embed_core.config import RunConfig
+from embed_core.datavalue.apply import emptied_by_gate
 from embed_core.dist.distributed import barrier, check_shared_directory, init_process_group, is_main_process
 from embed_core.dist.ranks import committed, on_main_rank
 from embed_core.dist.spawn import local_ranks
@@ -74,6 +75,9 @@ def _run_train_stage(step: TrainingStep, *, resume: bool, fingerprint: Fingerpri
     ckpt_dir = _checkpoint_dir(step, fingerprint)
     t = phase_done(f"{name}: process group ({world} process{'es' if world > 1 else ''}), input fingerprint and "
                    "checkpoint directory ready", t0)
+    emptied = emptied_by_gate(step.run_dir, step.upstream)
+    if emptied is not None:  # the data-value decision left no record: the stage keeps its start model
+        return _keep_start_model(step, fingerprint, emptied, ckpt_dir, t0)
     # load
     datasets = load_datasets(step.run_dir, step.stage, step.upstream, ckpt_dir / RECORDS_DIR)
     instructions = _instructions(datasets)
@@ -93,6 +97,18 @@ def _run_train_stage(step: TrainingStep, *, resume: bool, fingerprint: Fingerpri
         return manifest
 
     # rank 0 writes the stage (and merges); the others wait, however long that takes, and read it
+    return on_main_rank(step.instance, commit, lambda: committed(step.run_dir, step.instance, fingerprint.key))
+
+
+def _keep_start_model(step: TrainingStep, fingerprint: Fingerprint, reason: str, ckpt_dir: Path,
+                      t0: float) -> dict[str, Any]:
+    from embed_core.train.start_model import commit_start_model
+
+    def commit() -> dict[str, Any]:
+        manifest = commit_start_model(step, fingerprint, reason, ckpt_dir / "dev-data", t0)
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        return manifest
+
     return on_main_rank(step.instance, commit, lambda: committed(step.run_dir, step.instance, fingerprint.key))
 
 

@@ -31,22 +31,28 @@ def contrastive_trainer(step: TrainingStep, datasets: dict[str, DatasetRecords],
                          checkpoint_dir: Path):
     """The contrastive trainer, with its dev evaluator on every rank that scores dev tasks."""
     from embed_core.dist.distributed import is_main_process
-    from embed_core.model.settings import ModelSettings
     from embed_core.train.engine.trainer import Trainer
 
     cfg, stage = step.train, step.stage
     trainer = Trainer(cfg, stage, datasets, init_model=step.init_model, checkpoint_dir=checkpoint_dir,
                       seed=step.config.seed, log=log.info)
     if stage.dev is not None and (is_main_process() or trainer.backend.collective_forward):  # FSDP: every rank encodes
-        from embed_core.train.dev import DevEvaluator
-
-        settings = ModelSettings(
-            pooling=cfg.pooling, max_length=cfg.max_length, use_instructions=cfg.use_instructions,
-            instruction_template=cfg.instruction_template, instructions=instructions[0],
-            task_instructions=instructions[1], source="training")
         work = checkpoint_dir / ("dev-data" if is_main_process() else f"dev-data-rank{trainer.rank}")
-        trainer.dev_evaluator = DevEvaluator(stage.dev, step.config, step.run_dir, work, settings)
+        trainer.dev_evaluator = dev_evaluator(step, instructions, work)
     return trainer
+
+
+def dev_evaluator(step: TrainingStep, instructions: Instructions, work: Path):
+    """The stage's dev tasks, encoded with the instructions and prompts the model trains with."""
+    from embed_core.model.settings import ModelSettings
+    from embed_core.train.dev import DevEvaluator
+
+    cfg = step.train
+    settings = ModelSettings(
+        pooling=cfg.pooling, max_length=cfg.max_length, use_instructions=cfg.use_instructions,
+        instruction_template=cfg.instruction_template, instructions=instructions[0],
+        task_instructions=instructions[1], source="training")
+    return DevEvaluator(step.stage.dev, step.config, step.run_dir, work, settings)
 
 
 def contrastive_save(step: TrainingStep, outcome: FitOutcome, instructions: Instructions,

@@ -32,11 +32,14 @@ def small_scifact(root, docs: int = 150):
     lines = gzip.open(src / "corpus.jsonl.gz", "rt").read().splitlines()[:docs]
     (out / "corpus.jsonl").write_text("\n".join(lines) + "\n")
     kept = {json.loads(line)["_id"] for line in lines}
-    qrels = (src / "qrels/test.tsv").read_text().splitlines()
-    judged = [q for q in qrels[1:] if q.split("\t")[1] in kept]
-    (out / "qrels/test.tsv").write_text("\n".join([qrels[0], *judged]) + "\n")
+    counts = {}
+    for split in ("test", "train"):  # train: the recipe's dev queries
+        qrels = (src / f"qrels/{split}.tsv").read_text().splitlines()
+        judged = [q for q in qrels[1:] if q.split("\t")[1] in kept]
+        (out / f"qrels/{split}.tsv").write_text("\n".join([qrels[0], *judged]) + "\n")
+        counts[split] = len(judged)
     (out / "queries.jsonl").write_text((src / "queries.jsonl").read_text())
-    return len(judged)
+    return counts["test"]
 
 
 def twin_config(recipe: dict, *, tiny_model: str, run_root, url: str, data_root) -> dict:
@@ -54,6 +57,9 @@ def twin_config(recipe: dict, *, tiny_model: str, run_root, url: str, data_root)
     for stage in cfg["train"]["stages"]:
         stage.update(steps=2, warmup_steps=0, batch_size={"retrieval": 4}, query_max_length=16,
                      passage_max_length=32, checkpoint_every=2, log_every=1, origin_weight={"synthetic": 0.5})
+        stage["dev"].update(eval_every=2)
+        stage["dev"]["tasks"][0].update(path="scifact", max_corpus=None)
+        stage["data_value"].update(steps=2, seeds=2)
     cfg["evaluate"]["models"] = ["base", str(run_root / "corpus/train-stage1/model")]
     cfg["evaluate"]["tasks"][0].update(path="scifact")
     return cfg
@@ -67,6 +73,7 @@ def test_the_corpus_recipe_runs_from_documents_to_an_evaluated_model(tmp_path, c
     assert recipe["prepare"]["sources"][0]["kind"] == "corpus" and recipe["synthesize"]["strategies"] == ["queries"]
     assert recipe["synthesize"]["queries"]["round_trip"]["model"] == "base"
     assert [t["name"] for t in recipe["evaluate"]["tasks"]] == ["SciFact"]
+    assert recipe["train"]["stages"][0]["data_value"]["units"] == ["origin:synthetic"]  # the gate is on
     assert small_scifact(tmp_path / "data") > 0
     with ScriptedLLMServer() as server:
         config = tmp_path / "corpus.yaml"
@@ -86,6 +93,14 @@ def test_the_corpus_recipe_runs_from_documents_to_an_evaluated_model(tmp_path, c
     assert mined["dataset"] == "scifact-corpus" and mined["mined"] and mined["pool"] == "corpus"  # every passage
     # the corpus is encoded once: the round trip's embeddings (same model and settings) are mine's
     assert read_manifest(run_dir, "mine")["counts"]["texts_encoded"] == 0
-    assert read_metadata(pq.read_schema(run_dir / "train-stage1" / LINEAGE_FILE))["origin_weight"] == {"synthetic": 0.5}
+    # the gate measured the generated queries against the start model; the stage did what it decided
+    (decision,) = pq.read_table(run_dir / "value-stage1/decision.parquet").to_pylist()
+    assert decision["unit"] == "origin:synthetic" and decision["mode"] == "add_one_in" and len(decision["deltas"]) == 2
+    trained = read_manifest(run_dir, "train-stage1")
+    if decision["action"] == "drop":
+        assert trained["steps"] == 0 and trained["untrained"].startswith("the data-value gate dropped every record")
+    else:
+        assert trained["steps"] == 2 and read_metadata(pq.read_schema(run_dir / "train-stage1" / LINEAGE_FILE))[
+            "origin_weight"] == {"synthetic": 0.5 * decision["weight"]}
     scores = read_manifest(run_dir, "evaluate")["counts"]["main_scores"]
     assert {(s["task"], s["metric"]) for s in scores} == {("SciFact", "ndcg_at_10")} and len(scores) == 2  # base, trained

@@ -55,6 +55,14 @@ def test_leave_one_out_compares_the_reference_and_add_one_in_compares_with_the_b
     assert pairs["origin:synthetic"] == ("plus-origin=synthetic", "base")
 
 
+def test_one_add_one_in_unit_is_measured_by_the_reference_against_the_base_without_a_third_variant():
+    cfg = DataValueConfig()
+    for units in (["origin:synthetic"], ["dataset:a", "origin:synthetic"]):
+        planned = {v.name: v.removed for v in variants(units, cfg)}
+        assert "plus-origin=synthetic" not in planned and planned["base"] == {"origin:synthetic"}
+        assert unit_pairs(units, cfg)["origin:synthetic"] == ("reference", "base")
+
+
 def test_the_stage_applies_down_weights_and_forgets_the_weight_of_a_dropped_dataset(tmp_path):
     from embed_core.artifacts import StageWriter
     from embed_core.manifests import DataValueManifest

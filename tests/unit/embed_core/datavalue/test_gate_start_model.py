@@ -1,0 +1,90 @@
+"""A gate over a stage with one unit, measured add-one-in (the corpus recipe's shape: every record
+is one dataset of generated queries): its base has no record, so the base proxy is the start model
+scored untrained on the dev tasks; the unit's delta is the reference (the unit alone) minus that.
+A harmful unit is dropped, and the stage, left without a record, keeps its start model untrained
+instead of failing. Slow: the packaged all-MiniLM-L6-v2 trains 3 proxies of 10 steps (about a minute)."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from embed_core.config import parse_config
+from tests.unit.embed_core.datavalue.test_gate import _data, _run
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp):
+    """The planted harmful source alone in the stage; the clean source gives the dev records only."""
+    return parse_config({
+        "run_name": "gate", "run_root": str(tmp / "runs"), "data_root": str(tmp / "data"), "seed": 42,
+        "prepare": {"sources": [{"name": "clean", "kind": "flagembedding", "path": "clean.jsonl", "dev_fraction": 0.2},
+                                {"name": "shuffled", "kind": "flagembedding", "path": "shuffled.jsonl"}]},
+        "train": {"base_model": "default", "max_length": 32, "precision": "fp32", "stages": [
+            {"name": "s1", "datasets": ["shuffled"], "steps": 10, "lr": 3e-4, "warmup_steps": 0,
+             "batch_size": {"retrieval": 16}, "num_hard_negatives": 0, "query_max_length": 32,
+             "passage_max_length": 32, "log_every": 1000, "checkpoint_every": 1000,
+             "dev": {"eval_every": 1000, "max_rows": 200,
+                     "tasks": [{"name": "CleanDev", "type": "retrieval", "dataset": "clean"}]},
+             "data_value": {"steps": 10, "seeds": 3, "source_mode": "add_one_in"}}]}})
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    from embed_core.prepare.run import run_prepare
+
+    tmp = tmp_path_factory.mktemp("gate-start")
+    _data(tmp)
+    config = _config(tmp)
+    run_dir = tmp / "runs/gate"
+    run_prepare(config, run_dir)
+    return config, run_dir, _run(config, run_dir, "value-s1")
+
+
+def test_the_base_without_any_record_is_the_start_model_scored_untrained_once_per_seed(gated):
+    from embed_core.manifests import TrainManifest
+
+    _, run_dir, manifest = gated
+    proxies = pq.read_table(run_dir / "value-s1/proxies.parquet").to_pylist()
+    assert sorted({p["variant"] for p in proxies}) == ["base", "reference"]  # no third copy of the reference
+    base = [p for p in proxies if p["variant"] == "base"]
+    assert len(base) == 3 and {p["steps"] for p in base} == {0} and len({p["score"] for p in base}) == 1
+    trained = TrainManifest.read(run_dir / "proxies/s1/base", "train-s1-s1")
+    assert trained.steps == 0 and "leaves out every record (dataset:shuffled)" in trained.untrained
+    assert manifest["counts"]["proxy_runs"] == 6
+
+
+def test_a_harmful_unit_alone_is_dropped_against_the_untrained_start_model(gated):
+    _, run_dir, manifest = gated
+    row = pq.read_table(run_dir / "value-s1/decision.parquet").to_pylist()[0]
+    assert row["unit"] == "dataset:shuffled" and row["mode"] == "add_one_in"
+    assert row["action"] == "drop", row
+    assert not (run_dir / "value-s1/shuffled.parquet").exists()
+
+
+def test_the_stage_left_without_records_keeps_its_start_model_untrained_and_says_why(gated):
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    from embed_core.model.encoder import default_model_path
+    from embed_core.runs.status import format_status, run_status
+
+    config, run_dir, _ = gated
+    manifest = _run(config, run_dir, "train-s1")
+    assert manifest["steps"] == 0 and manifest["datasets"] == {}
+    assert manifest["untrained"].startswith("the data-value gate dropped every record (dropped dataset:shuffled")
+    assert manifest["counts"]["selected_dev_score"] is not None
+    saved = load_file(run_dir / "train-s1/model/model.safetensors")
+    start = AutoModel.from_pretrained(default_model_path()).state_dict()
+    assert saved.keys() <= start.keys() and all(saved[k].equal(start[k]) for k in saved)
+    assert "dropped dataset:shuffled" in format_status(run_status(config, run_dir), run_dir)
+
+
+def test_a_stage_without_records_for_another_reason_is_still_an_error(gated, tmp_path):
+    from embed_core.errors import ConfigError
+    from embed_core.train.run import run_train_stage
+
+    config, run_dir, _ = gated
+    raw = config.model_dump(mode="json")
+    raw["train"]["stages"][0].update(tasks=["sts"], datasets=None, data_value=None)  # every record is retrieval
+    with pytest.raises(ConfigError, match="no dataset matches"):
+        run_train_stage(parse_config(raw), run_dir, "s1", upstream="prepare")
