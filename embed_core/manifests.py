@@ -234,6 +234,9 @@ class MineDataset(Section):
     index: dict[str, Any] | None = None
     positive_score: dict[str, Any] | None = None
     kept_score: dict[str, Any] | None = None
+    negatives_by_source: dict[str, int] | None = Field(None, description="The records' negatives by where they came "
+                                                       "from: original (the data's own or an earlier mining's), llm "
+                                                       "(the synthesize stage's hard negative), mined (this mining).")
 
 
 class MineCounts(Section):

@@ -380,3 +380,18 @@ def teacher_scores(teacher: "PairScorer", pending: list[Pending], pool: list[str
         return known[(query, text)]
 
     return score
+
+
+def negative_sources(before: list[Record], after: list[Record]) -> dict[str, int]:
+    """Where the negatives of ``after`` (``before`` mined) come from: ``llm`` (the LLM's, first in a
+    record of origin llm_negative), ``mined`` (appended by this mining) and ``original`` (the rest:
+    the source data's own, or an earlier mining's)."""
+    had = {r.id: len(r.negatives) for r in before}
+    out = {"original": 0, "llm": 0, "mined": 0}
+    for r in after:
+        n = had.get(r.id, len(r.negatives))
+        llm = 1 if r.origin == "llm_negative" and n else 0
+        out["llm"] += llm
+        out["original"] += n - llm
+        out["mined"] += len(r.negatives) - n
+    return out

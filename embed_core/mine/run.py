@@ -27,7 +27,7 @@ from embed_core.errors import ConfigError
 from embed_core.manifests import MineManifest, RemineManifest
 from embed_core.schema import CORPUS_KIND
 from embed_core.fingerprint import Fingerprint, sha256_file
-from embed_core.mine.miner import eligible, mine_records
+from embed_core.mine.miner import eligible, mine_records, negative_sources
 from embed_core.mine.teacher import teacher_fingerprint, teacher_scorer
 from embed_core.mine.stage import NAME as STAGE
 from embed_core.model.embedding_cache import LazyCachedEmbed, model_embed
@@ -189,7 +189,8 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
                 wanted = cfg.datasets is None or dataset in cfg.datasets
                 if not wanted or not any(eligible(r, cfg) for r in records):
                     out_tables[name] = table
-                    per_dataset.append({"dataset": dataset, "records": len(records), "mined": False})
+                    per_dataset.append({"dataset": dataset, "records": len(records), "mined": False,
+                                        "negatives_by_source": negative_sources(records, records)})
                     continue
                 t_ds = time.perf_counter()
                 corpus = _pool(config, run_dir, cfg, dataset)
@@ -204,6 +205,7 @@ def mine_into(config: RunConfig, run_dir: str | Path, cfg: MineConfig, instance:
                 summary = stats.summary()
                 per_dataset.append({"dataset": dataset, "records": len(records), "mined": True,
                                     "pool": "corpus" if corpus is not None else "dataset texts",
+                                    "negatives_by_source": negative_sources(records, mined),
                                     "seconds": round(time.perf_counter() - t_ds, 2), **summary})
                 if stats.teacher_dropped:
                     log.info("mine %s: the teacher dropped %d candidates as false negatives, e.g. %s", dataset,

@@ -21,6 +21,10 @@ def format_counts(manifest: MineManifest | dict[str, Any]) -> str:
         lines.append(f"{d.dataset:<22}{d.records:>8}{'yes' if d.mined else 'no':>7}"
                      f"{d.negatives_added or 0:>8}{d.too_few or 0:>8}{d.filtered_by_margin or 0:>9}"
                      f"  {(d.index or {}).get('type', '')}")
+    sources = [f"{d.dataset} " + ", ".join(f"{k} {v}" for k, v in d.negatives_by_source.items())
+               for d in c.datasets if d.negatives_by_source and any(d.negatives_by_source.values())]
+    if sources:
+        lines.append("negatives by source: " + "; ".join(sources))
     lines.append(f"texts encoded: {c.texts_encoded} (cache holds {c.cache_size})")
     return "\n".join(lines)
 
@@ -30,7 +34,8 @@ def report(ctx: StageContext, manifest: MineManifest | dict[str, Any]) -> Report
     rows = [{"dataset": d.dataset, "records": d.records, "mined": d.mined, "negatives_added": d.negatives_added,
              "too_few": d.too_few, "filtered_by_margin": d.filtered_by_margin, "dropped_by_teacher": d.dropped_by_teacher}
             | {"index": (d.index or {}).get("type"), "positive_p50": (d.positive_score or {}).get("p50"),
-               "kept_p50": (d.kept_score or {}).get("p50")} for d in m.counts.datasets]
+               "kept_p50": (d.kept_score or {}).get("p50")}
+            | {f"negatives_{k}": v for k, v in (d.negatives_by_source or {}).items()} for d in m.counts.datasets]
     plot = "![score histogram](score_hist.png)" if "score_hist.png" in m.outputs else ""
     return Report(markdown=plot, table=rows, table_key=f"{ctx.instance}-stats-",
                   table_description=f"{ctx.instance}: negatives per dataset and score medians")

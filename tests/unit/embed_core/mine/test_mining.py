@@ -42,6 +42,20 @@ def test_window_excludes_query_positives_and_duplicates():
     assert stats.too_few == 1 and "d:0 (2 of 4)" in stats.too_few_examples[0]
 
 
+def test_the_negatives_are_counted_by_where_they_came_from_data_llm_or_this_mining():
+    from embed_core.mine.miner import negative_sources
+
+    vecs = {"q": unit(1, 0, 0), "pos": unit(0.9, 0.1, 0), "llm": unit(0.7, 0.7, 0), "own": unit(0.6, 0.8, 0),
+            **{f"c{i}": unit(0.8 - 0.1 * i, 0.6, 0) for i in range(3)}}
+    before = [rec(0, "q", ["pos"], negatives=["llm", "own"], origin="llm_negative"),
+              rec(1, "q", ["pos"], negatives=["own"]), rec(2, "q", ["pos"])]
+    s = MineConfig(range_min=0, range_max=10, num_negatives=2, relative_margin=None)
+    after, _ = mine_records(before, table_embed(vecs), s, corpus=["c0", "c1", "c2"], seed=42)
+    assert negative_sources(before, after) == {"original": 2, "llm": 1, "mined": sum(len(r.negatives) for r in after) - 3}
+    assert negative_sources(before, after)["mined"] > 0
+    assert negative_sources(before, before) == {"original": 2, "llm": 1, "mined": 0}
+
+
 def test_relative_margin_removes_planted_near_duplicate_of_positive():
     q, pos = unit(1, 0.3, 0), unit(1, 0, 0)
     near_dup = unit(1, 0.01, 0.02)  # a paraphrase of the positive: scores ~ the positive
@@ -266,4 +280,5 @@ def test_the_mine_stage_keeps_an_on_disk_index_in_its_scratch_directory_and_remo
     (ds,) = [d for d in manifest["counts"]["datasets"] if d["dataset"] == "scifact"]
     assert ds["index"]["on_disk"]["shards"] == 3 and ds["index"]["on_disk"]["bytes"] > 5183 * 32 * 4
     assert ds["index"]["size"] == 5183 and ds["negatives_added"] >= 3 * 808
+    assert ds["negatives_by_source"] == {"original": 0, "llm": 0, "mined": ds["negatives_added"]}
     assert not list(tmp_path.rglob("*.ivfdata")) and not list(tmp_path.rglob("shard-*.index"))
