@@ -475,7 +475,10 @@ def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]
     (artifacts are never modified in place, so sharing inodes is safe), copies across filesystems."""
     trained = trained_models(run_dir, config)
     scored = {r["model"] for r in rows if r["main"]}
-    label = next((lab for lab in reversed(trained) if lab in scored), None)
+    kept = {lab: why for lab in scored & set(trained) if (why := _untrained(Path(trained[lab]))) is not None}
+    for lab, why in sorted(kept.items()):  # its start model, saved again: nothing to release
+        log.info("evaluate: %s is not released: it was not trained (%s)", lab, why)
+    label = next((lab for lab in reversed(trained) if lab in scored and lab not in kept), None)
     if label is None:
         return None
     source = Path(trained[label])
@@ -500,6 +503,13 @@ def _write_release(writer: StageWriter, run_dir: Path, rows: list[dict[str, Any]
     write_card(target, facts, sentence_transformers_prompts(read_model_settings(source)), scores, dim_scores)
     writer.register_tree(RELEASE, kind="model")
     return {"model": label, "source": str(source), "path": RELEASE, "check": check}
+
+
+def _untrained(model_dir: Path) -> str | None:
+    """Why the train stage of ``model_dir`` kept its start model untrained (None: it trained, or the
+    model is no stage's)."""
+    manifest = read_manifest(model_dir.parent.parent, model_dir.parent.name)
+    return (manifest or {}).get("untrained")
 
 
 def released_files(model_dir: Path) -> list[Path]:

@@ -15,25 +15,35 @@ pytestmark = pytest.mark.slow
 
 def _config(tmp):
     """The planted harmful source alone in the stage; the clean source gives the dev records only."""
-    return parse_config({
-        "run_name": "gate", "run_root": str(tmp / "runs"), "data_root": str(tmp / "data"), "seed": 42,
-        "prepare": {"sources": [{"name": "clean", "kind": "flagembedding", "path": "clean.jsonl", "dev_fraction": 0.2},
-                                {"name": "shuffled", "kind": "flagembedding", "path": "shuffled.jsonl"}]},
-        "train": {"base_model": "default", "max_length": 32, "precision": "fp32", "stages": [
-            {"name": "s1", "datasets": ["shuffled"], "steps": 10, "lr": 3e-4, "warmup_steps": 0,
+    stage = {"name": "s1", "datasets": ["shuffled"], "steps": 10, "lr": 3e-4, "warmup_steps": 0,
              "batch_size": {"retrieval": 16}, "num_hard_negatives": 0, "query_max_length": 32,
              "passage_max_length": 32, "log_every": 1000, "checkpoint_every": 1000,
              "dev": {"eval_every": 1000, "max_rows": 200,
                      "tasks": [{"name": "CleanDev", "type": "retrieval", "dataset": "clean"}]},
-             "data_value": {"steps": 10, "seeds": 3, "source_mode": "add_one_in"}}]}})
+             "data_value": {"steps": 10, "seeds": 3, "source_mode": "add_one_in"}}
+    return parse_config({
+        "run_name": "gate", "run_root": str(tmp / "runs"), "data_root": str(tmp / "data"), "seed": 42,
+        "prepare": {"sources": [{"name": "clean", "kind": "flagembedding", "path": "clean.jsonl", "dev_fraction": 0.2},
+                                {"name": "shuffled", "kind": "flagembedding", "path": "shuffled.jsonl"}]},
+        "train": {"base_model": "default", "max_length": 128, "precision": "fp32", "use_instructions": False,
+                  "stages": [stage]},
+        "evaluate": {"models": ["base", "trained"], "tasks": [
+            {"name": "LocalSTS", "type": "sts", "path": "stsb/test.csv", "header": False,
+             "columns": {"text1": 0, "text2": 1, "score": 2}, "max_rows": 50}]}})
 
 
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory):
     from embed_core.prepare.run import run_prepare
 
+    import shutil
+
+    from tests.helpers.repo import REPO
+
     tmp = tmp_path_factory.mktemp("gate-start")
     _data(tmp)
+    (tmp / "data/stsb").mkdir()
+    shutil.copy(REPO / "data/stsb/test.csv", tmp / "data/stsb/test.csv")
     config = _config(tmp)
     run_dir = tmp / "runs/gate"
     run_prepare(config, run_dir)
@@ -77,6 +87,22 @@ def test_the_stage_left_without_records_keeps_its_start_model_untrained_and_says
     start = AutoModel.from_pretrained(default_model_path()).state_dict()
     assert saved.keys() <= start.keys() and all(saved[k].equal(start[k]) for k in saved)
     assert "dropped dataset:shuffled" in format_status(run_status(config, run_dir), run_dir)
+
+
+def test_evaluate_scores_the_kept_start_model_like_the_base_and_releases_nothing(gated, caplog):
+    import logging
+
+    from embed_core.evaluate.run import run_evaluate
+
+    config, run_dir, _ = gated
+    _run(config, run_dir, "train-s1")  # a cache hit after the test above
+    caplog.set_level(logging.INFO, logger="embedpipe.evaluate")
+    manifest = run_evaluate(config, run_dir)
+    scores = {s["model"]: s["value"] for s in manifest["counts"]["main_scores"]}
+    assert scores.keys() == {"base", "s1"} and scores["s1"] == pytest.approx(scores["base"], abs=1e-6)
+    assert manifest["release"] is None  # nothing trained: nothing to release (not a refusal that fails the stage)
+    assert any("s1 is not released: it was not trained (the data-value gate dropped every record"
+               in r.getMessage() for r in caplog.records)
 
 
 def test_a_stage_without_records_for_another_reason_is_still_an_error(gated, tmp_path):
