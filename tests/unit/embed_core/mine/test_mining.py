@@ -281,4 +281,7 @@ def test_the_mine_stage_keeps_an_on_disk_index_in_its_scratch_directory_and_remo
     assert ds["index"]["on_disk"]["shards"] == 3 and ds["index"]["on_disk"]["bytes"] > 5183 * 32 * 4
     assert ds["index"]["size"] == 5183 and ds["negatives_added"] >= 3 * 808
     assert ds["negatives_by_source"] == {"original": 0, "llm": 0, "mined": ds["negatives_added"]}
+    from embed_core.mine.stage import format_counts
+
+    assert f"negatives by source: scifact original 0, llm 0, mined {ds['negatives_added']}" in format_counts(manifest)
     assert not list(tmp_path.rglob("*.ivfdata")) and not list(tmp_path.rglob("shard-*.index"))
