@@ -21,6 +21,7 @@ from typing import Any
 
 from embed_core.artifacts import StageWriter, checked_outputs, read_parquet, stage_is_intact
 from embed_core.config import RunConfig, parse_config
+from embed_core.datavalue.apply import emptied_by_gate
 from embed_core.datavalue.config import SOURCE, DataValueConfig
 from embed_core.datavalue.units import unit_slug, without
 from embed_core.errors import ConfigError
@@ -161,7 +162,9 @@ def run_proxy(proxy: Proxy) -> dict[str, Any]:
 
     cached = proxy.cached
     if not cached:
-        log.info("data value: proxy %s, seed %d: training", proxy.variant, proxy.seed)
+        empty = emptied_by_gate(proxy.directory, PREPARE)
+        log.info("data value: proxy %s, seed %d: %s", proxy.variant, proxy.seed,
+                 "training" if empty is None else "no record: scoring the start model untrained")
         run_train_stage(proxy.config, proxy.directory, proxy.stage, upstream=PREPARE, resume=True,
                         fingerprint=proxy.fingerprint)
     trained = TrainManifest.read(proxy.directory, instance_name(proxy.stage))

@@ -4,6 +4,8 @@ scored untrained on the dev tasks; the unit's delta is the reference (the unit a
 A harmful unit is dropped, and the stage, left without a record, keeps its start model untrained
 instead of failing. Slow: the packaged all-MiniLM-L6-v2 trains 3 proxies of 10 steps (about a minute)."""
 
+import logging
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -47,13 +49,28 @@ def gated(tmp_path_factory):
     config = _config(tmp)
     run_dir = tmp / "runs/gate"
     run_prepare(config, run_dir)
-    return config, run_dir, _run(config, run_dir, "value-s1")
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler, logger = Keep(), logging.getLogger("embedpipe.datavalue")
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        manifest = _run(config, run_dir, "value-s1")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    return config, run_dir, manifest, records
 
 
 def test_the_base_without_any_record_is_the_start_model_scored_untrained_once_per_seed(gated):
     from embed_core.manifests import TrainManifest
 
-    _, run_dir, manifest = gated
+    _, run_dir, manifest, records = gated
     proxies = pq.read_table(run_dir / "value-s1/proxies.parquet").to_pylist()
     assert sorted({p["variant"] for p in proxies}) == ["base", "reference"]  # no third copy of the reference
     base = [p for p in proxies if p["variant"] == "base"]
@@ -61,10 +78,12 @@ def test_the_base_without_any_record_is_the_start_model_scored_untrained_once_pe
     trained = TrainManifest.read(run_dir / "proxies/s1/base", "train-s1-s1")
     assert trained.steps == 0 and "leaves out every record (dataset:shuffled)" in trained.untrained
     assert manifest["counts"]["proxy_runs"] == 6
+    assert "data value: proxy base, seed 1: no record: scoring the start model untrained" in records
+    assert "data value: proxy reference, seed 1: training" in records
 
 
 def test_a_harmful_unit_alone_is_dropped_against_the_untrained_start_model(gated):
-    _, run_dir, manifest = gated
+    _, run_dir, manifest, records = gated
     row = pq.read_table(run_dir / "value-s1/decision.parquet").to_pylist()[0]
     assert row["unit"] == "dataset:shuffled" and row["mode"] == "add_one_in"
     assert row["action"] == "drop", row
@@ -78,7 +97,7 @@ def test_the_stage_left_without_records_keeps_its_start_model_untrained_and_says
     from embed_core.model.encoder import default_model_path
     from embed_core.runs.status import format_status, run_status
 
-    config, run_dir, _ = gated
+    config, run_dir, *_ = gated
     manifest = _run(config, run_dir, "train-s1")
     assert manifest["steps"] == 0 and manifest["datasets"] == {}
     assert manifest["untrained"].startswith("the data-value gate dropped every record (dropped dataset:shuffled")
@@ -94,7 +113,7 @@ def test_evaluate_scores_the_kept_start_model_like_the_base_and_releases_nothing
 
     from embed_core.evaluate.run import run_evaluate
 
-    config, run_dir, _ = gated
+    config, run_dir, *_ = gated
     _run(config, run_dir, "train-s1")  # a cache hit after the test above
     caplog.set_level(logging.INFO, logger="embedpipe.evaluate")
     manifest = run_evaluate(config, run_dir)
@@ -109,7 +128,7 @@ def test_a_stage_without_records_for_another_reason_is_still_an_error(gated, tmp
     from embed_core.errors import ConfigError
     from embed_core.train.run import run_train_stage
 
-    config, run_dir, _ = gated
+    config, run_dir, *_ = gated
     raw = config.model_dump(mode="json")
     raw["train"]["stages"][0].update(tasks=["sts"], datasets=None, data_value=None)  # every record is retrieval
     with pytest.raises(ConfigError, match="no dataset matches"):
