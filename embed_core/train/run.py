@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,23 +90,28 @@ def _run_train_stage(step: TrainingStep, *, resume: bool, fingerprint: Fingerpri
     # fit (every rank; FSDP gathers the whole weights for the save on every rank)
     outcome = trainer.fit(resume=resume)
 
-    def commit() -> dict[str, Any]:
+    def write() -> dict[str, Any]:
         weights = outcome.state.items() if outcome.state is not None else outcome.model.state_dict().items()
         check_finite_weights(step.stage.name, weights, outcome.metrics, outcome.steps)
-        manifest = commit_stage(step, datasets, outcome, instructions, fingerprint, t0)
-        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the committed artifact supersedes the checkpoints
-        return manifest
+        return commit_stage(step, datasets, outcome, instructions, fingerprint, t0)
 
-    # rank 0 writes the stage (and merges); the others wait, however long that takes, and read it
-    return on_main_rank(step.instance, commit, lambda: committed(step.run_dir, step.instance, fingerprint.key))
+    return _commit_on_rank0(step, fingerprint, ckpt_dir, write)
 
 
 def _keep_start_model(step: TrainingStep, fingerprint: Fingerprint, reason: str, ckpt_dir: Path,
                       t0: float) -> dict[str, Any]:
     from embed_core.train.start_model import commit_start_model
 
+    return _commit_on_rank0(step, fingerprint, ckpt_dir,
+                            lambda: commit_start_model(step, fingerprint, reason, ckpt_dir / "dev-data", t0))
+
+
+def _commit_on_rank0(step: TrainingStep, fingerprint: Fingerprint, ckpt_dir: Path,
+                     write: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0 commits the stage with ``write`` and removes its checkpoints (the committed artifact
+    supersedes them); the others wait, however long that takes, and read what it committed."""
     def commit() -> dict[str, Any]:
-        manifest = commit_start_model(step, fingerprint, reason, ckpt_dir / "dev-data", t0)
+        manifest = write()
         shutil.rmtree(ckpt_dir, ignore_errors=True)
         return manifest
 

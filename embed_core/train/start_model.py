@@ -36,14 +36,9 @@ def load_start_model(step: TrainingStep):
 
     from embed_core.model.embedder import Embedder
     from embed_core.model.encoder import default_device_type
+    from embed_core.train.engine.trainer import encoder_settings
 
-    cfg = step.train
-    model = Embedder(step.init_model, pooling=cfg.pooling, max_length=cfg.max_length,
-                     instruction_template=cfg.instruction_template,
-                     exclude_instruction_from_pooling=cfg.exclude_instruction_from_pooling,
-                     bidirectional=cfg.bidirectional,
-                     gguf_file=cfg.gguf_file if step.init_model == cfg.base_model else None,
-                     append_eos=cfg.append_eos)
+    model = Embedder(step.init_model, **encoder_settings(step.train, step.init_model))
     return model.to(torch.device(default_device_type())).eval()
 
 

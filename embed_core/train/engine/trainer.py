@@ -88,6 +88,15 @@ def _multipliers(stage: TrainStageConfig, datasets: dict[str, DatasetRecords]) -
     return {n: stage.dataset_weight.get(n, 1.0) * factors[n] for n in datasets}
 
 
+def encoder_settings(train: TrainConfig, init_model: str) -> dict[str, Any]:
+    """The ``Embedder`` settings a stage's model is loaded with (pooling, lengths, template,
+    attention direction, EOS), whether it then trains or is kept untrained (``embed_core.train.start_model``)."""
+    return {"pooling": train.pooling, "max_length": train.max_length, "instruction_template": train.instruction_template,
+            "exclude_instruction_from_pooling": train.exclude_instruction_from_pooling,
+            "bidirectional": train.bidirectional,
+            "gguf_file": train.gguf_file if init_model == train.base_model else None, "append_eos": train.append_eos}
+
+
 class Trainer:
     def __init__(self, train: TrainConfig, stage: TrainStageConfig, datasets: dict[str, DatasetRecords], *,
                  init_model: str, checkpoint_dir: Path, seed: int = 42, log: Callable[[str], None] = print):
@@ -96,13 +105,9 @@ class Trainer:
         t = time.perf_counter()
         # under sharding only rank 0 reads the checkpoint; the others build the model on the meta
         # device and get their shards from rank 0 (Backend.place)
-        model = Embedder(init_model, pooling=train.pooling, max_length=train.max_length,
-                         instruction_template=train.instruction_template,
-                         exclude_instruction_from_pooling=train.exclude_instruction_from_pooling,
-                         bidirectional=train.bidirectional,
-                         gguf_file=train.gguf_file if init_model == train.base_model else None,
+        model = Embedder(init_model, **encoder_settings(train, init_model),
                          gradient_checkpointing=stage.gradient_checkpointing,
-                         lora=train.lora.model_dump() if train.lora else None, append_eos=train.append_eos,
+                         lora=train.lora.model_dump() if train.lora else None,
                          # a LoRA base is frozen: loaded straight into its storage dtype
                          torch_dtype=torch.bfloat16 if train.weights_dtype == "bf16" and train.lora else None,
                          attn_implementation=resolve_attention(train.attention, self.device.type),

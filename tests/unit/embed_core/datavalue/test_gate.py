@@ -65,6 +65,11 @@ def gated(tmp_path_factory):
     config = _config(tmp)
     run_dir = tmp / "runs/gate"
     run_prepare(config, run_dir)
+    return (config, run_dir, *_run_logged(config, run_dir, "value-s1"))
+
+
+def _run_logged(config, run_dir, instance):
+    """``_run`` with the data-value step's log lines kept: (its manifest, the lines)."""
     records: list[str] = []
 
     class Keep(logging.Handler):
@@ -76,11 +81,10 @@ def gated(tmp_path_factory):
     old = logger.level
     logger.setLevel(logging.INFO)
     try:
-        manifest = _run(config, run_dir, "value-s1")
+        return _run(config, run_dir, instance), records
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old)
-    return config, run_dir, manifest, records
 
 
 def test_a_planted_harmful_source_is_dropped_and_the_clean_source_kept(gated):

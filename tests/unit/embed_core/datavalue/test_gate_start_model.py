@@ -4,13 +4,11 @@ scored untrained on the dev tasks; the unit's delta is the reference (the unit a
 A harmful unit is dropped, and the stage, left without a record, keeps its start model untrained
 instead of failing. Slow: the packaged all-MiniLM-L6-v2 trains 3 proxies of 10 steps (about a minute)."""
 
-import logging
-
 import pyarrow.parquet as pq
 import pytest
 
 from embed_core.config import parse_config
-from tests.unit.embed_core.datavalue.test_gate import _data, _run
+from tests.unit.embed_core.datavalue.test_gate import _data, _run, _run_logged
 
 pytestmark = pytest.mark.slow
 
@@ -49,22 +47,7 @@ def gated(tmp_path_factory):
     config = _config(tmp)
     run_dir = tmp / "runs/gate"
     run_prepare(config, run_dir)
-    records: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    handler, logger = Keep(), logging.getLogger("embedpipe.datavalue")
-    logger.addHandler(handler)
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    try:
-        manifest = _run(config, run_dir, "value-s1")
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
-    return config, run_dir, manifest, records
+    return (config, run_dir, *_run_logged(config, run_dir, "value-s1"))
 
 
 def test_the_base_without_any_record_is_the_start_model_scored_untrained_once_per_seed(gated):
