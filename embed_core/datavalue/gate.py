@@ -24,7 +24,7 @@ from embed_core.config import RunConfig
 from embed_core.datavalue.proxy import (REFERENCE, check_budget, cost_line, plan_proxy, proxy_root, run_proxy,
                                         seconds_per_step, seeds, unit_pairs, variants, write_variant_records)
 from embed_core.datavalue.rule import UnitDecision, decide
-from embed_core.datavalue.units import applied_weights, discover, used_files, without
+from embed_core.datavalue.units import applied_weights, discover, used_files, whole, without
 from embed_core.errors import ConfigError
 from embed_core.fingerprint import Fingerprint
 from embed_core.manifests import DataValueManifest
@@ -72,7 +72,8 @@ def run_gate(config: RunConfig, run_dir: str | Path, stage_name: str, instance: 
     reference = [score[(REFERENCE, s)] for s in seeds(cfg)]
     deltas = {u: [score[(with_, s)] - score[(without_, s)] for s in seeds(cfg)]
               for u, (with_, without_) in unit_pairs(units, cfg).items()}
-    decisions = decide(deltas, statistics.stdev(reference), down_weight=cfg.down_weight, z=cfg.z)
+    decisions = decide(deltas, statistics.stdev(reference), down_weight=cfg.down_weight, z=cfg.z,
+                       whole=whole(files, units))
     return _commit(config, run_dir, stage_name, instance, fingerprint, upstream, files, cfg, decisions, deltas,
                    rows, reference, t0)
 

@@ -27,6 +27,12 @@ The decision, with ``z`` the one-sided width of the band (1.0: about 84 % one-si
   noise band;
 * **keep** (weight 1) when d̄ >= 0.
 
+A unit the stage has nothing without (``whole``: its only data, e.g. a corpus recipe's generated
+queries) is kept where it would be down-weighted: a weight on all of a stage's records scales its
+loss and nothing else, which AdamW's per-parameter normalisation undoes, so down-weighting it would
+report an action that does not act. Such a unit is still dropped past the noise (the stage then
+keeps its start model).
+
 Fewer than two seeds give no spread to test against: such a unit is never dropped (one negative
 delta is down-weighted, the reason says why), and neither is any unit when ``noise`` is not a number
 (the reference ran on fewer than two seeds). A delta that is not finite, a negative noise, a
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from embed_core.errors import ConfigError, EmbedpipeError
@@ -81,7 +87,18 @@ def _check(deltas: Mapping[str, Sequence[float]], noise: float, down_weight: flo
             raise EmbedpipeError(f"data value: unit {unit!r}: delta of seed {bad} is {values[bad]}, not a finite number")
 
 
-def _decide_one(unit: str, values: Sequence[float], noise: float, down_weight: float, z: float) -> UnitDecision:
+WHOLE = "; the stage's only data: a weight would scale its whole loss and nothing else, so it is kept"
+
+
+def _decide_one(unit: str, values: Sequence[float], noise: float, down_weight: float, z: float,
+                whole: bool = False) -> UnitDecision:
+    d = _band_decision(unit, values, noise, down_weight, z)
+    if whole and d.action == "down-weight":
+        return replace(d, action="keep", weight=1.0, reason=d.reason + WHOLE)
+    return d
+
+
+def _band_decision(unit: str, values: Sequence[float], noise: float, down_weight: float, z: float) -> UnitDecision:
     n = len(values)
     if n == 0:
         return UnitDecision(unit, math.nan, math.nan, noise, 0, "keep", 1.0, "not measured: no proxy run")
@@ -104,11 +121,12 @@ def _decide_one(unit: str, values: Sequence[float], noise: float, down_weight: f
 
 
 def decide(deltas: Mapping[str, Sequence[float]], noise: float, *, down_weight: float = 0.5,
-           z: float = 1.0) -> list[UnitDecision]:
-    """One decision per unit, in the order of ``deltas`` (see the module docstring for the rule)."""
+           z: float = 1.0, whole: frozenset[str] = frozenset()) -> list[UnitDecision]:
+    """One decision per unit, in the order of ``deltas``; ``whole``: the units the stage has no record
+    without (see the module docstring for the rule)."""
     noise = float(noise)
     _check(deltas, noise, down_weight, z)
-    return [_decide_one(unit, values, noise, down_weight, z) for unit, values in deltas.items()]
+    return [_decide_one(unit, values, noise, down_weight, z, unit in whole) for unit, values in deltas.items()]
 
 
 def decisions_table(decisions: Sequence[UnitDecision]):

@@ -56,6 +56,15 @@ def discover(files: dict[str, tuple[Path, str]], cfg: DataValueConfig) -> list[s
     return list(cfg.units)
 
 
+def whole(files: dict[str, tuple[Path, str]], units: list[str]) -> frozenset[str]:
+    """The units without which the stage has no record left (e.g. ``origin:synthetic`` in a corpus
+    recipe): a weight on such a unit scales the stage's whole loss and changes nothing else."""
+    tables = {name: read_parquet(path) for name, (path, _) in files.items()}
+    return frozenset(u for u in units
+                     if all((out := without(n, t, frozenset([u]))) is None or out.num_rows == 0
+                            for n, t in tables.items()))
+
+
 def without(name: str, table: pa.Table, removed: frozenset[str]) -> pa.Table | None:
     """Record file ``name``'s records without the units ``removed`` (None: the whole file goes);
     the same table object when nothing in it is removed."""

@@ -64,6 +64,18 @@ def test_the_reference_noise_widens_the_band_when_the_units_own_seeds_agree_by_c
     assert decide(deltas, 0.0)[0].action == "drop"
 
 
+def test_a_stages_only_data_is_kept_where_it_would_be_down_weighted_and_still_dropped_past_the_noise():
+    out = _by_unit(decide(DELTAS, NOISE, whole=frozenset({"llm_negatives", "shuffled_copy", "one_seed"})))
+    # llm_negatives: bound 0.182971 >= 0 and mean -0.2 < 0 (see above): a down-weight, kept as the stage's only data
+    kept = out["llm_negatives"]
+    assert (kept.action, kept.weight) == ("keep", 1.0) and kept.bound == pytest.approx(0.182971, abs=1e-6)
+    assert "within the noise" in kept.reason and "only data" in kept.reason
+    assert (out["one_seed"].action, out["one_seed"].weight) == ("keep", 1.0)
+    assert (out["shuffled_copy"].action, out["shuffled_copy"].weight) == ("drop", 0.0)
+    # the same deltas without ``whole``: down-weighted as before
+    assert _by_unit(decide(DELTAS, NOISE))["llm_negatives"].action == "down-weight"
+
+
 def test_a_unit_on_fewer_than_two_seeds_or_with_unknown_noise_is_never_dropped_and_the_reason_says_why():
     d = _by_unit(decide(DELTAS, NOISE))["one_seed"]
     assert (d.action, d.weight, d.seeds, d.delta) == ("down-weight", 0.5, 1, -3.0)

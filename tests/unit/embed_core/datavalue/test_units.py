@@ -7,7 +7,7 @@ import pytest
 from embed_core.datavalue.apply import gated_stage
 from embed_core.datavalue.config import DataValueConfig
 from embed_core.datavalue.proxy import check_budget, unit_pairs, variants
-from embed_core.datavalue.units import applied_weights, without
+from embed_core.datavalue.units import applied_weights, whole, without
 from embed_core.errors import ConfigError
 from embed_core.schema import RECORD_SCHEMA
 from embed_core.train.config import TrainStageConfig
@@ -40,6 +40,25 @@ def test_an_origin_unit_removes_its_records_and_llm_negatives_are_taken_out_of_t
     stripped = out[1]
     assert stripped["negatives"] == ["mined"] and stripped["negative_scores"] == [0.5]
     assert stripped["origin"] == "original"
+
+
+def test_a_unit_is_the_stages_whole_data_only_when_nothing_is_left_without_it(tmp_path):
+    import pyarrow.parquet as pq
+
+    def files(**tables):
+        for name, rows in tables.items():
+            pq.write_table(pa.Table.from_pylist(rows, schema=RECORD_SCHEMA), tmp_path / f"{name}.parquet")
+        return {f"{n}.parquet": (tmp_path / f"{n}.parquet", "sha") for n in tables}
+
+    corpus = files(corpus=[_record(i, "synthetic", []) for i in range(3)])
+    assert whole(corpus, ["origin:synthetic", "dataset:corpus"]) == {"origin:synthetic", "dataset:corpus"}
+    # an original record beside the generated ones, or another file: the unit is not the whole data
+    mixed = files(mixed=[_record(0, "original", []), _record(1, "synthetic", [])])
+    assert whole(mixed, ["origin:synthetic", "dataset:mixed"]) == {"dataset:mixed"}
+    two = files(a=[_record(0, "synthetic", [])], b=[_record(1, "original", [])])
+    assert whole(two, ["origin:synthetic", "dataset:a"]) == frozenset()
+    # taking out llm negatives leaves their records: never the whole data
+    assert whole(files(n=[_record(0, "llm_negative", ["llm"])]), ["origin:llm_negative"]) == frozenset()
 
 
 def test_leave_one_out_compares_the_reference_and_add_one_in_compares_with_the_base():
