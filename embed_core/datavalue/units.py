@@ -58,11 +58,17 @@ def discover(files: dict[str, tuple[Path, str]], cfg: DataValueConfig) -> list[s
 
 def whole(files: dict[str, tuple[Path, str]], units: list[str]) -> frozenset[str]:
     """The units without which the stage has no record left (e.g. ``origin:synthetic`` in a corpus
-    recipe): a weight on such a unit scales the stage's whole loss and changes nothing else."""
-    tables = {name: read_parquet(path) for name, (path, _) in files.items()}
-    return frozenset(u for u in units
-                     if all((out := without(n, t, frozenset([u]))) is None or out.num_rows == 0
-                            for n, t in tables.items()))
+    recipe): a weight on such a unit scales the stage's whole loss and changes nothing else.
+    ``origin:llm_negative`` never is (its records stay, without their LLM negative)."""
+    origins = {name: _origins(path) for name, (path, _) in files.items()}
+
+    def is_whole(unit: str) -> bool:
+        kind, _, value = unit.partition(":")
+        if kind == SOURCE:
+            return set(files) == {f"{value}.parquet"}
+        return value != LLM_NEGATIVE and all(found <= {value} for found in origins.values())
+
+    return frozenset(u for u in units if files and is_whole(u))
 
 
 def without(name: str, table: pa.Table, removed: frozenset[str]) -> pa.Table | None:
