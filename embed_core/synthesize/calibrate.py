@@ -5,8 +5,9 @@ The cascade (each filter a *scorer*: a batch of (query, passage) pairs -> one sc
 meaning "the passage answers the query", or None when the filter cannot score and steps aside):
 
 * generator likelihood (InPars): the mean token logprob of the query given its passage, read from
-  the server's echoed prompt logprobs (``LikelihoodScorer``); a server that returns none (or refuses
-  ``echo``) makes the filter say so once in the log and step aside;
+  the server's echoed prompt logprobs (``LikelihoodScorer``); a server that returns none, refuses
+  ``echo``, fails or times out on it, or would take longer than the filter's time budget (timed on
+  the shortest prompt, scaled by length) makes the filter say so once in the log and step aside;
 * round-trip consistency (``round_trip_scorer``): minus the rank of the shown passage among the
   corpus's passages for the query (``consistency.passage_ranks``), so rank 1 scores -1;
 * a teacher's score (a cross-encoder or the embedding model): calibrated like the others; the stage
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -260,34 +262,53 @@ def mean_query_logprob(logprobs: Mapping[str, Any], query_start: int, query_end:
 class LikelihoodScorer:
     """The generator-likelihood filter (InPars): the mean token logprob of the query after
     ``template`` filled with its passage. The first pair the server gives no logprobs for makes the
-    filter say so once in the log and step aside (every later call returns None at once)."""
+    filter say so once in the log and step aside (every later call returns None at once). The
+    shortest prompt is asked first and timed: when all the prompts would take longer than
+    ``max_seconds`` (its time scaled by their length in characters), the filter steps aside too."""
 
-    def __init__(self, echo: Echo, template: str = LIKELIHOOD_TEMPLATE):
+    def __init__(self, echo: Echo, template: str = LIKELIHOOD_TEMPLATE, max_seconds: float | None = None):
         self.echo = echo
         self.template = template
+        self.max_seconds = max_seconds
         self.stepped_aside: str | None = None
+
+    def _aside(self, why: str) -> None:
+        self.stepped_aside = why
+        log.warning("synthesize: the likelihood filter steps aside: %s", why)
+
+    def _over_budget(self, seconds: float, probe: str, prompts: list[str]) -> str | None:
+        estimate = seconds * sum(len(p) for p in prompts) / max(1, len(probe))
+        if self.max_seconds is None or estimate <= self.max_seconds:
+            return None
+        return (f"the server's prompt logprobs would take about {estimate / 60:.1f} min for {len(prompts)} pairs "
+                f"({seconds:.1f} s for the shortest prompt, {len(probe)} characters), over the budget of "
+                f"{self.max_seconds / 60:g} min (synthesize.calibration.likelihood_max_minutes)")
 
     def __call__(self, pairs: list[Pair]) -> list[float] | None:
         if self.stepped_aside is not None:
             return None
-        out = []
-        for query, passage in pairs:
-            prefix = self.template.format(passage=passage)
-            prompt = f"{prefix} {query}"
-            got = self.echo(prompt)
-            score = None if isinstance(got, str) else mean_query_logprob(got, len(prefix), len(prompt))
+        prefixes = [self.template.format(passage=passage) for _, passage in pairs]
+        prompts = [f"{prefix} {query}" for prefix, (query, _) in zip(prefixes, pairs)]
+        out: list[float] = [math.nan] * len(pairs)
+        for k, i in enumerate(sorted(range(len(pairs)), key=lambda j: len(prompts[j]))):
+            t0 = time.perf_counter()
+            got = self.echo(prompts[i])
+            score = None if isinstance(got, str) else mean_query_logprob(got, len(prefixes[i]), len(prompts[i]))
             if score is None:
-                self.stepped_aside = got if isinstance(got, str) else "the server returned no logprobs for the query"
-                log.warning("synthesize: the likelihood filter steps aside: %s", self.stepped_aside)
+                self._aside(got if isinstance(got, str) else "the server returned no logprobs for the query")
                 return None
-            out.append(score)
+            out[i] = score
+            over = self._over_budget(time.perf_counter() - t0, prompts[i], prompts) if k == 0 else None
+            if over is not None:
+                self._aside(over)
+                return None
         return out
 
 
 def openai_echo(base_url: str, model: str, *, api_key: str = "not-needed", timeout_s: float = 60.0) -> Echo:
     """An ``Echo`` over an OpenAI-compatible ``/completions`` endpoint (``echo`` with ``logprobs``:
-    vLLM and OpenAI's legacy API answer it; a server that refuses it or sends no logprobs, such as
-    llama.cpp's, yields the reason instead). Requests are not cached."""
+    vLLM, llama-cpp-python and OpenAI's legacy API answer it; a server that refuses it, sends no
+    logprobs, fails or times out yields the reason instead). Requests are not cached."""
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=2)
@@ -298,6 +319,9 @@ def openai_echo(base_url: str, model: str, *, api_key: str = "not-needed", timeo
                                              temperature=0.0)
         except openai.BadRequestError as exc:
             return f"the server at {base_url} refused a prompt-logprobs (echo) request: {str(exc)[:160]}"
+        except (openai.APITimeoutError, openai.APIStatusError) as exc:
+            return (f"the server at {base_url} did not answer a prompt-logprobs (echo) request "
+                    f"({type(exc).__name__}, after {timeout_s:g} s per try and 2 retries): {str(exc)[:120]}")
         lp = resp.choices[0].logprobs if resp.choices else None
         if lp is None or not getattr(lp, "token_logprobs", None) or not getattr(lp, "text_offset", None):
             return f"the server at {base_url} returned no prompt logprobs"

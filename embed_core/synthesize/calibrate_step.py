@@ -128,7 +128,8 @@ def _likelihood(cfg: SynthesizeConfig, servers: Servers) -> LikelihoodScorer:
         key = os.environ[cfg.server.api_key_env]
     if url is None:
         return LikelihoodScorer(lambda prompt: "synthesize.server has no base_url to ask for prompt logprobs")
-    return LikelihoodScorer(openai_echo(url, cfg.server.model, api_key=key, timeout_s=cfg.server.timeout_s))
+    return LikelihoodScorer(openai_echo(url, cfg.server.model, api_key=key, timeout_s=cfg.server.timeout_s),
+                            max_seconds=cfg.calibration.likelihood_max_minutes * 60)
 
 
 def calibrate_queries(cfg: SynthesizeConfig, records: list[Any], candidates: list[Candidate],

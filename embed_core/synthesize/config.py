@@ -229,6 +229,11 @@ class CalibrationConfig(StrictModel):
                            "mismatched ones: each filter scores 2 x max_pairs pairs plus the candidates.")
     seed: int | None = Field(None, description="Seed of the sample and of the mismatched pairs; null = the "
                              "run's seed.")
+    likelihood_max_minutes: float = Field(
+        20.0, gt=0, description="The likelihood filter's time budget: the shortest prompt's echo is timed first, "
+        "and when every pair's would take longer (its time scaled by prompt length) the filter steps aside, said "
+        "once. The packaged llama-cpp-python server answers echo but computes each prompt token's logprobs over "
+        "Gemma-3's whole 262k-token vocabulary in Python: about 1 s per token on a CPU, minutes per pair.")
 
 
 # Unicode categories that are not text a prompt may hold: controls (line breaks too), format

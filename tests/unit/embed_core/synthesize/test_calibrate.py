@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import numpy as np
 import pytest
 
 from embed_core.errors import ConfigError
-from embed_core.synthesize.calibrate import (FilterRefused, LikelihoodScorer, calibrate_filters,
+from embed_core.synthesize.calibrate import (LIKELIHOOD_TEMPLATE, FilterRefused, LikelihoodScorer, calibrate_filters,
                                              calibrate_threshold, calibration_markdown, calibration_rows,
                                              held_out, mean_query_logprob, mismatched_pairs, openai_echo,
                                              pairs_from_records, round_trip_scorer)
 from embed_core.schema import Record
-from tests.helpers.llm_server import ScriptedLLMServer
+from tests.helpers.llm_server import ScriptedLLMServer, needs_llama
 
 N = 10
 REAL = [(f"q{i} what about topic {i}", f"p{i} a passage on topic {i}") for i in range(N)]
@@ -129,6 +130,59 @@ def test_the_likelihood_filter_steps_aside_once_saying_why_when_the_server_retur
     assert said == [f"synthesize: the likelihood filter steps aside: the server at {server.base_url} "
                     "returned no prompt logprobs"]
     assert math.isnan(calibration_rows(out)[0]["precision"])
+
+
+def test_the_likelihood_filter_times_the_shortest_prompt_and_steps_aside_when_all_would_exceed_its_budget(caplog):
+    asked = []
+
+    def slow_echo(prompt):
+        asked.append(prompt)
+        time.sleep(0.05)
+        return _toy_echo(prompt)
+
+    pairs = [("heart pumps blood", "the heart pumps blood " * k) for k in (4, 1, 2, 3)]
+    tight = LikelihoodScorer(slow_echo, max_seconds=0.1)
+    with caplog.at_level(logging.WARNING, logger="embedpipe.synthesize"):
+        assert tight(pairs) is None and tight(pairs) is None
+    # one echo, the shortest prompt's; >= 0.05 s scaled by 4 prompts of 1 to 4 times its length > 0.1 s
+    assert asked == [f"{LIKELIHOOD_TEMPLATE.format(passage=pairs[1][1])} heart pumps blood"]
+    (said,) = [r.getMessage() for r in caplog.records if "steps aside" in r.getMessage()]
+    assert "would take about" in said and "for 4 pairs" in said and "likelihood_max_minutes" in said
+    asked.clear()
+    roomy = LikelihoodScorer(slow_echo, max_seconds=60.0)
+    assert roomy(pairs) == LikelihoodScorer(_toy_echo)(pairs) and len(asked) == 4 and roomy.stepped_aside is None
+
+
+@pytest.mark.parametrize("fault", ["timeout", "500"])
+def test_a_server_failing_or_timing_out_on_echo_makes_the_likelihood_filter_step_aside_saying_so(fault, caplog):
+    # the openai client tries each request 3 times (2 retries): every try fails
+    with ScriptedLLMServer(faults=[fault] * 3, timeout_sleep=2.0) as server:
+        liked = LikelihoodScorer(openai_echo(server.base_url, "scripted", timeout_s=0.5))
+        with caplog.at_level(logging.WARNING, logger="embedpipe.synthesize"):
+            assert liked(REAL[:2]) is None
+        assert server.total_calls == 3
+    assert liked.stepped_aside.startswith(f"the server at {server.base_url} did not answer a prompt-logprobs (echo) "
+                                          "request (")
+    assert ("APITimeoutError" if fault == "timeout" else "InternalServerError") in liked.stepped_aside
+
+
+@pytest.mark.llama_server
+@needs_llama
+def test_the_packaged_llama_cpp_server_answers_echo_too_slowly_and_the_likelihood_filter_steps_aside(tmp_path):
+    # llama-cpp-python returns prompt logprobs, but computes each token's over Gemma-3's whole 262k-token
+    # vocabulary in Python: seconds for a short prompt, so 6 pairs would exceed a 3-second budget
+    from embed_core.synthesize.server import LlamaCppServer, default_gguf_path
+
+    pairs = [(f"what does the {organ} do", f"The {organ} is an organ of the human body.")
+             for organ in ["heart", "liver", "kidney", "lung", "brain", "skin"]]
+    with LlamaCppServer(default_gguf_path(), model_alias="gemma-3-270m", n_threads=1,
+                        log_path=tmp_path / "llama.log") as server:
+        echo = openai_echo(server.base_url, "gemma-3-270m", timeout_s=120.0)
+        got = echo(f"{LIKELIHOOD_TEMPLATE.format(passage=pairs[0][1])} {pairs[0][0]}")
+        liked = LikelihoodScorer(echo, max_seconds=3.0)
+        assert liked(pairs) is None
+    assert isinstance(got, dict) and any(lp is not None for lp in got["token_logprobs"])   # logprobs it does send
+    assert "would take about" in liked.stepped_aside and "for 6 pairs" in liked.stepped_aside
 
 
 def test_round_trip_as_a_score_is_minus_the_rank_of_the_shown_passage():
