@@ -12,6 +12,7 @@ config that produced it).
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from pathlib import Path
@@ -92,11 +93,12 @@ def run_scores(row: str, seed: int, run_dir: str | Path, config: RunConfig,
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (row, task): mean and sample standard deviation over the seeds (×100), seeds counted."""
+    """Per (row, task): mean and sample standard deviation over the seeds (×100; NaN for one seed),
+    seeds counted."""
     groups: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         groups.setdefault((r["row"], r["task"]), []).append(100 * r["score"])
-    return [{"row": row, "task": task, "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+    return [{"row": row, "task": task, "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else math.nan,
              "seeds": len(xs)} for (row, task), xs in groups.items()]
 
 
@@ -119,7 +121,8 @@ def report_markdown(config: RunConfig, stats: list[dict[str, Any]]) -> str:
                 cells.append("")
                 continue
             delta = f" ({s['mean'] - b['mean']:+.2f})" if b is not None and row != BASE else ""
-            cells.append(f"{s['mean']:.2f} ± {s['std']:.2f}{delta}")
+            spread = f" ± {s['std']:.2f}" if s["seeds"] > 1 else " (1 seed: no spread)"
+            cells.append(f"{s['mean']:.2f}{spread}{delta}")
         lines.append(f"| {row} | {shown} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -1,6 +1,8 @@
 """Ablation rows (``embed_core.runs.ablation``): settings changed by path, one run per row and seed
 under its own name and seed, evaluated with its last stage's model; the table's mean ± spread."""
 
+import math
+
 import pytest
 import yaml
 
@@ -51,6 +53,15 @@ def test_the_table_holds_mean_and_sample_spread_over_seeds_and_the_difference_to
     table = report_markdown(config, summary(rows))
     assert "| base | the config | 81.00 ± 1.41 |" in table
     assert "| x | `train.stages[stage2].steps: 5` | 85.00 ± 0.00 (+4.00) |" in table
+
+
+def test_one_seed_shows_no_spread_rather_than_a_spread_of_zero():
+    config = _config(seeds=[1], variants={"x": {"train.stages[stage2].steps": 5}})
+    rows = [{"row": "base", "seed": 1, "task": "T", "score": 0.80}, {"row": "x", "seed": 1, "task": "T", "score": 0.85}]
+    assert math.isnan(summary(rows)[0]["std"])
+    table = report_markdown(config, summary(rows))
+    assert "| base | the config | 80.00 (1 seed: no spread) |" in table
+    assert "| x | `train.stages[stage2].steps: 5` | 85.00 (1 seed: no spread) (+5.00) |" in table
 
 
 @pytest.mark.parametrize("path", ["seed", "run_name", "run_root", "evaluate.models"])
