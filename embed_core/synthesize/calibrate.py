@@ -320,8 +320,10 @@ def openai_echo(base_url: str, model: str, *, api_key: str = "not-needed", timeo
         except openai.BadRequestError as exc:
             return f"the server at {base_url} refused a prompt-logprobs (echo) request: {str(exc)[:160]}"
         except (openai.APITimeoutError, openai.APIStatusError) as exc:
+            how = (f"no answer within {timeout_s:g} s" if isinstance(exc, openai.APITimeoutError)
+                   else f"HTTP {exc.status_code}: {str(exc)[:120]}")
             return (f"the server at {base_url} did not answer a prompt-logprobs (echo) request "
-                    f"({type(exc).__name__}, after {timeout_s:g} s per try and 2 retries): {str(exc)[:120]}")
+                    f"({type(exc).__name__}, {how}; 3 tries)")
         lp = resp.choices[0].logprobs if resp.choices else None
         if lp is None or not getattr(lp, "token_logprobs", None) or not getattr(lp, "text_offset", None):
             return f"the server at {base_url} returned no prompt logprobs"

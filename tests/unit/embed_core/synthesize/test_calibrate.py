@@ -163,7 +163,9 @@ def test_a_server_failing_or_timing_out_on_echo_makes_the_likelihood_filter_step
         assert server.total_calls == 3
     assert liked.stepped_aside.startswith(f"the server at {server.base_url} did not answer a prompt-logprobs (echo) "
                                           "request (")
-    assert ("APITimeoutError" if fault == "timeout" else "InternalServerError") in liked.stepped_aside
+    assert liked.stepped_aside.endswith("3 tries)")
+    assert ("APITimeoutError, no answer within 0.5 s" if fault == "timeout" else "InternalServerError, HTTP 500"
+            ) in liked.stepped_aside
 
 
 @pytest.mark.llama_server
