@@ -58,17 +58,16 @@ def discover(files: dict[str, tuple[Path, str]], cfg: DataValueConfig) -> list[s
 
 def whole(files: dict[str, tuple[Path, str]], units: list[str]) -> frozenset[str]:
     """The units without which the stage has no record left (e.g. ``origin:synthetic`` in a corpus
-    recipe): a weight on such a unit scales the stage's whole loss and changes nothing else.
-    ``origin:llm_negative`` never is (its records stay, without their LLM negative)."""
-    origins = {name: _origins(path) for name, (path, _) in files.items()}
+    recipe): a weight on such a unit scales the stage's whole loss and changes nothing else. Decided
+    by ``without`` on the files' origin columns; ``origin:llm_negative`` never is (its records stay,
+    without their LLM negative)."""
+    origins = {name: read_parquet(path, columns=["origin"]) for name, (path, _) in files.items()}
 
-    def is_whole(unit: str) -> bool:
-        kind, _, value = unit.partition(":")
-        if kind == SOURCE:
-            return set(files) == {f"{value}.parquet"}
-        return value != LLM_NEGATIVE and all(found <= {value} for found in origins.values())
+    def left(unit: str) -> int:
+        return sum(0 if (out := without(name, table, frozenset([unit]))) is None else out.num_rows
+                   for name, table in origins.items())
 
-    return frozenset(u for u in units if files and is_whole(u))
+    return frozenset(u for u in units if files and u != f"{SYNTHETIC}:{LLM_NEGATIVE}" and left(u) == 0)
 
 
 def without(name: str, table: pa.Table, removed: frozenset[str]) -> pa.Table | None:
