@@ -176,12 +176,14 @@ def run_proxy(proxy: Proxy) -> dict[str, Any]:
 
 
 def seconds_per_step(root: Path) -> float | None:
-    """The mean seconds per step of the proxies committed under ``root`` (None: none yet)."""
+    """The mean seconds per step of the proxies committed under ``root`` that trained (an untrained
+    scoring of the start model has no step to time); None: none yet."""
     rates = []
     for path in sorted(root.glob(f"*/{instance_name('*')}/manifest.json")):
         try:
             m = json.loads(path.read_bytes())
-            rates.append(float(m["timings_s"]["total"]) / max(1, int(m["steps"])))
+            if int(m["steps"]) > 0:
+                rates.append(float(m["timings_s"]["total"]) / int(m["steps"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return statistics.fmean(rates) if rates else None
@@ -190,15 +192,19 @@ def seconds_per_step(root: Path) -> float | None:
 def cost_line(stage: str, proxies: list[Proxy], units: int, cfg: DataValueConfig, rate: float | None) -> str:
     """What the gate will cost, said before it starts."""
     todo = [p for p in proxies if not p.cached]
-    n_variants = len(proxies) // cfg.seeds
+    untrained = {id(p) for p in proxies if emptied_by_gate(p.directory, PREPARE) is not None}  # no record: 0 steps
+    n_variants, trained = len(proxies) // cfg.seeds, len(proxies) - len(untrained)
+    runs = (f" × {cfg.steps} steps" if not untrained else
+            f": {trained} of {cfg.steps} steps and {len(untrained)} untrained scorings of the start model (no record)")
     line = (f"data value gate before stage {stage}: {len(proxies)} proxy runs ({n_variants} variants for {units} "
-            f"units × {cfg.seeds} seeds) × {cfg.steps} steps = {len(proxies) * cfg.steps} steps; "
+            f"unit{'' if units == 1 else 's'} × {cfg.seeds} seeds){runs} = {trained * cfg.steps} steps; "
             f"{len(proxies) - len(todo)} cached, {len(todo)} to train")
     if not todo:
         return line + " (nothing to train)"
     if rate is None:
         return line + " (no earlier proxy timing to estimate minutes from)"
-    return line + f", about {len(todo) * cfg.steps * rate / 60:.1f} min ({rate:.2f} s per step measured before)"
+    steps = sum(cfg.steps for p in todo if id(p) not in untrained)
+    return line + f", about {steps * rate / 60:.1f} min ({rate:.2f} s per step measured before)"
 
 
 def check_budget(stage: str, proxies: int, cfg: DataValueConfig) -> None:

@@ -65,6 +65,23 @@ def test_the_base_without_any_record_is_the_start_model_scored_untrained_once_pe
     assert "data value: proxy reference, seed 1: training" in records
 
 
+def test_the_cost_said_before_it_starts_counts_the_untrained_base_as_no_steps(gated):
+    *_, records = gated
+    cost = [m for m in records if m.startswith("data value gate before stage s1:")]
+    assert cost and ("6 proxy runs (2 variants for 1 unit × 3 seeds): 3 of 10 steps and 3 untrained scorings "
+                     "of the start model (no record) = 30 steps; 0 cached, 6 to train") in cost[0]
+
+
+def test_the_rate_of_earlier_proxies_leaves_out_the_untrained_scorings(gated):
+    from embed_core.datavalue.proxy import proxy_root, seconds_per_step
+
+    _, run_dir, *_ = gated
+    rows = pq.read_table(run_dir / "value-s1/proxies.parquet").to_pylist()
+    rates = [r["seconds"] / r["steps"] for r in rows if r["steps"] > 0]
+    assert len(rates) == 3 and len(rows) == 6
+    assert seconds_per_step(proxy_root(run_dir, "s1")) == pytest.approx(sum(rates) / len(rates))
+
+
 def test_a_harmful_unit_alone_is_dropped_against_the_untrained_start_model(gated):
     _, run_dir, manifest, records = gated
     row = pq.read_table(run_dir / "value-s1/decision.parquet").to_pylist()[0]
