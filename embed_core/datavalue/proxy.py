@@ -192,10 +192,12 @@ def seconds_per_step(root: Path) -> float | None:
 def cost_line(stage: str, proxies: list[Proxy], units: int, cfg: DataValueConfig, rate: float | None) -> str:
     """What the gate will cost, said before it starts."""
     todo = [p for p in proxies if not p.cached]
-    untrained = {id(p) for p in proxies if emptied_by_gate(p.directory, PREPARE) is not None}  # no record: 0 steps
-    n_variants, trained = len(proxies) // cfg.seeds, len(proxies) - len(untrained)
+    # a variant without records scores the start model untrained (0 steps); one read per variant, not per seed
+    trains = {d: emptied_by_gate(d, PREPARE) is None for d in {p.directory for p in proxies}}
+    n_variants, trained = len(proxies) // cfg.seeds, sum(trains[p.directory] for p in proxies)
+    untrained = len(proxies) - trained
     runs = (f" × {cfg.steps} steps" if not untrained else
-            f": {trained} of {cfg.steps} steps and {len(untrained)} untrained scorings of the start model (no record)")
+            f": {trained} of {cfg.steps} steps and {untrained} untrained scorings of the start model (no record)")
     line = (f"data value gate before stage {stage}: {len(proxies)} proxy runs ({n_variants} variants for {units} "
             f"unit{'' if units == 1 else 's'} × {cfg.seeds} seeds){runs} = {trained * cfg.steps} steps; "
             f"{len(proxies) - len(todo)} cached, {len(todo)} to train")
@@ -203,7 +205,7 @@ def cost_line(stage: str, proxies: list[Proxy], units: int, cfg: DataValueConfig
         return line + " (nothing to train)"
     if rate is None:
         return line + " (no earlier proxy timing to estimate minutes from)"
-    steps = sum(cfg.steps for p in todo if id(p) not in untrained)
+    steps = cfg.steps * sum(trains[p.directory] for p in todo)
     return line + f", about {steps * rate / 60:.1f} min ({rate:.2f} s per step measured before)"
 
 
